@@ -1,0 +1,3 @@
+from gpuhost.cli.main import entry_point
+
+entry_point()

@@ -1,0 +1,1 @@
+"""The command line: one module per verb. The only place that prints or exits."""

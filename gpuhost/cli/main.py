@@ -1,0 +1,70 @@
+"""Entry point: `gpuhost VERB ...`.
+
+Each verb lives in its own module exposing `configure(parser)` and `run(args) -> int`.
+Verb modules are imported only when their verb is used, so that the guest-side verbs
+(smoke-test) run on a machine that has none of the controller's packages installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import Protocol, cast
+
+from gpuhost import __version__
+from gpuhost.errors import EXIT_UNUSABLE, GpuhostError
+
+# verb -> (module, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "audit": ("gpuhost.cli.audit", "read-only passthrough readiness audit of hosts"),
+    "snapshot": ("gpuhost.cli.snapshot", "capture what the audit reads from a host into a directory"),
+}
+
+
+class VerbModule(Protocol):
+    def configure(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def _load(verb: str) -> VerbModule:
+    return cast(VerbModule, importlib.import_module(VERBS[verb][0]))
+
+
+def build_parser(verb: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuhost",
+        description="Audit, configure and prove GPU passthrough hosts.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpuhost {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for name, (_, summary) in VERBS.items():
+        verb_parser = sub.add_parser(name, help=summary, description=summary)
+        # Only the chosen verb's module is imported to add its options.
+        if name == verb:
+            _load(name).configure(verb_parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    verb = next((a for a in arguments if not a.startswith("-")), None)
+    parser = build_parser(verb if verb in VERBS else None)
+    args = parser.parse_args(arguments)
+    if args.verb is None:
+        parser.print_help()
+        return EXIT_UNUSABLE
+    try:
+        return _load(args.verb).run(args)
+    except GpuhostError as error:
+        print(f"gpuhost {args.verb}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"gpuhost {args.verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry_point() -> None:
+    sys.exit(main())

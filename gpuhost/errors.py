@@ -1,0 +1,35 @@
+"""Errors that carry the exit code the CLI should use.
+
+Only the CLI prints them; library code raises and never exits.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_UNUSABLE = 2
+
+
+class GpuhostError(Exception):
+    """A failure the user can act on: the message names what is wrong and the fix."""
+
+    exit_code: int = EXIT_UNUSABLE
+
+    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class InputError(GpuhostError):
+    """Bad input: an inventory value, a command-line argument, a snapshot directory."""
+
+
+class MissingDependencyError(GpuhostError):
+    """An optional package that this command needs is not installed."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the Python package '{package}', which is not installed. "
+            f"Install it with: pip install 'gpuhost[{extra}]'"
+        )
