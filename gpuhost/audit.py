@@ -1,0 +1,188 @@
+"""The audit engine: reach each target, gather, build facts, run the checks. Prints nothing."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuhost import __version__
+from gpuhost.checks import Finding, Severity, run_checks
+from gpuhost.errors import GpuhostError
+from gpuhost.facts.build import build_facts
+from gpuhost.facts.gather import capture
+from gpuhost.facts.model import HostFacts
+from gpuhost.facts.snapshot import GatherFormatError, open_snapshot
+from gpuhost.selection import GpuSelection, functions_to_bind, group_members
+from gpuhost.targets import LOCAL, SNAPSHOT, Target
+from gpuhost.transport import Transport, TransportError
+from gpuhost.transport.local import LocalTransport
+
+JSON_SCHEMA = "gpuhost.audit/1"
+READY = "ready"
+NOT_READY = "not-ready"
+UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class HostAudit:
+    target: Target
+    facts: HostFacts | None
+    role: str | None
+    selection: GpuSelection | None
+    findings: tuple[Finding, ...]
+    error: str | None  # why the host could not be audited
+    error_kind: str | None  # unreachable, auth, host-key-unknown, host-key-changed, timeout, command, input
+    round_trips: int
+    seconds: float
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return UNREACHABLE
+        return NOT_READY if self.count(Severity.ERROR) else READY
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for finding in self.findings if finding.severity == severity)
+
+
+def open_transport(target: Target) -> Transport:
+    if target.kind == LOCAL:
+        return LocalTransport()
+    assert target.ssh is not None
+    from gpuhost.transport.ssh import SshTransport  # paramiko only when SSH is used
+
+    return SshTransport(target.ssh)
+
+
+def audit_target(target: Target) -> HostAudit:
+    started = time.monotonic()
+    round_trips = 0
+    try:
+        if target.kind == SNAPSHOT:
+            assert target.snapshot is not None
+            facts = build_facts(open_snapshot(target.snapshot))
+        else:
+            transport = open_transport(target)
+            try:
+                with tempfile.TemporaryDirectory(prefix="gpuhost-audit-") as scratch:
+                    tree = capture(transport, Path(scratch) / "snapshot", target.name)
+                    facts = build_facts(tree)
+            finally:
+                round_trips = transport.round_trips
+                transport.close()
+    except TransportError as error:
+        return _failed(target, str(error), error.kind, round_trips, started)
+    except GatherFormatError as error:
+        return _failed(target, f"{target.name}: {error}", "command", round_trips, started)
+    except GpuhostError as error:
+        return _failed(target, str(error), "input", round_trips, started)
+    role, selection, findings = run_checks(target.name, facts, target.policy)
+    return HostAudit(
+        target=target,
+        facts=facts,
+        role=role,
+        selection=selection,
+        findings=tuple(findings),
+        error=None,
+        error_kind=None,
+        round_trips=round_trips,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _failed(target: Target, message: str, kind: str, round_trips: int, started: float) -> HostAudit:
+    return HostAudit(target, None, None, None, (), message, kind, round_trips, time.monotonic() - started)
+
+
+def audit_fleet(
+    targets: Sequence[Target], forks: int, on_done: Callable[[HostAudit], None] | None = None
+) -> list[HostAudit]:
+    """Audit every target in parallel; one failing host never stops the others. Input order kept."""
+    results: list[HostAudit | None] = [None] * len(targets)
+    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(targets)))) as pool:
+        futures = {pool.submit(audit_target, target): index for index, target in enumerate(targets)}
+        for future in as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            if on_done is not None:
+                on_done(result)
+    return [result for result in results if result is not None]
+
+
+def audit_to_json(audit: HostAudit) -> dict[str, Any]:
+    """The documented, stable JSON object of one host (schema gpuhost.audit/1, see README)."""
+    facts = audit.facts
+    data: dict[str, Any] = {
+        "schema": JSON_SCHEMA,
+        "gpuhost_version": __version__,
+        "host": audit.target.name,
+        "source": audit.target.kind,
+        "status": audit.status,
+        "reachable": audit.error is None,
+        "ready": audit.status == READY,
+        "error": audit.error,
+        "error_kind": audit.error_kind,
+        "role": audit.role,
+        "round_trips": audit.round_trips,
+        "seconds": round(audit.seconds, 3),
+        "counts": {severity.value: audit.count(severity) for severity in Severity},
+        "system": None,
+        "gpus": [],
+        "findings": [
+            {
+                "code": finding.code,
+                "severity": finding.severity.value,
+                "subject": finding.subject,
+                "message": finding.message,
+                "remedy": finding.remedy,
+            }
+            for finding in audit.findings
+        ],
+    }
+    if facts is None or audit.selection is None:
+        return data
+    data["system"] = {
+        "hostname": facts.hostname,
+        "os": facts.os_pretty_name,
+        "kernel": facts.kernel_release,
+        "cpu_vendor": facts.cpu.vendor if facts.cpu else None,
+        "memory_kib": facts.memory.total_kib if facts.memory else None,
+        "iommu_active": facts.iommu.active,
+        "iommu_groups": len(facts.iommu.groups),
+        "cmdline": str(facts.cmdline) if facts.cmdline else None,
+        "bootloader": facts.bootloader.kind,
+        "hugepages_1g": (pool.total if (pool := facts.hugepage_pool(1048576)) else None),
+    }
+    for passthrough, cards in ((True, audit.selection.passthrough), (False, audit.selection.kept)):
+        for card in cards:
+            gpu = card.gpu
+            bound = functions_to_bind(facts, card)
+            data["gpus"].append(
+                {
+                    "address": gpu.address,
+                    "vendor_device": gpu.vendor_device,
+                    "class": f"0x{gpu.class_code:06x}" if gpu.class_code is not None else None,
+                    "selected": passthrough,
+                    "driver": gpu.driver,
+                    "iommu_group": gpu.iommu_group,
+                    "group_members": [member.address for member in group_members(facts, gpu)],
+                    "functions": [
+                        {"address": f.address, "vendor_device": f.vendor_device, "driver": f.driver} for f in bound
+                    ],
+                    "link": {
+                        "current_gen": gpu.link.current_generation,
+                        "current_width": gpu.link.current_width,
+                        "max_gen": gpu.link.max_generation,
+                        "max_width": gpu.link.max_width,
+                    },
+                    "numa_node": gpu.numa_node,
+                    "reset_methods": list(gpu.reset_methods) if gpu.reset_methods is not None else None,
+                    "boot_vga": gpu.boot_vga,
+                }
+            )
+    return data

@@ -1,0 +1,89 @@
+"""Findings and the context every check reads. Checks return findings; they never print."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from gpuhost.facts.model import HostFacts, PciFunction
+from gpuhost.selection import GpuSelection, GpuSelector
+
+ROLE_HOST = "host"
+ROLE_GUEST = "guest"
+ROLES = ("auto", ROLE_HOST, ROLE_GUEST)
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"error": 0, "warning": 1, "info": 2}[self.value]
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str  # stable identifier, e.g. gpu.group.intruder
+    severity: Severity
+    subject: str  # what it is about: a PCI function, 'IOMMU', 'kernel command line', ...
+    message: str  # the fact, naming the host and the device
+    remedy: str  # what to do about it ('' when nothing needs doing)
+
+
+@dataclass(frozen=True)
+class AuditPolicy:
+    """What the operator asked for: which GPUs, and whether the host is a VM host or a guest."""
+
+    gpus: GpuSelector
+    role: str = "auto"
+    allow_shared_group: tuple[str, ...] = ()  # addresses whose group may hold other devices
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    host: str
+    facts: HostFacts
+    policy: AuditPolicy
+    selection: GpuSelection
+    role: str
+
+    def finding(self, code: str, severity: Severity, subject: str, fact: str, remedy: str = "") -> Finding:
+        return Finding(code=code, severity=severity, subject=subject, message=f"{self.host}: {fact}", remedy=remedy)
+
+
+def describe_function(function: PciFunction) -> str:
+    """'0000:41:00.0 [10de:2330] (3D controller, driver nvidia)'."""
+    parts = [class_name(function.base_class)]
+    parts.append(f"driver {function.driver}" if function.driver else "no driver")
+    return f"{function.describe()} ({', '.join(parts)})"
+
+
+_CLASS_NAMES = {
+    0x0100: "SCSI controller",
+    0x0106: "SATA controller",
+    0x0108: "NVMe controller",
+    0x0200: "Ethernet controller",
+    0x0207: "InfiniBand controller",
+    0x0280: "network controller",
+    0x0300: "VGA controller",
+    0x0302: "3D controller",
+    0x0380: "display controller",
+    0x0403: "HD audio",
+    0x0600: "host bridge",
+    0x0601: "ISA bridge",
+    0x0604: "PCI bridge",
+    0x0680: "bridge",
+    0x0C03: "USB controller",
+    0x0C05: "SMBus controller",
+    0x0C80: "serial bus controller",
+    0x0880: "system peripheral",
+    0x00FF: "unassigned class",
+}
+
+
+def class_name(base_class: int | None) -> str:
+    if base_class is None:
+        return "unknown class"
+    return _CLASS_NAMES.get(base_class, f"class {base_class:04x}")

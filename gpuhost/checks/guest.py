@@ -1,0 +1,44 @@
+"""A passthrough guest: the VM that received a GPU, seen from inside."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpuhost.checks.base import CheckContext, Finding, Severity, describe_function
+from gpuhost.checks.gpus import check_link, check_numa
+
+ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+
+def check_guest(ctx: CheckContext) -> Iterator[Finding]:
+    cards = ctx.selection.passthrough + ctx.selection.kept
+    iommu = "no IOMMU" if not ctx.facts.iommu.active else f"{len(ctx.facts.iommu.groups)} IOMMU groups"
+    yield ctx.finding(
+        "guest",
+        INFO,
+        "role",
+        f"passthrough guest (a VM with {len(cards)} GPU(s) handed to it, {iommu}): host checks do not apply",
+    )
+    for card in cards:
+        gpu = card.gpu
+        if gpu.driver == "nvidia":
+            yield ctx.finding("guest.gpu.driver", INFO, gpu.address, f"{describe_function(gpu)} is driven by nvidia")
+        else:
+            yield ctx.finding(
+                "guest.gpu.driver",
+                ERROR,
+                gpu.address,
+                f"{describe_function(gpu)} is not driven by the NVIDIA driver in this guest",
+                "Install the NVIDIA driver in the guest (gpuhost guest up does).",
+            )
+        yield from check_link(ctx, gpu)
+        yield from check_numa(ctx, gpu)
+        if not gpu.parents:
+            yield ctx.finding(
+                "guest.topology.flat",
+                INFO,
+                gpu.address,
+                f"{gpu.describe()} sits on the guest's root bus (no PCIe root port above it): the driver cannot "
+                "see the link's NUMA placement",
+                "Render the domain with a pcie-root-port per GPU (gpuhost render does).",
+            )

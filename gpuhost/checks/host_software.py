@@ -1,0 +1,121 @@
+"""Host NVIDIA drivers, modprobe configuration and the initramfs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpuhost.checks.base import CheckContext, Finding, Severity
+from gpuhost.facts.model import VFIO_MODULE
+
+ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+HOST_DRIVER_MODULES = ("nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nouveau", "nvidiafb")
+VFIO_INITRAMFS_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
+
+
+def check_nvidia_driver(ctx: CheckContext) -> Iterator[Finding]:
+    facts = ctx.facts
+    modules = facts.modules
+    loaded = [name for name in HOST_DRIVER_MODULES if modules is not None and modules.is_loaded(name)]
+    if loaded:
+        yield ctx.finding(
+            "nvidia.loaded",
+            ERROR,
+            "host NVIDIA driver",
+            f"host GPU driver modules are loaded: {', '.join(loaded)}"
+            + (f" (driver {facts.nvidia.loaded_version})" if facts.nvidia.loaded_version else ""),
+            "Remove the host NVIDIA driver and blacklist nouveau (gpuhost apply), then reboot.",
+        )
+    elif modules is None:
+        yield ctx.finding(
+            "nvidia.loaded.unknown",
+            WARNING,
+            "host NVIDIA driver",
+            "/proc/modules could not be read",
+            "Run the audit as a user that can read /proc/modules.",
+        )
+    nvidia = facts.nvidia
+    if nvidia.packages:
+        names = ", ".join(f"{p.name} {p.version}" for p in nvidia.packages[:6])
+        more = f" and {len(nvidia.packages) - 6} more" if len(nvidia.packages) > 6 else ""
+        yield ctx.finding(
+            "nvidia.installed",
+            WARNING,
+            "host NVIDIA driver",
+            f"host NVIDIA driver packages are installed: {names}{more}",
+            "Purge them (apt-get remove --purge '^nvidia-.*' 'libnvidia-.*'; gpuhost apply does it) so nothing "
+            "loads a host driver on the passthrough GPUs.",
+        )
+    if nvidia.runfile_installed:
+        yield ctx.finding(
+            "nvidia.installed.runfile",
+            WARNING,
+            "host NVIDIA driver",
+            "a runfile NVIDIA driver install is present (/usr/bin/nvidia-uninstall exists)",
+            "Remove it with 'nvidia-uninstall -s' (gpuhost apply does it).",
+        )
+    if nvidia.packages is None and not nvidia.runfile_installed:
+        yield ctx.finding(
+            "nvidia.installed.unknown",
+            INFO,
+            "host NVIDIA driver",
+            "no package database could be read (neither dpkg nor rpm), so installed drivers are unknown",
+        )
+
+
+def check_modprobe(ctx: CheckContext) -> Iterator[Finding]:
+    facts = ctx.facts
+    cmdline_ids = set(facts.cmdline.list_value("vfio-pci.ids")) if facts.cmdline else set()
+    for directive in facts.modprobe:
+        if directive.command == "options" and directive.module == "vfio_pci" and "ids=" in directive.arguments:
+            ids = {
+                item
+                for word in directive.arguments.split()
+                if word.startswith("ids=")
+                for item in word[4:].split(",")
+                if item
+            }
+            if cmdline_ids and ids != cmdline_ids:
+                yield ctx.finding(
+                    "modprobe.vfio_ids_conflict",
+                    WARNING,
+                    directive.path,
+                    f"{directive.path}:{directive.line_number} sets vfio-pci ids={','.join(sorted(ids))} but the "
+                    f"kernel command line has vfio-pci.ids={','.join(sorted(cmdline_ids))}: two sources disagree",
+                    "Keep one: the kernel command line (gpuhost apply removes the modprobe.d option).",
+                )
+        if directive.module.startswith("nvidia") and directive.command in ("options", "alias", "install", "softdep"):
+            yield ctx.finding(
+                "modprobe.nvidia_config",
+                INFO,
+                directive.path,
+                f"{directive.path}:{directive.line_number} configures {directive.module} ({directive.command}): "
+                "a leftover of a host NVIDIA driver",
+                "Remove host NVIDIA modprobe configuration (gpuhost apply does).",
+            )
+
+
+def check_initramfs(ctx: CheckContext) -> Iterator[Finding]:
+    facts = ctx.facts
+    if facts.vfio_pci != VFIO_MODULE or not ctx.selection.passthrough:
+        return
+    initramfs = facts.initramfs
+    if initramfs.entries is None:
+        yield ctx.finding(
+            "initramfs.vfio.unknown",
+            INFO,
+            "initramfs",
+            "the initramfs of the running kernel could not be listed (lsinitramfs missing or not root)",
+        )
+        return
+    missing = [name for name in VFIO_INITRAMFS_MODULES if initramfs.has_module(name) is False]
+    if missing:
+        yield ctx.finding(
+            "initramfs.vfio",
+            WARNING,
+            "initramfs",
+            f"vfio-pci is a module and the initramfs lacks {', '.join(missing)}: a host driver in the initramfs "
+            "can claim the GPU before vfio-pci loads",
+            "Add vfio, vfio_iommu_type1 and vfio_pci to /etc/initramfs-tools/modules and run "
+            "update-initramfs -u -k all (gpuhost apply).",
+        )

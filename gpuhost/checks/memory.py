@@ -1,0 +1,116 @@
+"""1 GiB huge pages: support, the guide's recommendation, what is configured and what is allocated.
+
+The guide's rule of thumb by installed RAM: below 128 GB skip, 128-512 GB optional, above 512 GB
+recommended. MemTotal reads a few percent below the installed RAM, so each band starts 5% lower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpuhost.checks.base import CheckContext, Finding, Severity
+from gpuhost.facts.parsers import parse_hugepages_request
+
+ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+GIB_KIB = 1024 * 1024
+HUGEPAGE_1G_KIB = GIB_KIB
+OPTIONAL_FROM_GIB = 128 * 0.95
+RECOMMENDED_ABOVE_GIB = 512 * 0.95
+
+
+_ADVICE_TEXT = {
+    "skip": "1 GiB huge pages can be skipped (below 128 GB their benefit is small)",
+    "optional": "1 GiB huge pages are optional (128-512 GB: they reduce latency jitter)",
+    "recommended": "1 GiB huge pages are recommended",
+}
+
+
+def hugepage_recommendation(mem_total_kib: int) -> str:
+    """'skip', 'optional' or 'recommended', by the guide's table."""
+    gib = mem_total_kib / GIB_KIB
+    if gib < OPTIONAL_FROM_GIB:
+        return "skip"
+    if gib <= RECOMMENDED_ABOVE_GIB:
+        return "optional"
+    return "recommended"
+
+
+def check_hugepages(ctx: CheckContext) -> Iterator[Finding]:
+    facts = ctx.facts
+    memory = facts.memory
+    if memory is None or memory.total_kib is None:
+        yield ctx.finding(
+            "hugepages.unknown",
+            WARNING,
+            "huge pages",
+            "/proc/meminfo could not be read",
+            "Run the audit as a user that can read /proc/meminfo.",
+        )
+        return
+    total_gib = memory.total_kib / GIB_KIB
+    advice = hugepage_recommendation(memory.total_kib)
+    pool = facts.hugepage_pool(HUGEPAGE_1G_KIB)
+    allocated = pool.total if pool and pool.total is not None else 0
+    requested = parse_hugepages_request(facts.cmdline.tokens).get(HUGEPAGE_1G_KIB) if facts.cmdline else None
+    supports = facts.cpu is None or "pdpe1gb" in facts.cpu.flags
+    if not supports:
+        yield ctx.finding(
+            "hugepages.support",
+            WARNING if advice == "recommended" else INFO,
+            "huge pages",
+            "the CPU has no pdpe1gb flag: 1 GiB huge pages are not available",
+            "Use 2 MiB huge pages for guest memory instead.",
+        )
+    if requested is not None and allocated < requested:
+        yield ctx.finding(
+            "hugepages.allocation",
+            ERROR,
+            "huge pages",
+            f"the kernel command line asks for {requested} 1 GiB pages but only {allocated} were allocated at boot",
+            "Lower hugepages= to what the host can hold (leave the host its buffer), and check the NUMA split.",
+        )
+    if allocated:
+        per_node = ", ".join(
+            f"node {node.node_id}: {p.total}" for node in facts.numa_nodes if (p := node.pool(HUGEPAGE_1G_KIB))
+        )
+        free = pool.free if pool and pool.free is not None else "?"
+        yield ctx.finding(
+            "hugepages.allocated",
+            INFO,
+            "huge pages",
+            f"{allocated} 1 GiB pages allocated ({free} free)" + (f"; {per_node}" if per_node else ""),
+        )
+        yield from _check_hugetlbfs(ctx)
+    elif advice == "recommended":
+        yield ctx.finding(
+            "hugepages.recommended",
+            WARNING,
+            "huge pages",
+            f"{total_gib:.0f} GiB of RAM and no 1 GiB huge pages: above 512 GB they make guest start-up reliable",
+            "Reserve 1 GiB pages for the guests' memory plus a buffer (gpuhost_hugepages: auto).",
+        )
+    else:
+        yield ctx.finding(
+            "hugepages.recommendation",
+            INFO,
+            "huge pages",
+            f"{total_gib:.0f} GiB of RAM: " + _ADVICE_TEXT[advice],
+        )
+
+
+def _check_hugetlbfs(ctx: CheckContext) -> Iterator[Finding]:
+    mounts = ctx.facts.mounts
+    if mounts is None:
+        return
+    hugetlbfs = [m for m in mounts if m.fstype == "hugetlbfs"]
+    one_gib = [m for m in hugetlbfs if "pagesize=1024M" in m.options or "pagesize=1G" in m.options]
+    if not one_gib:
+        present = ", ".join(f"{m.target} ({[o for o in m.options if o.startswith('pagesize')]})" for m in hugetlbfs)
+        yield ctx.finding(
+            "hugepages.mount",
+            INFO,
+            "huge pages",
+            "no hugetlbfs mount with 1 GiB pages" + (f" (mounted: {present})" if present else ""),
+            "libvirt mounts its own; for QEMU by hand mount -t hugetlbfs -o pagesize=1G none /dev/hugepages1G.",
+        )

@@ -1,0 +1,178 @@
+"""`gpuhost audit`: read-only passthrough readiness audit of this machine, hosts or a fleet.
+
+Exit status: 0 every host ready, 1 a host has error findings, 2 a host could not be audited
+(unreachable, authentication, host key) or the input was bad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from gpuhost.audit import NOT_READY, READY, HostAudit, audit_fleet, audit_to_json
+from gpuhost.checks import Severity
+from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, MissingDependencyError
+from gpuhost.selection import functions_to_bind
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "dim"}
+STATUS_STYLE = {READY: "bold green", NOT_READY: "bold red"}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_target_options(parser, snapshots=True)
+    parser.add_argument("--json", action="store_true", help="one JSON object per host per line (JSON Lines)")
+    parser.add_argument("-f", "--forks", type=int, default=64, help="hosts audited in parallel (default 64)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show info findings too")
+
+
+def run(args: argparse.Namespace) -> int:
+    targets = resolve_targets(args)
+    if args.json:
+        results = audit_fleet(targets, args.forks)
+        for result in results:
+            print(json.dumps(audit_to_json(result), sort_keys=False))
+        return exit_status(results)
+    console = _console()
+    results = _audit_with_progress(targets, args.forks, console)
+    for result in results:
+        _print_host(console, result, verbose=args.verbose or len(results) == 1)
+    if len(results) > 1:
+        _print_fleet_summary(console, results)
+    return exit_status(results)
+
+
+def exit_status(results: list[HostAudit]) -> int:
+    if any(result.error is not None for result in results):
+        return EXIT_UNUSABLE
+    if any(result.status == NOT_READY for result in results):
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
+def _console() -> Console:
+    try:
+        from rich.console import Console
+    except ImportError as error:
+        raise MissingDependencyError("rich", "controller", "The audit report") from error
+    return Console(highlight=False)
+
+
+def _audit_with_progress(targets: list, forks: int, console: Console) -> list[HostAudit]:  # type: ignore[type-arg]
+    if len(targets) == 1:
+        return audit_fleet(targets, forks)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("auditing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task("", total=len(targets))
+
+        def done(result: HostAudit) -> None:
+            progress.update(task, advance=1, description=f"{result.target.name}: {result.status}")
+
+        return audit_fleet(targets, forks, on_done=done)
+
+
+def headline(result: HostAudit) -> str:
+    """One line that says what the host is and whether it is ready."""
+    if result.error is not None:
+        return "could not be audited"
+    facts, selection = result.facts, result.selection
+    assert facts is not None and selection is not None
+    cards = selection.passthrough + selection.kept
+    parts = ["passthrough guest" if result.role == "guest" else "passthrough host"]
+    if cards:
+        gpu = cards[0].gpu
+        drivers = sorted({card.gpu.driver or "no driver" for card in cards})
+        parts.append(
+            f"{len(cards)} GPU{'s' if len(cards) > 1 else ''} [{gpu.vendor_device}]"
+            f" on {gpu.link.describe()}, driver {', '.join(drivers)}"
+        )
+    else:
+        parts.append("no GPU")
+    parts.append(f"{len(facts.iommu.groups)} IOMMU groups" if facts.iommu.active else "no IOMMU")
+    return ", ".join(parts)
+
+
+def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
+    from rich.table import Table
+
+    name = result.target.name
+    if result.error is not None:
+        console.print(f"[bold red]{name}: UNREACHABLE[/] — {result.error}")
+        return
+    status = result.status
+    errors, warnings = result.count(Severity.ERROR), result.count(Severity.WARNING)
+    console.print(
+        f"[bold]{name}[/]: [{STATUS_STYLE[status]}]{status.replace('-', ' ').upper()}[/] — {headline(result)} "
+        f"({errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)})"
+    )
+    facts, selection = result.facts, result.selection
+    assert facts is not None and selection is not None
+    cards = [(True, card) for card in selection.passthrough] + [(False, card) for card in selection.kept]
+    if cards:
+        table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+        for column in ("GPU", "ID", "passthrough", "IOMMU group", "functions", "driver", "link", "NUMA", "verdict"):
+            table.add_column(column)
+        for selected, card in cards:
+            gpu = card.gpu
+            bound = functions_to_bind(facts, card)
+            gpu_errors = [
+                f for f in result.findings if f.severity == Severity.ERROR and f.subject in {fn.address for fn in bound}
+            ]
+            verdict = "[red]not ready[/]" if gpu_errors else "[green]ready[/]" if selected else "kept by host"
+            table.add_row(
+                gpu.address,
+                gpu.vendor_device,
+                "yes" if selected else "no",
+                "-" if gpu.iommu_group is None else str(gpu.iommu_group),
+                " ".join(f.address.rsplit(":", 1)[-1] for f in bound),
+                ", ".join(sorted({f.driver or "none" for f in bound})),
+                gpu.link.describe(),
+                "-" if gpu.numa_node is None or gpu.numa_node < 0 else str(gpu.numa_node),
+                verdict,
+            )
+        console.print(table)
+    shown = [f for f in result.findings if verbose or f.severity != Severity.INFO]
+    for finding in shown:
+        style = SEVERITY_STYLE[finding.severity]
+        console.print(f"  [{style}]{finding.severity.value:7}[/] {finding.code}: {finding.message}", soft_wrap=True)
+        if finding.remedy and finding.severity != Severity.INFO:
+            console.print(f"          fix: {finding.remedy}", soft_wrap=True)
+    hidden = len(result.findings) - len(shown)
+    if hidden:
+        console.print(f"  [dim]{hidden} info finding(s) hidden; -v shows them[/]")
+    console.print()
+
+
+def _print_fleet_summary(console: Console, results: list[HostAudit]) -> None:
+    from rich.table import Table
+
+    table = Table(title="fleet", header_style="bold")
+    for column in ("host", "status", "what", "errors", "warnings", "time"):
+        table.add_column(column)
+    for result in results:
+        style = STATUS_STYLE.get(result.status, "bold red")
+        table.add_row(
+            result.target.name,
+            f"[{style}]{result.status}[/]",
+            headline(result) if result.error is None else (result.error_kind or "error"),
+            str(result.count(Severity.ERROR)),
+            str(result.count(Severity.WARNING)),
+            f"{result.seconds:.1f}s",
+        )
+    console.print(table)
+    ready = sum(1 for r in results if r.status == READY)
+    console.print(f"{ready} of {len(results)} hosts ready")

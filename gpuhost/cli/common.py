@@ -1,0 +1,81 @@
+"""Options and target resolution shared by the verbs that reach hosts (audit, snapshot, ...)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gpuhost.errors import InputError
+from gpuhost.targets import (
+    ConnectionDefaults,
+    Target,
+    adhoc_target,
+    inventory_targets,
+    local_target,
+    snapshot_target,
+)
+
+
+def add_target_options(parser: argparse.ArgumentParser, *, snapshots: bool) -> None:
+    parser.add_argument(
+        "hosts", nargs="*", metavar="HOST", help="ad-hoc hosts as [user@]host[:port]; none: this machine"
+    )
+    parser.add_argument("-i", "--inventory", type=Path, help="an Ansible inventory (YAML or INI)")
+    parser.add_argument("-l", "--limit", help="Ansible host pattern to limit the inventory to")
+    if snapshots:
+        parser.add_argument(
+            "--from-snapshot",
+            type=Path,
+            action="append",
+            default=[],
+            metavar="DIR",
+            help="audit a snapshot directory instead of a live host (repeatable)",
+        )
+    parser.add_argument("-u", "--user", help="SSH user for hosts that do not set ansible_user (default root)")
+    parser.add_argument("--private-key", type=Path, metavar="FILE", help="SSH private key file")
+    parser.add_argument(
+        "--known-hosts", type=Path, metavar="FILE", help="known_hosts file (default ~/.ssh/known_hosts)"
+    )
+    parser.add_argument(
+        "--accept-new-host-keys",
+        action="store_true",
+        help="trust and record host keys seen for the first time (like OpenSSH accept-new); changed keys still abort",
+    )
+    parser.add_argument("--connect-timeout", type=float, default=15.0, metavar="S", help="SSH connect timeout")
+    parser.add_argument(
+        "--gpus",
+        metavar="SPEC",
+        help="GPUs to pass through: 'all' NVIDIA GPUs (default), or comma-separated addresses / vendor:device IDs",
+    )
+    parser.add_argument(
+        "--role",
+        choices=("auto", "host", "guest"),
+        default="auto",
+        help="judge as a passthrough host or as a guest (auto: a VM with no IOMMU whose GPU runs nvidia is a guest)",
+    )
+
+
+def resolve_targets(args: argparse.Namespace) -> list[Target]:
+    """Every target named on the command line, validated before anything connects."""
+    key = args.private_key
+    if key is not None and not key.expanduser().is_file():
+        raise InputError(f"--private-key {key}: no such file.")
+    defaults = ConnectionDefaults(
+        user=args.user,
+        key_file=key.expanduser() if key else None,
+        known_hosts_file=args.known_hosts.expanduser() if args.known_hosts else None,
+        accept_new_host_keys=args.accept_new_host_keys,
+        connect_timeout=args.connect_timeout,
+        gpus=args.gpus,
+        role=args.role,
+    )
+    targets: list[Target] = []
+    if args.inventory is not None:
+        targets.extend(inventory_targets(args.inventory, args.limit, defaults))
+    elif args.limit:
+        raise InputError("--limit needs an inventory (-i FILE).")
+    targets.extend(adhoc_target(spec, defaults) for spec in args.hosts)
+    targets.extend(snapshot_target(directory, defaults) for directory in getattr(args, "from_snapshot", []))
+    if not targets:
+        targets.append(local_target(defaults))
+    return targets

@@ -1,0 +1,52 @@
+"""`gpuhost snapshot`: capture what the audit reads from a host into a directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpuhost.audit import open_transport
+from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.errors import EXIT_OK, EXIT_UNUSABLE, InputError
+from gpuhost.facts.gather import capture
+from gpuhost.facts.snapshot import GatherFormatError
+from gpuhost.targets import SNAPSHOT
+from gpuhost.transport import TransportError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_target_options(parser, snapshots=False)
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="directory to create (for several hosts: one subdirectory per host inside it)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    targets = resolve_targets(args)
+    output: Path = args.output
+    destinations = [output] if len(targets) == 1 else [output / target.name for target in targets]
+    for destination in destinations:
+        if destination.exists():
+            raise InputError(f"{destination} already exists; choose a new directory (snapshots are never merged).")
+    status = EXIT_OK
+    for target, destination in zip(targets, destinations, strict=True):
+        if target.kind == SNAPSHOT:
+            raise InputError("gpuhost snapshot captures live hosts; a snapshot is already a snapshot.")
+        try:
+            transport = open_transport(target)
+            try:
+                capture(transport, destination, target.name)
+            finally:
+                transport.close()
+        except (TransportError, GatherFormatError) as error:
+            print(f"gpuhost snapshot: {target.name}: {error}", file=sys.stderr)
+            status = EXIT_UNUSABLE
+            continue
+        print(f"{target.name}: snapshot written to {destination}")
+    return status

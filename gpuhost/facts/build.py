@@ -1,0 +1,313 @@
+"""Turn a snapshot tree into HostFacts, file by file through the pure parsers."""
+
+from __future__ import annotations
+
+from gpuhost.facts import parsers as p
+from gpuhost.facts.model import (
+    BOOTLOADER_GRUB,
+    BOOTLOADER_GRUBBY_BLS,
+    BOOTLOADER_SYSTEMD_BOOT,
+    BOOTLOADER_UNKNOWN,
+    VFIO_ABSENT,
+    VFIO_BUILTIN,
+    VFIO_MODULE,
+    Bootloader,
+    GrubConfig,
+    HostFacts,
+    HugePagePool,
+    Initramfs,
+    Iommu,
+    KernelLog,
+    ModprobeDirective,
+    Modules,
+    NumaNode,
+    NvidiaInstall,
+    Package,
+    PcieLink,
+    PciFunction,
+)
+from gpuhost.facts.snapshot import SnapshotTree
+
+PCI_DEVICES = "/sys/bus/pci/devices"
+MODPROBE_DIRS = ("/etc/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
+NVIDIA_PACKAGE_PREFIXES = ("nvidia-", "libnvidia-", "cuda-drivers", "xserver-xorg-video-nvidia", "kmod-nvidia")
+
+
+def build_facts(tree: SnapshotTree) -> HostFacts:
+    exists = _exists_set(tree)
+    status = p.parse_command_status(tree.command("status") or "")
+    cmdline_text = tree.read("/proc/cmdline")
+    cpuinfo_text = tree.read("/proc/cpuinfo")
+    meminfo_text = tree.read("/proc/meminfo")
+    mounts_text = tree.read("/proc/mounts")
+    uid_text = tree.command("uid")
+    os_release = p.parse_os_release(tree.read("/etc/os-release") or "")
+    hostname = _first_line(tree.read("/proc/sys/kernel/hostname")) or _first_line(tree.read("/etc/hostname"))
+    kernel_release = _first_line(tree.read("/proc/sys/kernel/osrelease"))
+    modules = _modules(tree, kernel_release)
+    return HostFacts(
+        hostname=hostname,
+        kernel_release=kernel_release,
+        os_pretty_name=os_release.get("PRETTY_NAME"),
+        running_as_root=None if uid_text is None else uid_text.strip() == "0",
+        cpu=None if cpuinfo_text is None else p.parse_cpuinfo(cpuinfo_text),
+        cmdline=None if cmdline_text is None else p.parse_cmdline(cmdline_text),
+        memory=None if meminfo_text is None else p.parse_meminfo(meminfo_text),
+        hugepage_pools=_hugepage_pools(tree, "/sys/kernel/mm/hugepages"),
+        numa_nodes=_numa_nodes(tree),
+        mounts=None if mounts_text is None else p.parse_mounts(mounts_text),
+        pci=_pci_functions(tree),
+        iommu=_iommu(tree, exists),
+        modules=modules,
+        vfio_pci=_vfio_pci_kind(modules, exists),
+        vfio_pci_module_ids=_vfio_module_ids(tree),
+        initramfs=_initramfs(tree, status),
+        grub=_grub(tree, status),
+        bootloader=_bootloader(tree, exists),
+        nvidia=_nvidia(tree, exists),
+        modprobe=_modprobe(tree),
+        kernel_log=_kernel_log(tree, status),
+        dmi_vendor=_first_line(tree.read("/sys/class/dmi/id/sys_vendor")),
+        dmi_product=_first_line(tree.read("/sys/class/dmi/id/product_name")),
+    )
+
+
+def _first_line(text: str | None) -> str | None:
+    if text is None:
+        return None
+    stripped = text.strip()
+    return stripped.splitlines()[0] if stripped else None
+
+
+def _exists_set(tree: SnapshotTree) -> frozenset[str] | None:
+    text = tree.command("exists")
+    return None if text is None else frozenset(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _pci_functions(tree: SnapshotTree) -> tuple[PciFunction, ...]:
+    parents = p.parse_pci_device_paths(tree.command("pci-device-paths") or "")
+    functions = []
+    for address in tree.list(PCI_DEVICES):
+        if not p.is_pci_address(address):
+            continue
+        base = f"{PCI_DEVICES}/{address}"
+
+        def attr(name: str, base: str = base) -> str | None:
+            return tree.read(f"{base}/{name}")
+
+        resizable = {}
+        for name in tree.list(base):
+            if name.startswith("resource") and name.endswith("_resize"):
+                index = p.parse_int(name[len("resource") : -len("_resize")])
+                sizes = p.parse_hex(attr(name))
+                if index is not None and sizes is not None:
+                    resizable[index] = sizes
+        functions.append(
+            PciFunction(
+                address=address,
+                vendor=p.parse_hex(attr("vendor")),
+                device=p.parse_hex(attr("device")),
+                subsystem_vendor=p.parse_hex(attr("subsystem_vendor")),
+                subsystem_device=p.parse_hex(attr("subsystem_device")),
+                class_code=p.parse_hex(attr("class")),
+                revision=p.parse_hex(attr("revision")),
+                driver=p.parse_link_target_basename(tree.link(f"{base}/driver")),
+                driver_override=p.parse_optional_text(attr("driver_override")),
+                iommu_group=p.parse_int(p.parse_link_target_basename(tree.link(f"{base}/iommu_group"))),
+                numa_node=p.parse_int(attr("numa_node")),
+                local_cpulist=p.parse_optional_text(attr("local_cpulist")),
+                link=PcieLink(
+                    current_speed_gts=p.parse_link_speed(attr("current_link_speed")),
+                    current_width=p.parse_int(attr("current_link_width")),
+                    max_speed_gts=p.parse_link_speed(attr("max_link_speed")),
+                    max_width=p.parse_int(attr("max_link_width")),
+                ),
+                reset_methods=p.parse_reset_methods(attr("reset_method")),
+                bars=p.parse_pci_resource(attr("resource")),
+                resizable_bar_sizes=resizable,
+                boot_vga=p.parse_bool_attribute(attr("boot_vga")),
+                d3cold_allowed=p.parse_bool_attribute(attr("d3cold_allowed")),
+                parents=parents.get(address, ()),
+            )
+        )
+    return tuple(functions)
+
+
+def _iommu(tree: SnapshotTree, exists: frozenset[str] | None) -> Iommu:
+    acpi_text = tree.command("acpi-tables")
+    acpi_tables = None if acpi_text is None else set(acpi_text.split())
+    groups: dict[int, tuple[str, ...]] = {}
+    group_types: dict[int, str] = {}
+    for name in tree.list("/sys/kernel/iommu_groups"):
+        group = p.parse_int(name)
+        if group is None:
+            continue
+        groups[group] = tuple(
+            member for member in tree.list(f"/sys/kernel/iommu_groups/{name}/devices") if p.is_pci_address(member)
+        )
+        group_type = _first_line(tree.read(f"/sys/kernel/iommu_groups/{name}/type"))
+        if group_type:
+            group_types[group] = group_type
+
+    def table(name: str) -> bool | None:
+        if acpi_tables is not None:
+            return name in acpi_tables
+        if exists is not None:
+            return f"/sys/firmware/acpi/tables/{name}" in exists
+        return None
+
+    return Iommu(
+        dmar_table=table("DMAR"),
+        ivrs_table=table("IVRS"),
+        units=tuple(tree.list("/sys/class/iommu")),
+        groups=dict(sorted(groups.items())),
+        group_types=group_types,
+    )
+
+
+def _hugepage_pools(tree: SnapshotTree, directory: str) -> tuple[HugePagePool, ...]:
+    pools = []
+    for name in tree.list(directory):
+        size = p.parse_hugepage_dir_size(name)
+        if size is not None:
+            pools.append(
+                p.hugepage_pool(
+                    size,
+                    tree.read(f"{directory}/{name}/nr_hugepages"),
+                    tree.read(f"{directory}/{name}/free_hugepages"),
+                )
+            )
+    return tuple(sorted(pools, key=lambda pool: pool.size_kib))
+
+
+def _numa_nodes(tree: SnapshotTree) -> tuple[NumaNode, ...]:
+    nodes = []
+    for name in tree.list("/sys/devices/system/node"):
+        if not name.startswith("node") or not name[4:].isdigit():
+            continue
+        base = f"/sys/devices/system/node/{name}"
+        meminfo = tree.read(f"{base}/meminfo")
+        nodes.append(
+            NumaNode(
+                node_id=int(name[4:]),
+                mem_total_kib=None if meminfo is None else p.parse_node_meminfo_total(meminfo),
+                cpulist=p.parse_optional_text(tree.read(f"{base}/cpulist")),
+                hugepages=_hugepage_pools(tree, f"{base}/hugepages"),
+            )
+        )
+    return tuple(sorted(nodes, key=lambda node: node.node_id))
+
+
+def _modules(tree: SnapshotTree, kernel_release: str | None) -> Modules | None:
+    loaded_text = tree.read("/proc/modules")
+    if loaded_text is None:
+        return None
+    builtin_text = None if kernel_release is None else tree.read(f"/lib/modules/{kernel_release}/modules.builtin")
+    return Modules(
+        loaded=p.parse_proc_modules(loaded_text),
+        builtin=None if builtin_text is None else p.parse_modules_builtin(builtin_text),
+    )
+
+
+def _vfio_pci_kind(modules: Modules | None, exists: frozenset[str] | None) -> str | None:
+    if modules is not None and modules.builtin is not None:
+        if "vfio_pci" in modules.builtin:
+            return VFIO_BUILTIN
+        if modules.is_loaded("vfio_pci"):
+            return VFIO_MODULE
+    if modules is not None and modules.is_loaded("vfio_pci"):
+        return VFIO_MODULE
+    if modules is not None and modules.builtin is not None:
+        # Not built in and not loaded: a module that may or may not be installed. Debian and
+        # Ubuntu kernels ship it as a module, so call it one unless the kernel has no IOMMU at all.
+        return VFIO_MODULE if exists is None or "/sys/class/iommu" in exists else VFIO_ABSENT
+    return None
+
+
+def _vfio_module_ids(tree: SnapshotTree) -> tuple[str, ...] | None:
+    text = tree.read("/sys/module/vfio_pci/parameters/ids")
+    if text is None:
+        return None
+    return tuple(item for item in text.strip().split(",") if item)
+
+
+def _initramfs(tree: SnapshotTree, status: dict[str, int]) -> Initramfs:
+    text = tree.command("lsinitramfs")
+    if text is None or status.get("lsinitramfs", 0) != 0:
+        return Initramfs(entries=None)
+    return Initramfs(entries=tuple(line.strip() for line in text.splitlines() if line.strip()))
+
+
+def _grub(tree: SnapshotTree, status: dict[str, int]) -> GrubConfig:
+    present = tree.read("/etc/default/grub") is not None
+    dropins = tuple(f"/etc/default/grub.d/{name}" for name in tree.list("/etc/default/grub.d") if name.endswith(".cfg"))
+    effective = tree.command("grub-effective")
+    syntax = tree.command("grub-syntax")
+    syntax_error = syntax.strip() if syntax and syntax.strip() else None
+    if status.get("grub-effective", 0) == 2 and syntax_error is None:
+        syntax_error = "/etc/default/grub is not valid shell"
+    values = p.parse_key_value_lines(effective) if effective is not None and syntax_error is None else {}
+    linux = values.get("GRUB_CMDLINE_LINUX")
+    default = values.get("GRUB_CMDLINE_LINUX_DEFAULT")
+    return GrubConfig(
+        present=present,
+        syntax_error=syntax_error,
+        cmdline_linux=None if linux is None else p.parse_cmdline(linux),
+        cmdline_linux_default=None if default is None else p.parse_cmdline(default),
+        dropins=dropins,
+    )
+
+
+def _bootloader(tree: SnapshotTree, exists: frozenset[str] | None) -> Bootloader:
+    which = {line.strip().rsplit("/", 1)[-1] for line in (tree.command("which") or "").splitlines() if line}
+    efi = None if exists is None else "/sys/firmware/efi" in exists
+    has_bls = exists is not None and "/boot/loader/entries" in exists
+    if "grubby" in which and has_bls:
+        return Bootloader(BOOTLOADER_GRUBBY_BLS, efi, "grubby", "grubby and /boot/loader/entries (BLS) are present")
+    if "proxmox-boot-tool" in which and tree.read("/etc/kernel/cmdline") is not None:
+        return Bootloader(
+            BOOTLOADER_SYSTEMD_BOOT, efi, "proxmox-boot-tool refresh", "/etc/kernel/cmdline with proxmox-boot-tool"
+        )
+    if "bootctl" in which and has_bls and tree.read("/etc/default/grub") is None:
+        return Bootloader(BOOTLOADER_SYSTEMD_BOOT, efi, "bootctl", "systemd-boot entries and no /etc/default/grub")
+    if tree.read("/etc/default/grub") is not None or tree.read("/boot/grub/grub.cfg") is not None:
+        command = "update-grub" if "update-grub" in which else "grub-mkconfig" if "grub-mkconfig" in which else None
+        if command is None and "grub2-mkconfig" in which:
+            command = "grub2-mkconfig"
+        return Bootloader(BOOTLOADER_GRUB, efi, command, "/etc/default/grub is present")
+    return Bootloader(BOOTLOADER_UNKNOWN, efi, None, "no GRUB, systemd-boot or BLS configuration found")
+
+
+def _nvidia(tree: SnapshotTree, exists: frozenset[str] | None) -> NvidiaInstall:
+    packages: tuple[Package, ...] | None = None
+    dpkg = tree.command("dpkg")
+    rpm = tree.command("rpm")
+    if dpkg is not None:
+        packages = p.parse_dpkg_status(dpkg)
+    elif rpm is not None:
+        packages = p.parse_rpm_list(rpm)
+    if packages is not None:
+        packages = tuple(pkg for pkg in packages if pkg.name.startswith(NVIDIA_PACKAGE_PREFIXES))
+    version_text = tree.read("/proc/driver/nvidia/version")
+    return NvidiaInstall(
+        packages=packages,
+        runfile_installed=exists is not None and "/usr/bin/nvidia-uninstall" in exists,
+        loaded_version=None if version_text is None else p.parse_nvidia_version(version_text),
+    )
+
+
+def _modprobe(tree: SnapshotTree) -> tuple[ModprobeDirective, ...]:
+    directives: list[ModprobeDirective] = []
+    for directory in MODPROBE_DIRS:
+        for name in tree.list(directory):
+            if name.endswith(".conf"):
+                path = f"{directory}/{name}"
+                directives.extend(p.parse_modprobe_conf(path, tree.read(path) or ""))
+    return tuple(directives)
+
+
+def _kernel_log(tree: SnapshotTree, status: dict[str, int]) -> KernelLog | None:
+    text = tree.command("dmesg")
+    if text is None or status.get("dmesg", 0) != 0:
+        return None
+    return KernelLog(tuple(text.splitlines()))

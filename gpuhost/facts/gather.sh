@@ -1,0 +1,180 @@
+#!/bin/sh
+# gpuhost gather: copy everything the audit reads into a private temporary tree that mirrors the
+# host's paths, add the output of a few read-only commands under commands/, and write the tree to
+# stdout as a gzip-compressed tar. The controller unpacks it as a snapshot directory.
+#
+# Read-only on the host: the only writes go to the temporary tree, which is removed on exit.
+# POSIX sh plus coreutils/findutils; no loop runs a process per file, because a large server has
+# hundreds of PCI functions and the audit must stay fast over high-latency links.
+#
+# Symbolic links (a function's driver and iommu_group, an IOMMU group's members) are recorded as
+# regular files holding the link's target, so that the snapshot never contains a link that could
+# point outside it.
+
+set -u
+umask 077
+LC_ALL=C
+export LC_ALL
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+
+T=$(mktemp -d) || { echo "gpuhost-gather: cannot create a temporary directory" >&2; exit 70; }
+trap 'rm -rf "$T"' EXIT
+trap 'exit 130' INT TERM HUP
+mkdir -p "$T/commands"
+
+KREL=$(cat /proc/sys/kernel/osrelease 2>/dev/null || uname -r)
+
+# copy_files PATH...: copy the readable regular files among PATH, keeping their paths under $T.
+copy_files() {
+    given=$#
+    for p in "$@"; do
+        [ -f "$p" ] && [ -r "$p" ] && set -- "$@" "$p"
+    done
+    shift "$given"
+    [ $# -gt 0 ] || return 0
+    cp --parents -- "$@" "$T/" 2>/dev/null
+    return 0
+}
+
+# record_links PATH...: for each symbolic link among PATH, write its target into $T/PATH.
+record_links() {
+    for p in "$@"; do
+        [ -L "$p" ] || continue
+        parent=${p%/*}
+        [ -d "$T$parent" ] || mkdir -p "$T$parent"
+        target=$(readlink "$p") && printf '%s\n' "$target" > "$T$p"
+    done
+}
+
+# run_command NAME COMMAND...: store stdout in commands/NAME.txt and the exit status in status.txt.
+run_command() {
+    name=$1
+    shift
+    "$@" > "$T/commands/$name.txt" 2> /dev/null
+    printf '%s %s\n' "$name" "$?" >> "$T/commands/status.txt"
+}
+
+# --- plain files -------------------------------------------------------------------------------
+copy_files \
+    /proc/cmdline /proc/cpuinfo /proc/meminfo /proc/modules /proc/mounts /proc/version \
+    /proc/sys/kernel/hostname /proc/sys/kernel/osrelease /proc/driver/nvidia/version \
+    /etc/os-release /etc/hostname /etc/fstab /etc/default/grub /etc/default/grub.d/*.cfg \
+    /etc/kernel/cmdline /boot/grub/grubenv /boot/grub/grub.cfg /boot/grub2/grub.cfg \
+    /etc/modprobe.d/*.conf /lib/modprobe.d/*.conf /usr/lib/modprobe.d/*.conf \
+    /etc/modules /etc/modules-load.d/*.conf /etc/initramfs-tools/modules \
+    /etc/initramfs-tools/initramfs.conf /etc/initramfs-tools/conf.d/* /etc/dracut.conf.d/*.conf \
+    /etc/X11/xorg.conf /lib/modules/"$KREL"/modules.builtin \
+    /sys/class/dmi/id/sys_vendor /sys/class/dmi/id/product_name /sys/hypervisor/type \
+    /sys/kernel/mm/hugepages/hugepages-*/nr_hugepages /sys/kernel/mm/hugepages/hugepages-*/free_hugepages \
+    /sys/kernel/mm/hugepages/hugepages-*/resv_hugepages /sys/kernel/mm/hugepages/hugepages-*/surplus_hugepages \
+    /sys/devices/system/node/online /sys/devices/system/node/node*/meminfo /sys/devices/system/node/node*/cpulist \
+    /sys/devices/system/node/node*/hugepages/hugepages-*/nr_hugepages \
+    /sys/devices/system/node/node*/hugepages/hugepages-*/free_hugepages \
+    /sys/kernel/iommu_groups/*/type \
+    /sys/module/vfio_pci/parameters/ids /sys/module/nvidia/version \
+    /sys/module/kvm_intel/parameters/nested /sys/module/kvm_amd/parameters/nested \
+    /sys/module/vfio/initstate /sys/module/vfio_pci/initstate /sys/module/vfio_iommu_type1/initstate \
+    /sys/module/nvidia/initstate /sys/module/nouveau/initstate /sys/module/snd_hda_intel/initstate
+
+# --- PCI functions: attributes of every function, in one cp --------------------------------------
+set --
+for d in /sys/bus/pci/devices/*; do
+    [ -d "$d" ] || continue
+    for a in vendor device subsystem_vendor subsystem_device class revision numa_node local_cpulist \
+        current_link_speed current_link_width max_link_speed max_link_width reset_method resource \
+        boot_vga d3cold_allowed driver_override enable power_state power/control power/runtime_status \
+        sriov_totalvfs sriov_numvfs; do
+        [ -r "$d/$a" ] && set -- "$@" "$d/$a"
+    done
+    for a in "$d"/resource*_resize; do
+        [ -r "$a" ] && set -- "$@" "$a"
+    done
+done
+[ $# -gt 0 ] && cp --parents -- "$@" "$T/" 2>/dev/null
+
+# --- links: drivers, IOMMU groups, IOMMU units ---------------------------------------------------
+record_links /sys/bus/pci/devices/*/driver /sys/bus/pci/devices/*/iommu_group \
+    /sys/kernel/iommu_groups/*/devices/* /sys/class/iommu/*
+# Where each function sits in the PCI hierarchy (which bridges are above it).
+run_command pci-device-paths find /sys/bus/pci/devices/ -mindepth 1 -maxdepth 1 -printf '%f %l\n'
+
+# --- what exists, without reading it (binary or root-only files) ----------------------------------
+{
+    for p in /sys/firmware/efi /sys/firmware/acpi/tables/DMAR /sys/firmware/acpi/tables/IVRS \
+        /sys/kernel/iommu_groups /sys/class/iommu /dev/vfio /dev/hugepages /usr/bin/nvidia-uninstall \
+        /var/log/nvidia-installer.log /usr/bin/nvidia-smi /boot/efi/EFI /boot/loader/entries \
+        /etc/kernel/install.conf /boot/initrd.img-"$KREL" /boot/initramfs-"$KREL".img \
+        /sys/module/vfio_pci /sys/module/vfio /sys/module/nvidia /sys/module/nouveau; do
+        [ -e "$p" ] && printf '%s\n' "$p"
+    done
+} > "$T/commands/exists.txt"
+run_command acpi-tables ls /sys/firmware/acpi/tables
+{
+    for c in update-grub grub-mkconfig grub2-mkconfig grub-reboot grub-editenv grubby bootctl \
+        proxmox-boot-tool kernelstub update-initramfs lsinitramfs dracut lsinitrd lspci dpkg-query rpm \
+        nvidia-smi nvidia-uninstall journalctl dmesg sudo; do
+        command -v "$c"
+    done
+} > "$T/commands/which.txt" 2>/dev/null
+
+# --- commands -----------------------------------------------------------------------------------
+command -v lspci > /dev/null && run_command lspci-nn lspci -Dnn
+# Only the kernel messages the checks read: IOMMU, interrupt remapping, VFIO, GPU drivers,
+# framebuffers, BAR assignment, huge pages. A long-running host's full log can be megabytes.
+KLOG_PATTERN='DMAR|IOMMU|AMD-Vi|remapping|vfio|nvidia|nouveau|NVRM|efifb|simpledrm|vesafb|BAR [0-9]|hugepage|HugeTLB|ACS|Command line'
+if command -v journalctl > /dev/null && journalctl -k -b 0 -q --no-pager -n 1 > /dev/null 2>&1; then
+    journalctl -k -b 0 -q --no-pager -o short-monotonic 2>/dev/null | grep -E "$KLOG_PATTERN" > "$T/commands/dmesg.txt"
+    printf 'dmesg 0\n' >> "$T/commands/status.txt"
+elif dmesg > /dev/null 2>&1; then
+    dmesg 2>/dev/null | grep -E "$KLOG_PATTERN" > "$T/commands/dmesg.txt"
+    printf 'dmesg 0\n' >> "$T/commands/status.txt"
+else
+    printf 'dmesg 1\n' >> "$T/commands/status.txt"
+fi
+# The initramfs of the running kernel, reduced to the modules the checks ask about.
+list_initramfs() {
+    "$@" > "$T/initramfs-list" 2> /dev/null
+    rc=$?
+    grep -E 'vfio|nvidia|nouveau' "$T/initramfs-list" > "$T/commands/lsinitramfs.txt"
+    rm -f "$T/initramfs-list"
+    printf 'lsinitramfs %s\n' "$rc" >> "$T/commands/status.txt"
+}
+if command -v lsinitramfs > /dev/null && [ -r /boot/initrd.img-"$KREL" ]; then
+    list_initramfs lsinitramfs /boot/initrd.img-"$KREL"
+elif command -v lsinitrd > /dev/null && [ -r /boot/initramfs-"$KREL".img ]; then
+    list_initramfs lsinitrd /boot/initramfs-"$KREL".img
+fi
+# shellcheck disable=SC2016 # dpkg-query expands these fields itself
+command -v dpkg-query > /dev/null &&
+    run_command dpkg dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\n'
+command -v rpm > /dev/null && run_command rpm rpm -qa --qf '%{NAME} %{VERSION}-%{RELEASE}\n'
+
+# The GRUB command line as grub-mkconfig computes it: /etc/default/grub, then each
+# /etc/default/grub.d/*.cfg, sourced by the shell in that order. Checked for syntax first.
+if [ -r /etc/default/grub ]; then
+    if sh -n /etc/default/grub 2> "$T/commands/grub-syntax.txt"; then
+        for f in /etc/default/grub.d/*.cfg; do
+            [ -r "$f" ] && { sh -n "$f" 2>> "$T/commands/grub-syntax.txt" || printf 'syntax error in %s\n' "$f" >> "$T/commands/grub-syntax.txt"; }
+        done
+        (
+            set +u
+            # shellcheck source=/dev/null
+            . /etc/default/grub
+            for f in /etc/default/grub.d/*.cfg; do
+                # shellcheck source=/dev/null
+                [ -r "$f" ] && . "$f"
+            done
+            printf 'GRUB_CMDLINE_LINUX=%s\n' "${GRUB_CMDLINE_LINUX-}"
+            printf 'GRUB_CMDLINE_LINUX_DEFAULT=%s\n' "${GRUB_CMDLINE_LINUX_DEFAULT-}"
+            printf 'GRUB_DEFAULT=%s\n' "${GRUB_DEFAULT-}"
+            printf 'GRUB_DISABLE_RECOVERY=%s\n' "${GRUB_DISABLE_RECOVERY-}"
+        ) > "$T/commands/grub-effective.txt" 2> /dev/null < /dev/null
+        printf 'grub-effective %s\n' "$?" >> "$T/commands/status.txt"
+    else
+        printf 'grub-effective 2\n' >> "$T/commands/status.txt"
+    fi
+fi
+printf '%s\n' "$(id -u)" > "$T/commands/uid.txt"
+
+tar -C "$T" -czf - .

@@ -1,0 +1,385 @@
+"""What the audit knows about a host: typed, frozen facts built from a snapshot.
+
+`None` always means "could not be read" (file missing, tool not installed, permission): an
+unknown is a fact of its own and the checks say so, rather than guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# PCI class codes (base class and subclass, the upper 16 bits of the 24-bit class).
+CLASS_VGA = 0x0300
+CLASS_3D = 0x0302
+CLASS_DISPLAY_OTHER = 0x0380
+CLASS_AUDIO_HDA = 0x0403
+CLASS_HOST_BRIDGE = 0x0600
+CLASS_PCI_BRIDGE = 0x0604
+CLASS_USB = 0x0C03
+CLASS_SERIAL_BUS_OTHER = 0x0C80  # NVIDIA's USB Type-C UCSI controller on consumer cards
+VENDOR_NVIDIA = 0x10DE
+
+GPU_CLASSES = frozenset({CLASS_VGA, CLASS_3D})
+BRIDGE_CLASSES = frozenset({CLASS_HOST_BRIDGE, CLASS_PCI_BRIDGE})
+# Functions a graphics card carries beside its display function.
+GPU_COMPANION_CLASSES = frozenset({CLASS_AUDIO_HDA, CLASS_USB, CLASS_SERIAL_BUS_OTHER, CLASS_DISPLAY_OTHER})
+
+# Link speed in GT/s -> PCIe generation.
+PCIE_GENERATION_BY_SPEED = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One base address register from the `resource` file."""
+
+    index: int
+    start: int
+    end: int
+    flags: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start + 1 if self.end > self.start else 0
+
+    @property
+    def is_64bit(self) -> bool:
+        return bool(self.flags & 0x00100000)  # IORESOURCE_MEM_64
+
+    @property
+    def is_prefetchable(self) -> bool:
+        return bool(self.flags & 0x00002000)  # IORESOURCE_PREFETCH
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    current_speed_gts: float | None
+    current_width: int | None
+    max_speed_gts: float | None
+    max_width: int | None
+
+    @property
+    def current_generation(self) -> int | None:
+        return _generation(self.current_speed_gts)
+
+    @property
+    def max_generation(self) -> int | None:
+        return _generation(self.max_speed_gts)
+
+    def describe(self) -> str:
+        """'Gen5 x16' style text of the current link, with the maximum when it differs."""
+        current = _describe_link(self.current_generation, self.current_speed_gts, self.current_width)
+        maximum = _describe_link(self.max_generation, self.max_speed_gts, self.max_width)
+        if current == maximum:
+            return current
+        return f"{current} (max {maximum})"
+
+
+def _generation(speed: float | None) -> int | None:
+    return None if speed is None else PCIE_GENERATION_BY_SPEED.get(speed)
+
+
+def _describe_link(generation: int | None, speed: float | None, width: int | None) -> str:
+    if generation is not None:
+        speed_text = f"Gen{generation}"
+    elif speed is not None:
+        speed_text = f"{speed:g} GT/s"
+    else:
+        speed_text = "Gen?"
+    return f"{speed_text} x{width if width is not None else '?'}"
+
+
+@dataclass(frozen=True)
+class PciFunction:
+    address: str  # domain:bus:device.function, e.g. 0000:41:00.0
+    vendor: int | None
+    device: int | None
+    subsystem_vendor: int | None
+    subsystem_device: int | None
+    class_code: int | None  # 24-bit, e.g. 0x030200
+    revision: int | None
+    driver: str | None  # None when no driver is bound (or unknown)
+    driver_override: str | None
+    iommu_group: int | None
+    numa_node: int | None  # None when unknown; -1 (no NUMA information) is kept as -1
+    local_cpulist: str | None
+    link: PcieLink
+    reset_methods: tuple[str, ...] | None
+    bars: tuple[Bar, ...]
+    resizable_bar_sizes: dict[int, int] = field(default_factory=dict)  # BAR index -> supported sizes bitmask
+    boot_vga: bool | None = None
+    d3cold_allowed: bool | None = None
+    parents: tuple[str, ...] = ()  # upstream bridges, nearest first
+
+    @property
+    def base_class(self) -> int | None:
+        """The class and subclass (0x0300), without the programming interface."""
+        return None if self.class_code is None else self.class_code >> 8
+
+    @property
+    def vendor_device(self) -> str:
+        """'10de:2330', the form vfio-pci.ids and lspci -nn use."""
+        return f"{_hex4(self.vendor)}:{_hex4(self.device)}"
+
+    @property
+    def slot(self) -> str:
+        """The address without the function number: functions of one card share it."""
+        return self.address.rsplit(".", 1)[0]
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.base_class in GPU_CLASSES
+
+    @property
+    def is_bridge(self) -> bool:
+        return self.base_class in BRIDGE_CLASSES
+
+    def describe(self) -> str:
+        return f"{self.address} [{self.vendor_device}]"
+
+
+def _hex4(value: int | None) -> str:
+    return "????" if value is None else f"{value:04x}"
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    vendor: str | None  # GenuineIntel, AuthenticAMD
+    model_name: str | None
+    logical_cpus: int
+    flags: frozenset[str]
+
+    @property
+    def has_virtualization(self) -> bool:
+        return "vmx" in self.flags or "svm" in self.flags
+
+    @property
+    def is_virtual_machine(self) -> bool:
+        return "hypervisor" in self.flags
+
+
+@dataclass(frozen=True)
+class KernelCommandLine:
+    """/proc/cmdline or a GRUB variable, split the way the kernel splits it."""
+
+    tokens: tuple[str, ...]
+
+    def values(self, key: str) -> list[str]:
+        """Every value given to `key` (`key=value`), in order; '' for a bare `key`."""
+        found = []
+        for token in self.tokens:
+            name, sep, value = token.partition("=")
+            if name == key:
+                found.append(value if sep else "")
+        return found
+
+    def value(self, key: str) -> str | None:
+        """The value the kernel uses: the last one given."""
+        values = self.values(key)
+        return values[-1] if values else None
+
+    def has(self, key: str) -> bool:
+        return bool(self.values(key))
+
+    def list_value(self, key: str) -> tuple[str, ...]:
+        """Comma-separated values of `key`, all occurrences joined (modprobe.blacklist, vfio-pci.ids)."""
+        items: list[str] = []
+        for value in self.values(key):
+            items.extend(item for item in value.split(",") if item)
+        return tuple(items)
+
+    def __str__(self) -> str:
+        return " ".join(self.tokens)
+
+
+@dataclass(frozen=True)
+class MemInfo:
+    """/proc/meminfo, in KiB."""
+
+    total_kib: int | None
+    available_kib: int | None
+    hugepages_total: int | None
+    hugepages_free: int | None
+    hugepage_size_kib: int | None
+    hugetlb_kib: int | None
+
+
+@dataclass(frozen=True)
+class HugePagePool:
+    """One huge page size, host-wide or on one NUMA node."""
+
+    size_kib: int
+    total: int | None
+    free: int | None
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    node_id: int
+    mem_total_kib: int | None
+    cpulist: str | None
+    hugepages: tuple[HugePagePool, ...]
+
+    def pool(self, size_kib: int) -> HugePagePool | None:
+        return next((p for p in self.hugepages if p.size_kib == size_kib), None)
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    fstype: str
+    options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModprobeDirective:
+    """One line of a modprobe.d file that concerns the GPU drivers or vfio."""
+
+    path: str
+    line_number: int
+    command: str  # blacklist, options, install, softdep, alias
+    module: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class GrubConfig:
+    """GRUB's configuration as grub-mkconfig sees it (files sourced on the host by sh)."""
+
+    present: bool  # /etc/default/grub exists
+    syntax_error: str | None  # what `sh -n` said, when the file is not valid shell
+    cmdline_linux: KernelCommandLine | None
+    cmdline_linux_default: KernelCommandLine | None
+    dropins: tuple[str, ...]  # /etc/default/grub.d/*.cfg, in the order they are sourced
+
+    @property
+    def effective(self) -> KernelCommandLine | None:
+        """What update-grub puts on a normal boot entry: LINUX then LINUX_DEFAULT."""
+        if self.cmdline_linux is None or self.cmdline_linux_default is None:
+            return None
+        return KernelCommandLine(self.cmdline_linux.tokens + self.cmdline_linux_default.tokens)
+
+
+BOOTLOADER_GRUB = "grub"
+BOOTLOADER_SYSTEMD_BOOT = "systemd-boot"
+BOOTLOADER_GRUBBY_BLS = "grubby"
+BOOTLOADER_UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Bootloader:
+    kind: str  # one of the BOOTLOADER_* names
+    efi: bool | None
+    update_command: str | None  # update-grub, grub2-mkconfig, grubby, ...
+    evidence: str  # why we think so
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str
+
+
+@dataclass(frozen=True)
+class NvidiaInstall:
+    """A host NVIDIA driver: from packages, from NVIDIA's .run installer, or loaded."""
+
+    packages: tuple[Package, ...] | None  # None when no package database could be read
+    runfile_installed: bool
+    loaded_version: str | None  # /proc/driver/nvidia/version first line, when loaded
+
+    @property
+    def installed(self) -> bool:
+        return bool(self.packages) or self.runfile_installed
+
+
+@dataclass(frozen=True)
+class KernelLog:
+    """The lines of the kernel log the checks read (None when the log could not be read)."""
+
+    lines: tuple[str, ...]
+
+    def matching(self, *needles: str) -> list[str]:
+        lowered = [n.lower() for n in needles]
+        return [line for line in self.lines if any(n in line.lower() for n in lowered)]
+
+
+VFIO_BUILTIN = "builtin"
+VFIO_MODULE = "module"
+VFIO_ABSENT = "absent"
+
+
+@dataclass(frozen=True)
+class Modules:
+    loaded: frozenset[str]  # /proc/modules
+    builtin: frozenset[str] | None  # names from modules.builtin (None: unreadable)
+
+    def is_loaded(self, name: str) -> bool:
+        return name.replace("-", "_") in self.loaded
+
+
+@dataclass(frozen=True)
+class Initramfs:
+    """The modules of interest found in the running kernel's initramfs (None: could not list)."""
+
+    entries: tuple[str, ...] | None
+
+    def has_module(self, name: str) -> bool | None:
+        if self.entries is None:
+            return None
+        wanted = {f"{name}.ko", f"{name.replace('_', '-')}.ko"}
+        return any(entry.rsplit("/", 1)[-1].split(".ko")[0] + ".ko" in wanted for entry in self.entries)
+
+
+@dataclass(frozen=True)
+class Iommu:
+    dmar_table: bool | None  # Intel VT-d ACPI table
+    ivrs_table: bool | None  # AMD-Vi ACPI table
+    units: tuple[str, ...]  # /sys/class/iommu entries (dmar0, ivhd0, ...)
+    groups: dict[int, tuple[str, ...]]  # group -> member addresses
+    group_types: dict[int, str]  # DMA, DMA-FQ, identity, ...
+
+    @property
+    def firmware_present(self) -> bool | None:
+        if self.dmar_table is None and self.ivrs_table is None:
+            return None
+        return bool(self.dmar_table or self.ivrs_table)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.groups)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """Everything the audit read from one host."""
+
+    hostname: str | None
+    kernel_release: str | None
+    os_pretty_name: str | None
+    running_as_root: bool | None
+    cpu: CpuInfo | None
+    cmdline: KernelCommandLine | None
+    memory: MemInfo | None
+    hugepage_pools: tuple[HugePagePool, ...]
+    numa_nodes: tuple[NumaNode, ...]
+    mounts: tuple[Mount, ...] | None
+    pci: tuple[PciFunction, ...]
+    iommu: Iommu
+    modules: Modules | None
+    vfio_pci: str | None  # VFIO_BUILTIN / VFIO_MODULE / VFIO_ABSENT, None: unknown
+    vfio_pci_module_ids: tuple[str, ...] | None  # /sys/module/vfio_pci/parameters/ids
+    initramfs: Initramfs
+    grub: GrubConfig
+    bootloader: Bootloader
+    nvidia: NvidiaInstall
+    modprobe: tuple[ModprobeDirective, ...]
+    kernel_log: KernelLog | None
+    dmi_vendor: str | None
+    dmi_product: str | None
+
+    def function(self, address: str) -> PciFunction | None:
+        return next((f for f in self.pci if f.address == address), None)
+
+    def hugepage_pool(self, size_kib: int) -> HugePagePool | None:
+        return next((p for p in self.hugepage_pools if p.size_kib == size_kib), None)

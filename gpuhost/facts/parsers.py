@@ -1,0 +1,373 @@
+"""Pure parsers: text as the host printed it in, typed values out. No I/O here.
+
+Each parser is tested on real captures (tests/fixtures/), never on text written to fit it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from gpuhost.facts.model import (
+    Bar,
+    CpuInfo,
+    HugePagePool,
+    KernelCommandLine,
+    MemInfo,
+    ModprobeDirective,
+    Mount,
+    Package,
+)
+
+_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def is_pci_address(text: str) -> bool:
+    return bool(_PCI_ADDRESS.match(text))
+
+
+def parse_int(text: str | None, base: int = 10) -> int | None:
+    """An integer attribute file ('0x10de', '-1', '16'); None when unreadable or not a number."""
+    if text is None:
+        return None
+    try:
+        return int(text.strip(), base)
+    except ValueError:
+        return None
+
+
+def parse_hex(text: str | None) -> int | None:
+    return parse_int(text, 16)
+
+
+def parse_bool_attribute(text: str | None) -> bool | None:
+    value = parse_int(text)
+    return None if value is None else value != 0
+
+
+def parse_optional_text(text: str | None) -> str | None:
+    """A one-line attribute; '(null)' (an unset driver_override) and '' are no value."""
+    if text is None:
+        return None
+    value = text.strip()
+    return None if value in ("", "(null)") else value
+
+
+def parse_link_speed(text: str | None) -> float | None:
+    """'32.0 GT/s PCIe' (6.x kernels) or '8 GT/s' (older) -> 32.0; 'Unknown' -> None."""
+    if text is None:
+        return None
+    match = re.match(r"\s*([0-9.]+)\s*GT/s", text)
+    return float(match.group(1)) if match else None
+
+
+def parse_reset_methods(text: str | None) -> tuple[str, ...] | None:
+    """reset_method lists what the kernel can use, best first ('flr bus'); empty: none."""
+    if text is None:
+        return None
+    return tuple(text.split())
+
+
+def parse_pci_resource(text: str | None) -> tuple[Bar, ...]:
+    """The `resource` file: one 'start end flags' line per region; BARs are lines 0-5."""
+    if text is None:
+        return ()
+    bars = []
+    for index, line in enumerate(text.splitlines()[:6]):
+        fields = line.split()
+        if len(fields) != 3:
+            continue
+        start, end, flags = (int(f, 16) for f in fields)
+        if end > start:
+            bars.append(Bar(index=index, start=start, end=end, flags=flags))
+    return tuple(bars)
+
+
+def parse_cpuinfo(text: str) -> CpuInfo:
+    vendor = model = None
+    flags: frozenset[str] = frozenset()
+    processors = 0
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip()
+        value = value.strip()
+        if key == "processor":
+            processors += 1
+        elif key == "vendor_id" and vendor is None:
+            vendor = value
+        elif key == "model name" and model is None:
+            model = value
+        elif key == "flags" and not flags:
+            flags = frozenset(value.split())
+    return CpuInfo(vendor=vendor, model_name=model, logical_cpus=processors, flags=flags)
+
+
+def parse_cmdline(text: str) -> KernelCommandLine:
+    """Split a kernel command line as the kernel does: on blanks, double quotes group.
+
+    Everything after a lone `--` goes to init, not to the kernel, and is left out.
+    """
+    tokens: list[str] = []
+    current: list[str] = []
+    in_quotes = False
+    started = False
+    for char in text.strip():
+        if char == '"':
+            in_quotes = not in_quotes
+            started = True
+        elif char.isspace() and not in_quotes:
+            if started:
+                tokens.append("".join(current))
+            current, started = [], False
+        else:
+            current.append(char)
+            started = True
+    if started:
+        tokens.append("".join(current))
+    if "--" in tokens:
+        tokens = tokens[: tokens.index("--")]
+    return KernelCommandLine(tuple(tokens))
+
+
+def _kib(value: str) -> int | None:
+    fields = value.split()
+    return parse_int(fields[0]) if fields else None
+
+
+def parse_meminfo(text: str) -> MemInfo:
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            values[key.strip()] = value.strip()
+
+    def get(key: str) -> int | None:
+        return _kib(values[key]) if key in values else None
+
+    return MemInfo(
+        total_kib=get("MemTotal"),
+        available_kib=get("MemAvailable"),
+        hugepages_total=get("HugePages_Total"),
+        hugepages_free=get("HugePages_Free"),
+        hugepage_size_kib=get("Hugepagesize"),
+        hugetlb_kib=get("Hugetlb"),
+    )
+
+
+def parse_node_meminfo_total(text: str) -> int | None:
+    """'Node 0 MemTotal:       24600000 kB' -> 24600000."""
+    match = re.search(r"MemTotal:\s+(\d+)\s*kB", text)
+    return int(match.group(1)) if match else None
+
+
+def parse_hugepage_dir_size(name: str) -> int | None:
+    """'hugepages-1048576kB' -> 1048576."""
+    match = re.fullmatch(r"hugepages-(\d+)kB", name)
+    return int(match.group(1)) if match else None
+
+
+def hugepage_pool(size_kib: int, total: str | None, free: str | None) -> HugePagePool:
+    return HugePagePool(size_kib=size_kib, total=parse_int(total), free=parse_int(free))
+
+
+def parse_mounts(text: str) -> tuple[Mount, ...]:
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 4:
+            source, target, fstype, options = fields[:4]
+            mounts.append(Mount(source, _unescape_mount(target), fstype, tuple(options.split(","))))
+    return tuple(mounts)
+
+
+def _unescape_mount(path: str) -> str:
+    # /proc/mounts escapes space, tab, newline and backslash as octal.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
+
+
+def parse_proc_modules(text: str) -> frozenset[str]:
+    return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
+
+
+def parse_modules_builtin(text: str) -> frozenset[str]:
+    """modules.builtin lists 'kernel/drivers/vfio/pci/vfio-pci.ko'; module names use '_'."""
+    names = set()
+    for line in text.splitlines():
+        base = line.strip().rsplit("/", 1)[-1]
+        if base.endswith(".ko"):
+            names.add(base[:-3].replace("-", "_"))
+    return frozenset(names)
+
+
+_MODPROBE_COMMANDS = ("blacklist", "options", "install", "softdep", "alias", "remove")
+_INTERESTING_MODULE = re.compile(r"^(nvidia\w*|nouveau|nvidiafb|vfio\w*|snd_hda_intel|snd-hda-intel)$")
+
+
+def parse_modprobe_conf(path: str, text: str) -> tuple[ModprobeDirective, ...]:
+    """The directives of a modprobe.d file that concern the GPU drivers or vfio.
+
+    For `alias`, the module is the alias's target (the second word).
+    """
+    directives = []
+    for number, raw in enumerate(_join_continuations(text), start=1):
+        line = raw.split("#", 1)[0].strip()
+        fields = line.split()
+        if len(fields) < 2 or fields[0] not in _MODPROBE_COMMANDS:
+            continue
+        command = fields[0]
+        module = fields[2] if command == "alias" and len(fields) > 2 else fields[1]
+        if not _INTERESTING_MODULE.match(module) and not (command == "alias" and _INTERESTING_MODULE.match(fields[1])):
+            continue
+        rest_index = 3 if command == "alias" else 2
+        directives.append(
+            ModprobeDirective(
+                path=path,
+                line_number=number,
+                command=command,
+                module=module.replace("-", "_"),
+                arguments=" ".join(fields[rest_index:]),
+            )
+        )
+    return tuple(directives)
+
+
+def _join_continuations(text: str) -> list[str]:
+    lines: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        if raw.endswith("\\"):
+            pending += raw[:-1] + " "
+            continue
+        lines.append(pending + raw)
+        pending = ""
+    if pending:
+        lines.append(pending)
+    return lines
+
+
+def parse_modprobe_options(arguments: str) -> dict[str, str]:
+    """'ids=10de:2330,10de:22e8 disable_vga=1' -> {'ids': '10de:2330,10de:22e8', 'disable_vga': '1'}."""
+    options = {}
+    for word in arguments.split():
+        key, _, value = word.partition("=")
+        options[key] = value
+    return options
+
+
+def parse_key_value_lines(text: str) -> dict[str, str]:
+    """'NAME=value' lines (the gather script's grub-effective.txt, os-release with quotes)."""
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip():
+            values[key.strip()] = value
+    return values
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    values = {}
+    for key, value in parse_key_value_lines(text).items():
+        try:
+            words = shlex.split(value)
+        except ValueError:
+            words = [value]
+        values[key] = words[0] if words else ""
+    return values
+
+
+def parse_dpkg_status(text: str) -> tuple[Package, ...]:
+    """`dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}'`; only installed ones ('ii')."""
+    packages = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] in ("ii", "hi", "iU", "iF"):
+            packages.append(Package(fields[1], fields[2]))
+    return tuple(packages)
+
+
+def parse_rpm_list(text: str) -> tuple[Package, ...]:
+    packages = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2:
+            packages.append(Package(fields[0], fields[1]))
+    return tuple(packages)
+
+
+def parse_pci_device_paths(text: str) -> dict[str, tuple[str, ...]]:
+    """'0000:01:00.0 ../../../devices/pci0000:00/0000:00:03.0/0000:01:00.0' -> upstream bridges.
+
+    The result maps each function to the addresses above it, nearest first.
+    """
+    parents: dict[str, tuple[str, ...]] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 2:
+            continue
+        address, target = fields
+        chain = [part for part in target.split("/") if is_pci_address(part)]
+        if chain and chain[-1] == address:
+            parents[address] = tuple(reversed(chain[:-1]))
+    return parents
+
+
+def parse_command_status(text: str) -> dict[str, int]:
+    """The gather script's commands/status.txt: 'NAME RC' per command run."""
+    status = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1].lstrip("-").isdigit():
+            status[fields[0]] = int(fields[1])
+    return status
+
+
+def parse_link_target_basename(text: str | None) -> str | None:
+    """A recorded symlink ('../../../bus/pci/drivers/vfio-pci') -> 'vfio-pci'."""
+    if text is None:
+        return None
+    target = text.strip().rstrip("/")
+    return target.rsplit("/", 1)[-1] or None
+
+
+def parse_nvidia_version(text: str) -> str | None:
+    """/proc/driver/nvidia/version: 'NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04 ...'."""
+    match = re.search(r"Kernel Module\s+(\S+)", text)
+    return match.group(1) if match else None
+
+
+def parse_memory_size_kib(text: str) -> int | None:
+    """'1G', '2M', '1048576K', '1GB' -> KiB, as the kernel reads hugepagesz=."""
+    match = re.fullmatch(r"(\d+)\s*([KMGkmg])?[Bb]?", text.strip())
+    if not match:
+        return None
+    factor = {"k": 1, "m": 1024, "g": 1024 * 1024, None: 1 / 1024}[match.group(2).lower() if match.group(2) else None]
+    return int(int(match.group(1)) * factor)
+
+
+DEFAULT_HUGEPAGE_KIB = 2048
+
+
+def parse_hugepages_request(tokens: tuple[str, ...]) -> dict[int, int]:
+    """Huge pages the command line asks the kernel to reserve at boot, by page size in KiB.
+
+    `hugepages=N` applies to the size of the latest `hugepagesz=` before it, or to
+    `default_hugepagesz` (2 MiB when unset) when none came before it; as the kernel reads it.
+    """
+    default = DEFAULT_HUGEPAGE_KIB
+    for token in tokens:
+        key, _, value = token.partition("=")
+        if key == "default_hugepagesz":
+            default = parse_memory_size_kib(value) or default
+    requested: dict[int, int] = {}
+    current: int | None = None
+    for token in tokens:
+        key, _, value = token.partition("=")
+        if key == "hugepagesz":
+            current = parse_memory_size_kib(value)
+        elif key == "hugepages":
+            count = parse_int(value)
+            if count is not None:
+                requested[current if current is not None else default] = count
+    return requested

@@ -1,0 +1,172 @@
+"""The snapshot directory: a mirror of the host's files that the audit reads, plus commands/.
+
+Layout (fixed; tests and users rely on it):
+  DIR/proc/cmdline, DIR/sys/bus/pci/devices/0000:41:00.0/class, ...   files as read on the host
+  DIR/sys/bus/pci/devices/0000:41:00.0/driver                          a symlink, or a file naming its target
+  DIR/sys/kernel/iommu_groups/13/devices/0000:41:00.0                  a symlink, or a file naming the device
+  DIR/commands/NAME.txt                                                output of each command run
+  DIR/commands/status.txt                                              'NAME EXIT-STATUS' per command
+  DIR/snapshot.json                                                    host, time, gpuhost version
+
+Everything is read through `SnapshotTree`, which never follows a path out of the directory: a
+snapshot can come from a host we do not trust.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gpuhost import __version__
+from gpuhost.errors import InputError
+
+SNAPSHOT_META = "snapshot.json"
+SNAPSHOT_FORMAT = "gpuhost.snapshot/1"
+# A gathered tree is a few hundred KiB; refuse anything absurd from a hostile host.
+MAX_UNPACKED_BYTES = 256 * 1024 * 1024
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SnapshotMeta:
+    host: str
+    taken_at: str
+    gpuhost_version: str
+    source: str  # local, ssh://user@host:port, or where the snapshot came from
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": SNAPSHOT_FORMAT,
+                "host": self.host,
+                "taken_at": self.taken_at,
+                "gpuhost_version": self.gpuhost_version,
+                "source": self.source,
+            },
+            indent=2,
+        )
+
+
+def new_meta(host: str, source: str) -> SnapshotMeta:
+    return SnapshotMeta(
+        host=host,
+        taken_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        gpuhost_version=__version__,
+        source=source,
+    )
+
+
+class SnapshotTree:
+    """Read-only access to a snapshot directory, by the host's absolute paths."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def _inside(self, host_path: str) -> Path | None:
+        candidate = self.root / host_path.lstrip("/")
+        try:
+            resolved = candidate.resolve()
+        except (OSError, RuntimeError):
+            return None
+        if resolved != self.root and self.root not in resolved.parents:
+            return None
+        return resolved
+
+    def read(self, host_path: str) -> str | None:
+        """The file's text; None when it was not captured (missing, unreadable on the host)."""
+        path = self._inside(host_path)
+        if path is None or not path.is_file():
+            return None
+        try:
+            with path.open("rb") as handle:
+                data = handle.read(MAX_FILE_BYTES)
+        except OSError:
+            return None
+        return data.decode("utf-8", errors="replace")
+
+    def link(self, host_path: str) -> str | None:
+        """The target of a symlink on the host, stored as a symlink or as a file naming it."""
+        candidate = self.root / host_path.lstrip("/")
+        if candidate.is_symlink():
+            return str(candidate.readlink())
+        text = self.read(host_path)
+        return None if text is None else text.strip() or None
+
+    def list(self, host_path: str) -> list[str]:
+        """Names in a captured directory, sorted; [] when it was not captured."""
+        candidate = self.root / host_path.lstrip("/")
+        path = self._inside(host_path)
+        if path is None or candidate.is_symlink() or not path.is_dir():
+            return []
+        return sorted(entry.name for entry in path.iterdir())
+
+    def command(self, name: str) -> str | None:
+        """The output of a command the gather script ran; None when it did not run."""
+        return self.read(f"/commands/{name}.txt")
+
+    def meta(self) -> SnapshotMeta | None:
+        text = self.read(f"/{SNAPSHOT_META}")
+        if text is None:
+            return None
+        try:
+            data = json.loads(text)
+            return SnapshotMeta(
+                host=str(data["host"]),
+                taken_at=str(data["taken_at"]),
+                gpuhost_version=str(data["gpuhost_version"]),
+                source=str(data.get("source", "")),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def open_snapshot(directory: Path) -> SnapshotTree:
+    """A snapshot given by the user: it must look like one, or the error says what is wrong."""
+    if not directory.is_dir():
+        raise InputError(f"snapshot {directory}: no such directory. Create one with `gpuhost snapshot HOST -o DIR`.")
+    tree = SnapshotTree(directory)
+    if tree.read("/proc/cmdline") is None and not tree.list("/sys"):
+        raise InputError(
+            f"snapshot {directory}: neither proc/cmdline nor sys/ is in it, so it is not a gpuhost snapshot. "
+            "Create one with `gpuhost snapshot HOST -o DIR`."
+        )
+    return tree
+
+
+def unpack_gathered(archive: bytes, destination: Path) -> None:
+    """Unpack the gather script's tar.gz into `destination`, refusing anything unsafe.
+
+    Only regular files and directories are taken; links, devices and paths that leave the
+    destination are refused, whatever the host sent.
+    """
+    destination.mkdir(parents=True, exist_ok=True)
+    total = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+            members = []
+            for member in tar:
+                if not (member.isfile() or member.isdir()):
+                    continue
+                name = os.path.normpath(member.name)
+                if name.startswith(("/", "..")) or "/../" in f"/{name}/":
+                    raise tarfile.TarError(f"unsafe path {member.name!r}")
+                total += member.size
+                if member.size > MAX_FILE_BYTES or total > MAX_UNPACKED_BYTES:
+                    raise tarfile.TarError(f"{member.name!r} makes the capture larger than allowed")
+                members.append(member)
+            tar.extractall(destination, members=members, filter="data")
+    except (tarfile.TarError, EOFError, OSError, ValueError) as error:
+        raise GatherFormatError(f"the captured data could not be unpacked: {error}") from error
+
+
+class GatherFormatError(Exception):
+    """The host's answer was not the archive the gather script writes."""
+
+
+def write_meta(directory: Path, meta: SnapshotMeta) -> None:
+    (directory / SNAPSHOT_META).write_text(meta.to_json() + "\n")

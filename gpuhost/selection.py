@@ -1,0 +1,133 @@
+"""Which GPUs of a host are to be passed through, and which functions go with each.
+
+One place for this logic: the audit's checks and the planner (apply) both call it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuhost.errors import InputError
+from gpuhost.facts.model import (
+    GPU_COMPANION_CLASSES,
+    VENDOR_NVIDIA,
+    HostFacts,
+    PciFunction,
+)
+
+_ADDRESS = re.compile(r"^(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_VENDOR_DEVICE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
+
+
+@dataclass(frozen=True)
+class GpuSelector:
+    """`gpuhost_gpus`: 'all' (every NVIDIA GPU that is not the host's console), or a list of
+    PCI addresses ('0000:41:00.0', '41:00.0') and vendor:device IDs ('10de:2330')."""
+
+    select_all_nvidia: bool
+    addresses: tuple[str, ...] = ()
+    vendor_devices: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, value: object, where: str) -> GpuSelector:
+        """Validate an inventory or command-line value; `where` names it in the error."""
+        if value is None or value == "all":
+            return cls(select_all_nvidia=True)
+        items: list[object]
+        if isinstance(value, str):
+            items = [item.strip() for item in value.split(",") if item.strip()]
+        elif isinstance(value, list):
+            items = list(value)
+        else:
+            raise InputError(
+                f"{where}: gpuhost_gpus must be 'all' or a list of PCI addresses or vendor:device IDs, not {value!r}"
+            )
+        addresses, ids = [], []
+        for item in items:
+            text = str(item).strip()
+            if _ADDRESS.match(text):
+                addresses.append(text.lower() if text.count(":") == 2 else f"0000:{text.lower()}")
+            elif _VENDOR_DEVICE.match(text):
+                ids.append(text.lower())
+            else:
+                raise InputError(
+                    f"{where}: gpuhost_gpus entry {text!r} is neither a PCI address (0000:41:00.0) "
+                    "nor a vendor:device ID (10de:2330). Fix the inventory value."
+                )
+        if not addresses and not ids:
+            raise InputError(f"{where}: gpuhost_gpus is an empty list; use 'all' or name the GPUs.")
+        return cls(select_all_nvidia=False, addresses=tuple(addresses), vendor_devices=tuple(ids))
+
+    def describe(self) -> str:
+        if self.select_all_nvidia:
+            return "all NVIDIA GPUs"
+        return ", ".join(self.addresses + self.vendor_devices)
+
+    def selects(self, function: PciFunction) -> bool:
+        if self.select_all_nvidia:
+            return function.vendor == VENDOR_NVIDIA and function.boot_vga is not True
+        return function.address in self.addresses or function.vendor_device in self.vendor_devices
+
+
+@dataclass(frozen=True)
+class GpuCard:
+    """A GPU's display function with the other functions of the same card (audio, USB, ...)."""
+
+    gpu: PciFunction
+    companions: tuple[PciFunction, ...]
+
+    @property
+    def functions(self) -> tuple[PciFunction, ...]:
+        return (self.gpu, *self.companions)
+
+
+@dataclass(frozen=True)
+class GpuSelection:
+    passthrough: tuple[GpuCard, ...]
+    kept: tuple[GpuCard, ...]  # GPUs the host keeps: its console, or GPUs not selected
+    other_nvidia: tuple[PciFunction, ...]  # NVIDIA functions that are not GPUs (NVSwitch, bridges)
+
+
+def gpu_cards(facts: HostFacts) -> tuple[GpuCard, ...]:
+    by_slot: dict[str, list[PciFunction]] = {}
+    for function in facts.pci:
+        by_slot.setdefault(function.slot, []).append(function)
+    cards = []
+    for function in facts.pci:
+        if not function.is_gpu:
+            continue
+        companions = tuple(
+            other
+            for other in by_slot[function.slot]
+            if other.address != function.address and other.base_class in GPU_COMPANION_CLASSES
+        )
+        cards.append(GpuCard(gpu=function, companions=companions))
+    return tuple(cards)
+
+
+def select_gpus(facts: HostFacts, selector: GpuSelector) -> GpuSelection:
+    cards = gpu_cards(facts)
+    passthrough = tuple(card for card in cards if selector.selects(card.gpu))
+    kept = tuple(card for card in cards if not selector.selects(card.gpu))
+    card_functions = {f.address for card in cards for f in card.functions}
+    other_nvidia = tuple(
+        f for f in facts.pci if f.vendor == VENDOR_NVIDIA and f.address not in card_functions and not f.is_bridge
+    )
+    return GpuSelection(passthrough=passthrough, kept=kept, other_nvidia=other_nvidia)
+
+
+def group_members(facts: HostFacts, function: PciFunction) -> tuple[PciFunction, ...]:
+    """Every function in `function`'s IOMMU group (itself included)."""
+    if function.iommu_group is None:
+        return (function,)
+    addresses = facts.iommu.groups.get(function.iommu_group, (function.address,))
+    members = [facts.function(address) for address in addresses]
+    return tuple(member for member in members if member is not None)
+
+
+def functions_to_bind(facts: HostFacts, card: GpuCard) -> tuple[PciFunction, ...]:
+    """What vfio-pci must own for this card to be passed through: every non-bridge function of
+    its IOMMU group (the card's own functions; an intruder too, which the checks refuse)."""
+    members = group_members(facts, card.gpu)
+    return tuple(member for member in members if not member.is_bridge)

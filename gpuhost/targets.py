@@ -1,0 +1,218 @@
+"""Who to audit: this machine, ad-hoc `user@host:port` names, inventory hosts, or snapshots.
+
+Every value that will reach a connection or a host is validated here, before anything connects.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuhost.checks.base import ROLES, AuditPolicy
+from gpuhost.errors import InputError, MissingDependencyError
+from gpuhost.selection import GpuSelector
+from gpuhost.transport.ssh import SshOptions
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+_INVENTORY_NAME = re.compile(r"^[A-Za-z0-9_.:\[\]-]{1,255}$")
+_ADHOC = re.compile(r"^(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@]+)(?::(?P<port>[^:]+))?$")
+
+LOCAL = "local"
+SSH = "ssh"
+SNAPSHOT = "snapshot"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kind: str  # LOCAL, SSH or SNAPSHOT
+    policy: AuditPolicy
+    ssh: SshOptions | None = None
+    snapshot: Path | None = None
+    variables: Mapping[str, Any] = field(default_factory=dict)  # inventory variables, for later verbs
+
+
+@dataclass(frozen=True)
+class ConnectionDefaults:
+    """Command-line options that apply to hosts whose inventory does not say otherwise."""
+
+    user: str | None = None
+    key_file: Path | None = None
+    known_hosts_file: Path | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 15.0
+    gpus: object = None
+    role: str = "auto"
+
+
+def validate_host(value: object, where: str) -> str:
+    text = str(value).strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    if not _HOSTNAME.match(text):
+        raise InputError(
+            f"{where}: {value!r} is not a valid host name or IP address. Fix ansible_host (or the host argument)."
+        )
+    return text
+
+
+def validate_user(value: object, where: str) -> str:
+    text = str(value)
+    if not _USER.match(text):
+        raise InputError(
+            f"{where}: user {value!r} is not a valid login name (letters, digits, '_', '.', '-'). Fix ansible_user."
+        )
+    return text
+
+
+def validate_port(value: object, where: str) -> int:
+    try:
+        port = int(str(value))
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535 or str(value).strip() != str(port):
+        raise InputError(f"{where}: port {value!r} is not a number from 1 to 65535. Fix ansible_port.")
+    return port
+
+
+def validate_key_file(value: object, where: str) -> Path:
+    text = str(value)
+    if "\n" in text or "\0" in text:
+        raise InputError(f"{where}: the private key path {value!r} contains a newline or NUL character.")
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise InputError(f"{where}: private key file {path} does not exist. Fix ansible_ssh_private_key_file.")
+    return path
+
+
+def validate_known_hosts(value: object, where: str) -> Path:
+    text = str(value)
+    if "\n" in text or "\0" in text:
+        raise InputError(f"{where}: known_hosts path {value!r} contains a newline or NUL character.")
+    return Path(text).expanduser()
+
+
+def _policy(variables: Mapping[str, Any], defaults: ConnectionDefaults, where: str) -> AuditPolicy:
+    gpus_value = defaults.gpus if defaults.gpus is not None else variables.get("gpuhost_gpus")
+    role = str(variables.get("gpuhost_role", defaults.role))
+    if role not in ROLES:
+        raise InputError(f"{where}: gpuhost_role {role!r} is not one of {', '.join(ROLES)}.")
+    shared = variables.get("gpuhost_allow_shared_group", [])
+    if isinstance(shared, str):
+        shared = [shared]
+    if not isinstance(shared, list):
+        raise InputError(f"{where}: gpuhost_allow_shared_group must be a list of GPU PCI addresses.")
+    allowed = GpuSelector.parse(shared, where).addresses if shared else ()
+    return AuditPolicy(gpus=GpuSelector.parse(gpus_value, where), role=role, allow_shared_group=allowed)
+
+
+def local_target(defaults: ConnectionDefaults) -> Target:
+    name = os.uname().nodename
+    return Target(name=name, kind=LOCAL, policy=_policy({}, defaults, f"host {name}"))
+
+
+def snapshot_target(directory: Path, defaults: ConnectionDefaults) -> Target:
+    return Target(
+        name=str(directory), kind=SNAPSHOT, policy=_policy({}, defaults, f"snapshot {directory}"), snapshot=directory
+    )
+
+
+def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:
+    """'root@10.0.0.5', 'admin@gpu02:2222', 'gpu03', '[::1]:2222'."""
+    match = _ADHOC.match(spec.strip())
+    where = f"host {spec!r}"
+    if not match:
+        raise InputError(f"{where}: write hosts as [user@]host[:port], e.g. root@10.0.0.5 or admin@gpu02:2222.")
+    user = validate_user(match.group("user") or defaults.user or "root", where)
+    host = validate_host(match.group("host"), where)
+    port = validate_port(match.group("port") or 22, where)
+    options = SshOptions(
+        host=host,
+        port=port,
+        user=user,
+        key_file=defaults.key_file,
+        known_hosts_file=defaults.known_hosts_file,
+        accept_new_host_keys=defaults.accept_new_host_keys,
+        connect_timeout=defaults.connect_timeout,
+    )
+    return Target(name=spec, kind=SSH, policy=_policy({}, defaults, where), ssh=options)
+
+
+def inventory_targets(path: Path, limit: str | None, defaults: ConnectionDefaults) -> list[Target]:
+    """Hosts of an Ansible inventory, read through Ansible itself (groups, group_vars, patterns)."""
+    host_variables = load_inventory(path, limit)
+    return [_inventory_target(name, variables, defaults) for name, variables in host_variables]
+
+
+def _inventory_target(name: str, variables: Mapping[str, Any], defaults: ConnectionDefaults) -> Target:
+    where = f"inventory host {name}"
+    if not _INVENTORY_NAME.match(name):
+        raise InputError(f"{where}: the host name contains characters gpuhost does not accept.")
+    connection = str(variables.get("ansible_connection", "ssh"))
+    policy = _policy(variables, defaults, where)
+    if connection == "local":
+        return Target(name=name, kind=LOCAL, policy=policy, variables=variables)
+    if connection not in ("ssh", "paramiko", "smart"):
+        raise InputError(f"{where}: ansible_connection {connection!r} is not supported (use ssh or local).")
+    key = variables.get("ansible_ssh_private_key_file") or variables.get("ansible_private_key_file")
+    known_hosts = variables.get("gpuhost_known_hosts_file")
+    options = SshOptions(
+        host=validate_host(variables.get("ansible_host", name), where),
+        port=validate_port(variables.get("ansible_port", 22), where),
+        user=validate_user(variables.get("ansible_user") or defaults.user or "root", where),
+        key_file=validate_key_file(key, where) if key else defaults.key_file,
+        known_hosts_file=validate_known_hosts(known_hosts, where) if known_hosts else defaults.known_hosts_file,
+        accept_new_host_keys=defaults.accept_new_host_keys,
+        connect_timeout=defaults.connect_timeout,
+    )
+    return Target(name=name, kind=SSH, policy=policy, ssh=options, variables=variables)
+
+
+def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, Any]]]:
+    if not path.exists():
+        raise InputError(f"inventory {path} does not exist. See inventory.example.yml for the format.")
+    # An inventory Ansible cannot parse must be an error, not an empty fleet.
+    os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
+    os.environ.setdefault("ANSIBLE_HOST_PATTERN_MISMATCH", "ignore")
+    try:
+        from ansible.errors import AnsibleError
+        from ansible.inventory.manager import InventoryManager
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.template import Templar
+        from ansible.vars.manager import VariableManager
+    except ImportError as error:
+        raise MissingDependencyError("ansible-core", "controller", "Reading an Ansible inventory") from error
+    try:
+        loader = DataLoader()
+        inventory = InventoryManager(loader=loader, sources=[str(path)])
+        variable_manager = VariableManager(loader=loader, inventory=inventory)
+        if limit:
+            inventory.subset(limit)
+        hosts = inventory.get_hosts(pattern="all")
+        if not hosts:
+            where = f" matching --limit {limit!r}" if limit else ""
+            raise InputError(f"inventory {path}: no hosts{where}.")
+        result = []
+        for host in hosts:
+            variables = variable_manager.get_vars(host=host, include_hostvars=False)
+            templar = Templar(loader=loader, variables=variables)
+            resolved = {
+                key: templar.template(value)
+                for key, value in variables.items()
+                if key.startswith(("ansible_", "gpuhost_")) and key != "ansible_play_hosts_all"
+            }
+            result.append((host.name, resolved))
+        return result
+    except AnsibleError as error:
+        raise InputError(f"inventory {path}: {error.message}") from error

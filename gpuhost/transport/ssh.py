@@ -1,0 +1,201 @@
+"""SSH through paramiko: the only module that imports it.
+
+Host keys are verified against known_hosts and unknown keys are refused unless the operator
+opts in to accept-new (like OpenSSH's StrictHostKeyChecking=accept-new); a changed key always
+aborts. Agent forwarding is never requested. Each command is one exec channel, with its input
+sent on stdin, so an audit costs one round trip after the connection is up.
+"""
+
+from __future__ import annotations
+
+import select
+import shlex
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuhost.errors import MissingDependencyError
+from gpuhost.transport import CommandResult, TransportError
+
+if TYPE_CHECKING:
+    import paramiko
+
+DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
+_known_hosts_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    host: str
+    port: int = 22
+    user: str = "root"
+    key_file: Path | None = None
+    known_hosts_file: Path | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 15.0
+    become: bool = True  # use sudo -n when the user is not root
+
+    @property
+    def url(self) -> str:
+        return f"ssh://{self.user}@{self.host}:{self.port}"
+
+
+def _import_paramiko() -> Any:
+    try:
+        import paramiko
+    except ImportError as error:
+        raise MissingDependencyError("paramiko", "controller", "Auditing hosts over SSH") from error
+    return paramiko
+
+
+def _known_hosts_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+class SshTransport:
+    def __init__(self, options: SshOptions) -> None:
+        self.options = options
+        self._round_trips = 0
+        self._client = self._connect()
+
+    @property
+    def description(self) -> str:
+        return self.options.url
+
+    @property
+    def round_trips(self) -> int:
+        return self._round_trips
+
+    def _known_hosts_path(self) -> Path:
+        return (self.options.known_hosts_file or DEFAULT_KNOWN_HOSTS).expanduser()
+
+    def _connect(self) -> paramiko.SSHClient:
+        paramiko = _import_paramiko()
+        options = self.options
+        client: paramiko.SSHClient = paramiko.SSHClient()
+        known_hosts = self._known_hosts_path()
+        if options.known_hosts_file is None and SYSTEM_KNOWN_HOSTS.is_file():
+            client.load_system_host_keys(str(SYSTEM_KNOWN_HOSTS))
+        if known_hosts.is_file():
+            client.load_host_keys(str(known_hosts))
+        if options.accept_new_host_keys:
+            client.set_missing_host_key_policy(_AcceptNewPolicy(known_hosts))
+        else:
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        target = f"{options.user}@{options.host}:{options.port}"
+        try:
+            client.connect(
+                hostname=options.host,
+                port=options.port,
+                username=options.user,
+                key_filename=str(options.key_file) if options.key_file else None,
+                allow_agent=options.key_file is None,
+                look_for_keys=options.key_file is None,
+                timeout=options.connect_timeout,
+                banner_timeout=options.connect_timeout,
+                auth_timeout=options.connect_timeout,
+            )
+        except paramiko.BadHostKeyException as error:
+            client.close()
+            raise TransportError(
+                "host-key-changed",
+                f"{target}: the host key CHANGED (it is not the one in {known_hosts}); the host was not audited. "
+                "If the host was reinstalled, remove its old line from known_hosts (ssh-keygen -R) and verify the "
+                "new key; otherwise treat this as a possible attack.",
+            ) from error
+        except paramiko.AuthenticationException as error:
+            client.close()
+            raise TransportError(
+                "auth",
+                f"{target}: authentication failed ({error}). Check the user and the key "
+                "(ansible_user / ansible_ssh_private_key_file, or --user / --private-key).",
+            ) from error
+        except paramiko.SSHException as error:
+            client.close()
+            if "not found in known_hosts" in str(error):
+                raise TransportError(
+                    "host-key-unknown",
+                    f"{target}: the host key is not in {known_hosts}, so the host was not audited. Verify the key "
+                    "and add it (ssh-keyscan -p PORT HOST, checked against the host's console), or rerun with "
+                    "--accept-new-host-keys to trust keys seen for the first time.",
+                ) from error
+            raise TransportError("unreachable", f"{target}: SSH failed: {error}") from error
+        except (TimeoutError, socket.timeout) as error:
+            client.close()
+            raise TransportError(
+                "unreachable", f"{target}: no answer within {options.connect_timeout:g} s (host down or filtered?)"
+            ) from error
+        except OSError as error:
+            client.close()
+            reason = error.strerror or str(error)
+            raise TransportError("unreachable", f"{target}: cannot connect: {reason}") from error
+        return client
+
+    def run(self, argv: list[str], stdin: bytes = b"", timeout: float = 120.0) -> CommandResult:
+        command = shlex.join(argv)
+        if self.options.become and self.options.user != "root":
+            command = f"sudo -n -- {command}"
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise TransportError("unreachable", f"{self.options.url}: the SSH connection closed")
+        self._round_trips += 1
+        channel = transport.open_session(timeout=self.options.connect_timeout)
+        try:
+            channel.exec_command(command)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            stdout, stderr = _drain(channel, timeout, self.options.url)
+            status = channel.recv_exit_status()
+        finally:
+            channel.close()
+        if status != 0 and b"sudo:" in stderr and b"password" in stderr:
+            raise TransportError(
+                "auth",
+                f"{self.options.url}: sudo asks {self.options.user} for a password. Connect as root, or allow "
+                f"{self.options.user} passwordless sudo.",
+            )
+        return CommandResult(status, stdout, stderr)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _drain(channel: paramiko.Channel, timeout: float, url: str) -> tuple[bytes, bytes]:
+    """Read stdout and stderr together until the command ends, so neither fills its window."""
+    stdout, stderr = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout
+    while True:
+        if channel.recv_ready():
+            stdout += channel.recv(1 << 16)
+            continue
+        if channel.recv_stderr_ready():
+            stderr += channel.recv_stderr(1 << 16)
+            continue
+        if channel.exit_status_ready() and channel.eof_received:
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TransportError("timeout", f"{url}: the command did not finish within {timeout:g} s")
+        select.select([channel], [], [], min(remaining, 1.0))
+    return bytes(stdout), bytes(stderr)
+
+
+class _AcceptNewPolicy:
+    """Trust a key seen for the first time and record it, as OpenSSH's accept-new does.
+
+    Only a missing key reaches a policy: paramiko raises BadHostKeyException for a changed one.
+    """
+
+    def __init__(self, known_hosts: Path) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with _known_hosts_lock:
+            self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with self.known_hosts.open("a") as handle:
+                handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
