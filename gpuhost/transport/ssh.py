@@ -123,7 +123,7 @@ class SshTransport:
                     "--accept-new-host-keys to trust keys seen for the first time.",
                 ) from error
             raise TransportError("unreachable", f"{target}: SSH failed: {error}") from error
-        except (TimeoutError, socket.timeout) as error:
+        except TimeoutError as error:
             client.close()
             raise TransportError(
                 "unreachable", f"{target}: no answer within {options.connect_timeout:g} s (host down or filtered?)"
