@@ -73,18 +73,18 @@ class SshTransport:
         return (self.options.known_hosts_file or DEFAULT_KNOWN_HOSTS).expanduser()
 
     def _connect(self) -> paramiko.SSHClient:
-        paramiko = _import_paramiko()
+        ssh_lib = _import_paramiko()
         options = self.options
-        client: paramiko.SSHClient = paramiko.SSHClient()
+        client: paramiko.SSHClient = ssh_lib.SSHClient()
         known_hosts = self._known_hosts_path()
         if options.known_hosts_file is None and SYSTEM_KNOWN_HOSTS.is_file():
             client.load_system_host_keys(str(SYSTEM_KNOWN_HOSTS))
         if known_hosts.is_file():
             client.load_host_keys(str(known_hosts))
         if options.accept_new_host_keys:
-            client.set_missing_host_key_policy(_AcceptNewPolicy(known_hosts))
+            client.set_missing_host_key_policy(_accept_new_policy(ssh_lib, known_hosts))
         else:
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+            client.set_missing_host_key_policy(ssh_lib.RejectPolicy())
         target = f"{options.user}@{options.host}:{options.port}"
         try:
             client.connect(
@@ -98,7 +98,7 @@ class SshTransport:
                 banner_timeout=options.connect_timeout,
                 auth_timeout=options.connect_timeout,
             )
-        except paramiko.BadHostKeyException as error:
+        except ssh_lib.BadHostKeyException as error:
             client.close()
             raise TransportError(
                 "host-key-changed",
@@ -106,14 +106,14 @@ class SshTransport:
                 "If the host was reinstalled, remove its old line from known_hosts (ssh-keygen -R) and verify the "
                 "new key; otherwise treat this as a possible attack.",
             ) from error
-        except paramiko.AuthenticationException as error:
+        except ssh_lib.AuthenticationException as error:
             client.close()
             raise TransportError(
                 "auth",
                 f"{target}: authentication failed ({error}). Check the user and the key "
                 "(ansible_user / ansible_ssh_private_key_file, or --user / --private-key).",
             ) from error
-        except paramiko.SSHException as error:
+        except ssh_lib.SSHException as error:
             client.close()
             if "not found in known_hosts" in str(error):
                 raise TransportError(
@@ -184,18 +184,19 @@ def _drain(channel: paramiko.Channel, timeout: float, url: str) -> tuple[bytes, 
     return bytes(stdout), bytes(stderr)
 
 
-class _AcceptNewPolicy:
+def _accept_new_policy(ssh_lib: Any, known_hosts: Path) -> paramiko.MissingHostKeyPolicy:
     """Trust a key seen for the first time and record it, as OpenSSH's accept-new does.
 
     Only a missing key reaches a policy: paramiko raises BadHostKeyException for a changed one.
     """
 
-    def __init__(self, known_hosts: Path) -> None:
-        self.known_hosts = known_hosts
+    class AcceptNewPolicy(ssh_lib.MissingHostKeyPolicy):  # type: ignore[misc]
+        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            with _known_hosts_lock:
+                known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                with known_hosts.open("a") as handle:
+                    handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        with _known_hosts_lock:
-            self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with self.known_hosts.open("a") as handle:
-                handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+    policy: paramiko.MissingHostKeyPolicy = AcceptNewPolicy()
+    return policy
