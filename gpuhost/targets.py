@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuhost.checks.base import ROLES, AuditPolicy
 from gpuhost.errors import InputError, MissingDependencyError
+from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.selection import GpuSelector
 from gpuhost.transport.ssh import SshOptions
 
@@ -123,9 +124,10 @@ def local_target(defaults: ConnectionDefaults) -> Target:
 
 
 def snapshot_target(directory: Path, defaults: ConnectionDefaults) -> Target:
-    return Target(
-        name=str(directory), kind=SNAPSHOT, policy=_policy({}, defaults, f"snapshot {directory}"), snapshot=directory
-    )
+    """A snapshot is named after the host it was taken from (snapshot.json), else its path."""
+    meta = SnapshotTree(directory).meta() if directory.is_dir() else None
+    name = meta.host if meta is not None else str(directory)
+    return Target(name=name, kind=SNAPSHOT, policy=_policy({}, defaults, f"snapshot {directory}"), snapshot=directory)
 
 
 def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:

@@ -33,7 +33,8 @@ def check_guest(ctx: CheckContext) -> Iterator[Finding]:
             )
         yield from check_link(ctx, gpu)
         yield from check_numa(ctx, gpu)
-        if not gpu.parents:
+        # Without the captured topology, bus 00 is the root bus.
+        if not gpu.parents and gpu.address.split(":")[1] == "00":
             yield ctx.finding(
                 "guest.topology.flat",
                 INFO,

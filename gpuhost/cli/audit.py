@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING
 
 from gpuhost.audit import NOT_READY, READY, HostAudit, audit_fleet, audit_to_json
@@ -59,7 +60,8 @@ def _console() -> Console:
         from rich.console import Console
     except ImportError as error:
         raise MissingDependencyError("rich", "controller", "The audit report") from error
-    return Console(highlight=False)
+    # Reports piped to a file or CI log would wrap at 80 columns: use a width tables fit in.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _audit_with_progress(targets: list, forks: int, console: Console) -> list[HostAudit]:  # type: ignore[type-arg]
@@ -125,7 +127,7 @@ def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
     if cards:
         table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
         for column in ("GPU", "ID", "passthrough", "IOMMU group", "functions", "driver", "link", "NUMA", "verdict"):
-            table.add_column(column)
+            table.add_column(column, no_wrap=True)
         for selected, card in cards:
             gpu = card.gpu
             bound = functions_to_bind(facts, card)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 
 from gpuhost.facts.model import (
     Bar,
@@ -202,48 +203,51 @@ def parse_modules_builtin(text: str) -> frozenset[str]:
 
 
 _MODPROBE_COMMANDS = ("blacklist", "options", "install", "softdep", "alias", "remove")
-_INTERESTING_MODULE = re.compile(r"^(nvidia\w*|nouveau|nvidiafb|vfio\w*|snd_hda_intel|snd-hda-intel)$")
+_INTERESTING_MODULE = re.compile(r"^(nvidia\w*|nouveau|vfio\w*|snd_hda_intel)$")
 
 
 def parse_modprobe_conf(path: str, text: str) -> tuple[ModprobeDirective, ...]:
     """The directives of a modprobe.d file that concern the GPU drivers or vfio.
 
-    For `alias`, the module is the alias's target (the second word).
+    For `alias`, the module is the alias's target (the second word). Module names are given
+    with '_' (modprobe treats '-' and '_' alike); line numbers are those of the first line of a
+    directive continued with a backslash.
     """
     directives = []
-    for number, raw in enumerate(_join_continuations(text), start=1):
-        line = raw.split("#", 1)[0].strip()
-        fields = line.split()
+    for number, raw in _join_continuations(text):
+        fields = raw.split("#", 1)[0].split()
         if len(fields) < 2 or fields[0] not in _MODPROBE_COMMANDS:
             continue
         command = fields[0]
-        module = fields[2] if command == "alias" and len(fields) > 2 else fields[1]
-        if not _INTERESTING_MODULE.match(module) and not (command == "alias" and _INTERESTING_MODULE.match(fields[1])):
+        names = [name.replace("-", "_") for name in fields[1:3]]
+        module = names[1] if command == "alias" and len(names) > 1 else names[0]
+        if not any(_INTERESTING_MODULE.match(name) for name in (names if command == "alias" else names[:1])):
             continue
-        rest_index = 3 if command == "alias" else 2
         directives.append(
             ModprobeDirective(
                 path=path,
                 line_number=number,
                 command=command,
-                module=module.replace("-", "_"),
-                arguments=" ".join(fields[rest_index:]),
+                module=module,
+                arguments=" ".join(fields[3 if command == "alias" else 2 :]),
             )
         )
     return tuple(directives)
 
 
-def _join_continuations(text: str) -> list[str]:
-    lines: list[str] = []
-    pending = ""
-    for raw in text.splitlines():
+def _join_continuations(text: str) -> list[tuple[int, str]]:
+    lines: list[tuple[int, str]] = []
+    pending, first = "", 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not pending:
+            first = number
         if raw.endswith("\\"):
             pending += raw[:-1] + " "
             continue
-        lines.append(pending + raw)
+        lines.append((first, pending + raw))
         pending = ""
     if pending:
-        lines.append(pending)
+        lines.append((first, pending))
     return lines
 
 
@@ -371,3 +375,39 @@ def parse_hugepages_request(tokens: tuple[str, ...]) -> dict[int, int]:
             if count is not None:
                 requested[current if current is not None else default] = count
     return requested
+
+
+@dataclass(frozen=True)
+class LspciEntry:
+    address: str  # with the domain, 0000:41:00.0
+    class_code: int  # 16-bit class, e.g. 0x0300
+    vendor: int
+    device: int
+    description: str  # 'VGA compatible controller: NVIDIA Corporation Device'
+
+
+_LSPCI_NN = re.compile(
+    r"^(?P<address>(?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) "
+    r"(?P<class_name>[^\[]+?) \[(?P<class>[0-9a-f]{4})\]: "
+    r"(?P<name>.*) \[(?P<vendor>[0-9a-f]{4}):(?P<device>[0-9a-f]{4})\](?: \(rev [0-9a-f]+\))?(?: \(prog-if .*\))?$"
+)
+
+
+def parse_lspci_nn(text: str) -> tuple[LspciEntry, ...]:
+    """`lspci -nn` (or -Dnn) lines; lines of other shapes are skipped."""
+    entries = []
+    for line in text.splitlines():
+        match = _LSPCI_NN.match(line.strip())
+        if not match:
+            continue
+        address = match.group("address")
+        entries.append(
+            LspciEntry(
+                address=address if address.count(":") == 2 else f"0000:{address}",
+                class_code=int(match.group("class"), 16),
+                vendor=int(match.group("vendor"), 16),
+                device=int(match.group("device"), 16),
+                description=f"{match.group('class_name')}: {match.group('name')}",
+            )
+        )
+    return tuple(entries)

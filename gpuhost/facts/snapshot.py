@@ -87,7 +87,9 @@ class SnapshotTree:
                 data = handle.read(MAX_FILE_BYTES)
         except OSError:
             return None
-        return data.decode("utf-8", errors="replace")
+        # sysfs reports 4096 bytes for every attribute; a capture made with tar (which trusts that
+        # size) pads the text with NUL bytes, and no text file the audit reads contains NUL.
+        return data.rstrip(b"\0").decode("utf-8", errors="replace")
 
     def link(self, host_path: str) -> str | None:
         """The target of a symlink on the host, stored as a symlink or as a file naming it."""

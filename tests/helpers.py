@@ -1,0 +1,58 @@
+"""Shared test helpers: load the real captures under tests/fixtures."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from gpuhost.facts.build import build_facts
+from gpuhost.facts.model import HostFacts, Iommu, PcieLink, PciFunction
+from gpuhost.facts.parsers import parse_cmdline, parse_lspci_nn
+from gpuhost.facts.snapshot import SnapshotTree
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SNAPSHOTS = FIXTURES / "snapshots"
+SHARED_H100 = Path(__file__).resolve().parents[1].parent / "shared/fixtures/h100-passthrough-guest"
+
+
+def snapshot_facts(name: str) -> HostFacts:
+    return build_facts(SnapshotTree(SNAPSHOTS / name))
+
+
+def guide_host(listing: str, cmdline: str, base: HostFacts) -> HostFacts:
+    """A host whose PCI functions and IOMMU groups are those the guide printed (lspci -nns lines
+    under 'IOMMU Group N:' headers), on top of a real captured host for everything else."""
+    functions: list[PciFunction] = []
+    groups: dict[int, tuple[str, ...]] = {}
+    group = None
+    for block in re.split(r"^IOMMU Group (\d+):$", listing, flags=re.M)[1:]:
+        if group is None:
+            group = int(block)
+            continue
+        entries = parse_lspci_nn(block)
+        groups[group] = tuple(entry.address for entry in entries)
+        for entry in entries:
+            functions.append(
+                PciFunction(
+                    address=entry.address,
+                    vendor=entry.vendor,
+                    device=entry.device,
+                    subsystem_vendor=None,
+                    subsystem_device=None,
+                    class_code=entry.class_code << 8,
+                    revision=None,
+                    driver=None,
+                    driver_override=None,
+                    iommu_group=group,
+                    numa_node=None,
+                    local_cpulist=None,
+                    link=PcieLink(None, None, None, None),
+                    reset_methods=None,
+                    bars=(),
+                    boot_vga=entry.vendor == 0x1A03,  # the ASPEED BMC display is the console
+                )
+            )
+        group = None
+    iommu = Iommu(dmar_table=False, ivrs_table=True, units=("ivhd0",), groups=groups, group_types={})
+    return dataclasses.replace(base, pci=tuple(functions), iommu=iommu, cmdline=parse_cmdline(cmdline))
