@@ -1,0 +1,369 @@
+"""Build (or reuse) the base disk image of lab hosts: needs root, runs on the controller.
+
+Debian bookworm by debootstrap onto an ext4 partition of a raw disk, GRUB in the MBR, the lab's
+keys baked in, then converted to qcow2. The image lives in `<image dir>/<variant>-<recipe hash>/`
+with a manifest; it is reused as long as the recipe and the lab's keys are unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuhost.lab import diskimage, recipe
+from gpuhost.lab.errors import LabError
+from gpuhost.lab.paths import LabPaths
+from gpuhost.lab.tools import BUILD_TOOLS, require
+
+Progress = Callable[[str], None]
+
+CHROOT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+    "DEBIAN_FRONTEND": "noninteractive",
+    "HOME": "/root",
+}
+
+
+@dataclass(frozen=True)
+class LabKeys:
+    client_private: Path
+    client_public: str
+    host_public: str
+
+
+@dataclass(frozen=True)
+class Image:
+    variant: str
+    recipe_hash: str
+    disk: Path
+    kernel: str
+    host_public_key: str
+    client_public_key: str
+    build_seconds: float
+    reused: bool
+
+
+def _no_progress(_: str) -> None:
+    return None
+
+
+def ensure_keys(paths: LabPaths) -> LabKeys:
+    """The lab's client key and host key, generated once per image directory."""
+    paths.keys.mkdir(parents=True, exist_ok=True)
+    for key, comment in ((paths.client_key, "gpuhost-lab"), (paths.host_key, "gpuhost-lab-host")):
+        if not key.exists():
+            tool = require(["ssh-keygen"], "generating the lab's SSH keys")["ssh-keygen"]
+            subprocess.run(
+                [tool, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)],
+                check=True,
+                capture_output=True,
+            )
+    return LabKeys(
+        client_private=paths.client_key,
+        client_public=paths.client_key.with_suffix(".pub").read_text().strip(),
+        host_public=paths.host_key.with_suffix(".pub").read_text().strip(),
+    )
+
+
+def _read_manifest(directory: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads((directory / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def find_image(paths: LabPaths, variant: str) -> Image | None:
+    """The cached image for the current recipe of `variant`, if built with the current keys."""
+    wanted = recipe.recipe_hash(recipe.recipe_for(variant))
+    directory = paths.image_dir(variant, wanted)
+    manifest = _read_manifest(directory)
+    disk = directory / "disk.qcow2"
+    if manifest is None or not disk.exists() or manifest.get("recipe_hash") != wanted:
+        return None
+    try:
+        client = paths.client_key.with_suffix(".pub").read_text().strip()
+        host = paths.host_key.with_suffix(".pub").read_text().strip()
+    except OSError:
+        return None
+    if manifest.get("client_public_key") != client or manifest.get("host_public_key") != host:
+        return None
+    return Image(
+        variant=variant,
+        recipe_hash=wanted,
+        disk=disk,
+        kernel=str(manifest.get("kernel", "")),
+        host_public_key=host,
+        client_public_key=client,
+        build_seconds=float(str(manifest.get("build_seconds", 0.0))),
+        reused=True,
+    )
+
+
+def default_mirror() -> str:
+    texts: list[str] = []
+    candidates = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for candidate in candidates:
+        with contextlib.suppress(OSError):
+            texts.append(candidate.read_text())
+    return recipe.mirror_from_sources(texts) or recipe.DEFAULT_MIRROR
+
+
+def ensure_image(
+    paths: LabPaths,
+    variant: str = "base",
+    *,
+    mirror: str | None = None,
+    force: bool = False,
+    progress: Progress = _no_progress,
+) -> Image:
+    """The image for `variant`: the cached one when its recipe is unchanged, else a new build."""
+    if not force:
+        cached = find_image(paths, variant)
+        if cached is not None:
+            return cached
+    return _Builder(paths, variant, mirror or default_mirror(), progress).build()
+
+
+class _Builder:
+    def __init__(self, paths: LabPaths, variant: str, mirror: str, progress: Progress) -> None:
+        self.paths = paths
+        self.recipe = recipe.recipe_for(variant)
+        self.hash = recipe.recipe_hash(self.recipe)
+        self.mirror = mirror
+        self.progress = progress
+        self.work = paths.images / f".build-{variant}-{self.hash}-{os.getpid()}"
+        self.log = self.work / "build.log"
+        self.tools: dict[str, str] = {}
+
+    def _run(self, argv: Sequence[str], *, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
+        with self.log.open("a") as log:
+            log.write(f"$ {' '.join(argv)}\n")
+        result = subprocess.run(
+            list(argv), input=stdin, capture_output=True, text=True, env=env, check=False
+        )
+        with self.log.open("a") as log:
+            log.write(result.stdout + result.stderr)
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+            raise LabError(
+                f"image build step failed (exit {result.returncode}): {' '.join(argv)}\n{tail}\n"
+                f"full log: {self.log}"
+            )
+        return result.stdout
+
+    def _chroot(self, root: Path, *argv: str, stdin: str | None = None) -> str:
+        return self._run([self.tools["chroot"], str(root), *argv], stdin=stdin, env=CHROOT_ENV)
+
+    def build(self) -> Image:
+        if os.geteuid() != 0:
+            raise LabError(
+                "building the lab image needs root (debootstrap, loop devices, mount, chroot). "
+                "Run it as: sudo gpuhost lab image (add --image-dir or GPUHOST_LAB_IMAGE_DIR to "
+                "build into your own cache directory)"
+            )
+        self.tools = require(BUILD_TOOLS, "building the lab image")
+        started = time.monotonic()
+        keys = ensure_keys(self.paths)
+        if self.work.exists():
+            shutil.rmtree(self.work)
+        self.work.mkdir(parents=True)
+        self.paths.package_cache.mkdir(parents=True, exist_ok=True)
+        try:
+            kernel = self._build_disk(keys)
+            self.progress("converting to qcow2")
+            self._run([self.tools["qemu-img"], "convert", "-O", "qcow2", str(self.work / "disk.raw"),
+                       str(self.work / "disk.qcow2")])
+            (self.work / "disk.raw").unlink()
+            seconds = round(time.monotonic() - started, 1)
+            manifest = {
+                "variant": self.recipe.variant,
+                "recipe_hash": self.hash,
+                "kernel": kernel,
+                "host_public_key": keys.host_public,
+                "client_public_key": keys.client_public,
+                "mirror": self.mirror,
+                "build_seconds": seconds,
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            (self.work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            final = self.paths.image_dir(self.recipe.variant, self.hash)
+            if final.exists():
+                shutil.rmtree(final)
+            self.work.rename(final)
+        except BaseException:
+            # Keep the log of a failed build next to where the image would have been.
+            with contextlib.suppress(OSError):
+                failed_log = self.paths.images / f"build-{self.recipe.variant}-failed.log"
+                shutil.copyfile(self.log, failed_log)
+            shutil.rmtree(self.work, ignore_errors=True)
+            raise
+        _give_to_sudo_user(self.paths.images)
+        return Image(
+            variant=self.recipe.variant,
+            recipe_hash=self.hash,
+            disk=final / "disk.qcow2",
+            kernel=kernel,
+            host_public_key=keys.host_public,
+            client_public_key=keys.client_public,
+            build_seconds=seconds,
+            reused=False,
+        )
+
+    def _build_disk(self, keys: LabKeys) -> str:
+        raw = self.work / "disk.raw"
+        size = self.recipe.disk_size_gib * 1024**3
+        with raw.open("wb") as handle:
+            handle.truncate(size)
+            handle.write(diskimage.mbr_with_one_partition(size))
+        root = self.work / "root"
+        root.mkdir()
+        root_uuid = str(uuid.uuid4())
+        with contextlib.ExitStack() as stack:
+            loop_disk = self._run([self.tools["losetup"], "-f", "--show", str(raw)]).strip()
+            stack.callback(self._quiet, [self.tools["losetup"], "-d", loop_disk])
+            loop_part = self._run([
+                self.tools["losetup"], "-f", "--show", "-o", str(diskimage.PARTITION_OFFSET),
+                "--sizelimit", str(size - diskimage.PARTITION_OFFSET), str(raw),
+            ]).strip()
+            stack.callback(self._quiet, [self.tools["losetup"], "-d", loop_part])
+            # Initialise inode tables now: lazy init would run in every VM, under TCG.
+            self._run([self.tools["mkfs.ext4"], "-q", "-F", "-U", root_uuid, "-L", "gpuhost-lab",
+                       "-E", "lazy_itable_init=0,lazy_journal_init=0", loop_part])
+            self._run([self.tools["mount"], loop_part, str(root)])
+            stack.callback(self._umount, root)
+            self.progress(f"debootstrap {self.recipe.suite} from {self.mirror}")
+            self._run([
+                self.tools["debootstrap"], "--variant=minbase", "--components=main",
+                f"--include={','.join(self.recipe.packages)}",
+                f"--cache-dir={self.paths.package_cache}",
+                self.recipe.suite, str(root), self.mirror,
+            ])
+            self.progress("configuring the image")
+            self._write_files(root, root_uuid, keys)
+            for source, target, kind in (("proc", "proc", "proc"), ("sysfs", "sys", "sysfs"),
+                                         ("/dev", "dev", None)):
+                argv = [self.tools["mount"], "--bind", source, str(root / target)] if kind is None else \
+                    [self.tools["mount"], "-t", kind, source, str(root / target)]
+                self._run(argv)
+                stack.callback(self._umount, root / target)
+            kernel = self._configure(root, loop_disk, root_uuid)
+            with contextlib.suppress(LabError, OSError):
+                self._run(["fstrim", str(root)])  # lets qemu-img skip freed blocks
+        root.rmdir()  # the mount point, empty once unmounted
+        return kernel
+
+    def _quiet(self, argv: list[str]) -> None:
+        subprocess.run(argv, capture_output=True, check=False)
+
+    def _umount(self, target: Path) -> None:
+        if subprocess.run([self.tools["umount"], str(target)], capture_output=True, check=False).returncode:
+            # A process the chroot left behind can hold the mount; detach it lazily.
+            subprocess.run([self.tools["umount"], "-l", str(target)], capture_output=True, check=False)
+
+    def _write_files(self, root: Path, root_uuid: str, keys: LabKeys) -> None:
+        for path, mode, content in self.recipe.files:
+            target = root / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content.replace("{root_uuid}", root_uuid))
+            target.chmod(mode)
+        ssh_dir = root / "etc/ssh"
+        for old in ssh_dir.glob("ssh_host_*"):
+            old.unlink()
+        host_key = ssh_dir / "ssh_host_ed25519_key"
+        shutil.copyfile(self.paths.host_key, host_key)
+        host_key.chmod(0o600)
+        (ssh_dir / "ssh_host_ed25519_key.pub").write_text(keys.host_public + "\n")
+        dot_ssh = root / "root/.ssh"
+        dot_ssh.mkdir(mode=0o700, exist_ok=True)
+        (dot_ssh / "authorized_keys").write_text(keys.client_public + "\n")
+        (dot_ssh / "authorized_keys").chmod(0o600)
+        (root / "etc/hostname").write_text("lab\n")
+        # Empty machine-id: each host makes its own at first boot instead of sharing the image's.
+        (root / "etc/machine-id").write_text("")
+        with contextlib.suppress(FileNotFoundError):
+            (root / "var/lib/dbus/machine-id").unlink()
+
+    def _configure(self, root: Path, loop_disk: str, root_uuid: str) -> str:
+        kernels = sorted(p.name.removeprefix("vmlinuz-") for p in (root / "boot").glob("vmlinuz-*"))
+        if not kernels:
+            raise LabError(f"debootstrap installed no kernel in {root}/boot; see {self.log}")
+        kernel = kernels[-1]
+        self._chroot(root, "systemctl", "enable", "systemd-networkd.service",
+                     "gpuhost-lab-hostname.service")
+        self._chroot(root, "systemctl", "mask", "systemd-networkd-wait-online.service")
+        # Lets later grub-pc upgrades inside a host install GRUB without asking.
+        self._chroot(root, "debconf-set-selections",
+                     stdin="grub-pc grub-pc/install_devices multiselect /dev/vda\n")
+        self.progress("first initramfs")
+        self._first_initramfs(root, kernel)
+        self.progress("installing GRUB")
+        self._chroot(root, "grub-install", "--target=i386-pc", "--modules=part_msdos ext2",
+                     "--boot-directory=/boot", loop_disk)
+        (root / "boot/grub/grub.cfg").write_text(self._grub_cfg(kernel, root_uuid))
+        if self.recipe.variant == "nested":
+            self._nested_guest(root, kernel)
+        self._chroot(root, "apt-get", "clean")
+        return kernel
+
+    def _first_initramfs(self, root: Path, kernel: str) -> None:
+        # In the chroot MODULES=dep would look at the build machine's loop device, so the first
+        # initramfs lists the VM's disk modules; the host's own update-initramfs uses dep.
+        conf = root / "tmp/gpuhost-initramfs"
+        shutil.copytree(root / "etc/initramfs-tools", conf)
+        (conf / "conf.d/gpuhost-lab.conf").write_text("MODULES=list\nCOMPRESS=zstd\nCOMPRESSLEVEL=1\n")
+        with (conf / "modules").open("a") as modules:
+            modules.write("\n".join(self.recipe.first_initramfs_modules) + "\n")
+        self._chroot(root, "mkinitramfs", "-d", "/tmp/gpuhost-initramfs", "-o",
+                     f"/boot/initrd.img-{kernel}", kernel)
+        shutil.rmtree(conf)
+
+    def _grub_cfg(self, kernel: str, root_uuid: str) -> str:
+        # Written by hand: grub-mkconfig skips a root on a loop device. Once a host has booted
+        # from /dev/vda1, update-grub inside it regenerates this file from /etc/default/grub.
+        return (
+            "serial --unit=0 --speed=115200\n"
+            "terminal_input serial console\n"
+            "terminal_output serial console\n"
+            "set timeout=0\n"
+            "insmod part_msdos\n"
+            "insmod ext2\n"
+            f"search --no-floppy --fs-uuid --set=root {root_uuid}\n"
+            "menuentry 'Debian GNU/Linux (gpuhost lab)' {\n"
+            f"  linux /boot/vmlinuz-{kernel} root=UUID={root_uuid} ro {self.recipe.kernel_cmdline}\n"
+            f"  initrd /boot/initrd.img-{kernel}\n"
+            "}\n"
+        )
+
+    def _nested_guest(self, root: Path, kernel: str) -> None:
+        guest = root / recipe.NESTED_GUEST_DIR.lstrip("/")
+        guest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / f"boot/vmlinuz-{kernel}", guest / "vmlinuz")
+        busybox = (root / "usr/bin/busybox").read_bytes()
+        init = (guest / "init").read_text()
+        (guest / "initrd.gz").write_bytes(diskimage.busybox_initramfs(busybox, init))
+
+
+def _give_to_sudo_user(directory: Path) -> None:
+    """Under sudo, hand the image directory to the invoking user, whose later `lab up` reads it."""
+    uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
+    if not (uid and gid and uid.isdigit() and gid.isdigit()):
+        return
+    for dirpath, dirnames, filenames in os.walk(directory):
+        if Path(dirpath) == directory / "debs":
+            dirnames.clear()
+            continue
+        for name in [*dirnames, *filenames]:
+            with contextlib.suppress(OSError):
+                os.chown(Path(dirpath) / name, int(uid), int(gid), follow_symlinks=False)
+    with contextlib.suppress(OSError):
+        os.chown(directory, int(uid), int(gid))

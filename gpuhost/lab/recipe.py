@@ -1,0 +1,221 @@
+"""The image recipe: everything that decides what the base disk image contains.
+
+The recipe is data; its hash names the cached image, so an image is rebuilt exactly when the
+recipe changes. `STEPS_VERSION` stands for the build steps themselves (gpuhost/lab/image.py):
+bump it whenever they change in a way that changes the image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+STEPS_VERSION = 1
+
+SUITE = "bookworm"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+# The kernel command line of every lab host. The serial console carries boot messages and a
+# getty to the per-VM serial log; tty0 stays so the emulated BMC display also shows them.
+KERNEL_CMDLINE = "console=tty0 console=ttyS0,115200n8"
+
+BASE_PACKAGES: tuple[str, ...] = (
+    "systemd-sysv",
+    "udev",
+    "kmod",
+    "linux-image-amd64",
+    "grub-pc",
+    "initramfs-tools",
+    "zstd",
+    "openssh-server",
+    "python3",
+    "pciutils",
+    "iproute2",
+    "procps",
+)
+
+# What a nested guest needs inside a lab host: installing these at test time took ~12 minutes
+# under TCG, almost all of it update-initramfs, so they are baked into a separate variant.
+NESTED_PACKAGES: tuple[str, ...] = (
+    "qemu-system-x86",
+    "qemu-utils",
+    "libvirt-daemon-system",
+    "libvirt-clients",
+    "busybox-static",
+)
+
+VARIANTS = ("base", "nested")
+
+# Debian's initramfs defaults (MODULES=most) take ~10 min per update-initramfs under TCG;
+# MODULES=dep keeps only what the booted host needs, and zstd -1 compresses fast.
+INITRAMFS_CONF = "# gpuhost lab: fast under emulation\nMODULES=dep\nCOMPRESS=zstd\nCOMPRESSLEVEL=1\n"
+
+# The modules the very first initramfs needs. It is built in a chroot at image build time,
+# where MODULES=dep would detect the build machine's loop device instead of the VM's disk.
+FIRST_INITRAMFS_MODULES = ("virtio_pci", "virtio_blk", "ext4", "crc32c_generic")
+
+DEFAULT_GRUB = f"""\
+# gpuhost lab: boot at once, console on the serial port (logged per VM) and the BMC display.
+GRUB_DEFAULT=0
+GRUB_TIMEOUT=0
+GRUB_TIMEOUT_STYLE=hidden
+GRUB_DISTRIBUTOR="Debian"
+GRUB_CMDLINE_LINUX_DEFAULT=""
+GRUB_CMDLINE_LINUX="{KERNEL_CMDLINE}"
+GRUB_TERMINAL="serial console"
+GRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"
+GRUB_DISABLE_OS_PROBER=true
+"""
+
+SSHD_CONF = """\
+# gpuhost lab: root by key only, one host key whose public half the lab knows.
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+HostKey /etc/ssh/ssh_host_ed25519_key
+UseDNS no
+"""
+
+NETWORK_CONF = """\
+# gpuhost lab: QEMU user networking hands out an address by DHCP.
+[Match]
+Name=en* eth*
+
+[Network]
+DHCP=ipv4
+"""
+
+# The host name comes from the SMBIOS serial QEMU is given (-smbios type=1,serial=lab-N), so
+# every overlay of the one image names itself after its inventory entry.
+HOSTNAME_SCRIPT = """\
+#!/bin/sh
+# gpuhost lab: take the host name from the SMBIOS serial number set by `gpuhost lab up`.
+serial=$(cat /sys/class/dmi/id/product_serial 2>/dev/null)
+case "$serial" in
+  lab-[0-9]|lab-[0-9][0-9]|lab-[0-9][0-9][0-9])
+    echo "$serial" > /etc/hostname
+    hostname "$serial"
+    printf '127.0.1.1\\t%s\\n127.0.0.1\\tlocalhost\\n' "$serial" > /etc/hosts
+    ;;
+esac
+"""
+
+HOSTNAME_UNIT = """\
+[Unit]
+Description=gpuhost lab: host name from the SMBIOS serial number
+DefaultDependencies=no
+After=local-fs.target
+Before=network-pre.target sysinit.target
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/gpuhost-lab-hostname
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+FSTAB = "UUID={root_uuid} / ext4 errors=remount-ro 0 1\n"
+
+# The tiny nested guest: a busybox initramfs whose init lists the PCI functions it sees
+# (vendor:device and class, as `1234:1111 class 0x030000`) between two markers on the serial
+# console, then powers off. Kept tiny because at two levels of emulation a distribution would
+# take far too long to boot.
+NESTED_GUEST_INIT = """\
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mkdir -p /proc /sys /dev
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+echo "GPUHOST-GUEST-PCI-BEGIN"
+for d in /sys/bus/pci/devices/*; do
+  v=$(cat "$d/vendor"); p=$(cat "$d/device"); c=$(cat "$d/class")
+  echo "${d##*/} ${v#0x}:${p#0x} class $c"
+done
+echo "GPUHOST-GUEST-PCI-END"
+poweroff -f
+"""
+
+NESTED_GUEST_DIR = "/opt/gpuhost/nested-guest"
+
+# Boots the tiny guest; extra arguments go to QEMU (e.g. -device vfio-pci,host=0000:01:00.0).
+NESTED_GUEST_RUNNER = """\
+#!/bin/sh
+# gpuhost lab: boot the tiny nested guest under TCG; extra arguments are passed to QEMU.
+set -e
+dir=/opt/gpuhost/nested-guest
+exec qemu-system-x86_64 -accel tcg -machine q35 -cpu max -m 512 -nographic -no-reboot \\
+  -kernel "$dir/vmlinuz" -initrd "$dir/initrd.gz" -append "console=ttyS0 quiet panic=-1" "$@"
+"""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    variant: str
+    suite: str
+    packages: tuple[str, ...]
+    kernel_cmdline: str
+    disk_size_gib: int
+    # (path inside the image, mode, content); content may use {root_uuid}
+    files: tuple[tuple[str, int, str], ...]
+    first_initramfs_modules: tuple[str, ...]
+    steps_version: int
+
+
+def recipe_for(variant: str) -> Recipe:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown image variant {variant!r}; known: {', '.join(VARIANTS)}")
+    files: list[tuple[str, int, str]] = [
+        ("/etc/initramfs-tools/conf.d/gpuhost-lab.conf", 0o644, INITRAMFS_CONF),
+        ("/etc/default/grub", 0o644, DEFAULT_GRUB),
+        ("/etc/ssh/sshd_config.d/gpuhost-lab.conf", 0o644, SSHD_CONF),
+        ("/etc/systemd/network/20-gpuhost-lab.network", 0o644, NETWORK_CONF),
+        ("/usr/local/sbin/gpuhost-lab-hostname", 0o755, HOSTNAME_SCRIPT),
+        ("/etc/systemd/system/gpuhost-lab-hostname.service", 0o644, HOSTNAME_UNIT),
+        ("/etc/fstab", 0o644, FSTAB),
+    ]
+    packages = BASE_PACKAGES
+    if variant == "nested":
+        packages = BASE_PACKAGES + NESTED_PACKAGES
+        files += [
+            (f"{NESTED_GUEST_DIR}/init", 0o755, NESTED_GUEST_INIT),
+            ("/usr/local/bin/gpuhost-nested-guest", 0o755, NESTED_GUEST_RUNNER),
+        ]
+    return Recipe(
+        variant=variant,
+        suite=SUITE,
+        packages=packages,
+        kernel_cmdline=KERNEL_CMDLINE,
+        disk_size_gib=8 if variant == "base" else 12,
+        files=tuple(files),
+        first_initramfs_modules=FIRST_INITRAMFS_MODULES,
+        steps_version=STEPS_VERSION,
+    )
+
+
+def recipe_hash(recipe: Recipe) -> str:
+    """A short stable digest of the recipe (names the cached image)."""
+    canonical = json.dumps(asdict(recipe), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def mirror_from_sources(texts: list[str]) -> str | None:
+    """The first Debian mirror named in apt sources (one-line or deb822 format), if any."""
+    for text in texts:
+        for raw in text.splitlines():
+            line = raw.strip()
+            if line.startswith("#") or not line:
+                continue
+            words = line.split()
+            if line.startswith("URIs:"):
+                uris = words[1:]
+            elif words[0] == "deb":
+                uris = [w for w in words[1:] if w.startswith(("http://", "https://"))][:1]
+            else:
+                continue
+            for uri in uris:
+                if uri.startswith(("http://", "https://")) and uri.rstrip("/").endswith("/debian"):
+                    return uri.rstrip("/")
+    return None

@@ -1,0 +1,181 @@
+"""Named PCI topologies of lab hosts, and the QEMU command line of one lab VM (pure functions).
+
+Every topology gives the host a console display of its own on the root bus (cirrus-vga,
+1013:00b8, standing for a BMC's ASPEED display), so the kernel marks it boot_vga=1 and the
+stand-in GPU boot_vga=0, as on a real GPU server. The stand-in GPU is QEMU's std VGA (1234:1111,
+class 0300) as function 0 with an ICH9 HDA audio function (8086:293e, class 0403) as function 1
+of the same device, like a GPU and its HDMI audio.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+GPU_ID = "1234:1111"  # QEMU std VGA: the stand-in GPU
+GPU_AUDIO_ID = "8086:293e"  # ICH9 HDA: the stand-in GPU's audio function
+INTRUDER_NIC_ID = "8086:100e"  # e1000 sharing the stand-in GPU's group in shared-group
+BMC_DISPLAY_ID = "1013:00b8"  # cirrus-vga: the host's own console
+
+# Fixed root-bus slots, so that PCI addresses are the same on every boot and every host.
+SLOT_BMC = 0x2
+SLOT_GPU1 = 0x3
+SLOT_GPU2 = 0x4
+SLOT_NIC = 0x5
+SLOT_DISK = 0x6
+
+NAME_PATTERN = re.compile(r"lab-[0-9]{1,3}")
+
+
+def _gpu_behind_root_port(index: int, slot: int) -> tuple[str, ...]:
+    port = f"gpu{index}port"
+    return (
+        f"pcie-root-port,id={port},chassis={index},bus=pcie.0,addr={slot:#x}",
+        f"VGA,id=gpu{index},bus={port},addr=0x0.0,multifunction=on",
+        f"ich9-intel-hda,id=gpu{index}audio,bus={port},addr=0x0.1",
+    )
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    summary: str
+    iommu: bool
+    devices: tuple[str, ...]  # -device values, in order
+    gpus: tuple[str, ...]  # vendor:device IDs of the stand-in GPUs (for the inventory)
+    # What the guest kernel shows, for documentation and for the lab tests:
+    # PCI addresses of the stand-in GPU functions and of anything sharing their group.
+    gpu_functions: tuple[str, ...]
+    intruders: tuple[str, ...]
+
+
+TOPOLOGIES: dict[str, Topology] = {
+    t.name: t
+    for t in (
+        Topology(
+            name="gpu-pair",
+            summary="a display (0300) + HDA audio (0403) pair behind its own PCIe root port: one clean group",
+            iommu=True,
+            devices=_gpu_behind_root_port(1, SLOT_GPU1),
+            gpus=(GPU_ID,),
+            gpu_functions=("0000:01:00.0", "0000:01:00.1"),
+            intruders=(),
+        ),
+        Topology(
+            name="two-gpus",
+            summary="two such pairs with the same vendor:device IDs, each in its own group "
+            "(binding by ID vs by address)",
+            iommu=True,
+            devices=_gpu_behind_root_port(1, SLOT_GPU1) + _gpu_behind_root_port(2, SLOT_GPU2),
+            gpus=(GPU_ID,),
+            gpu_functions=("0000:01:00.0", "0000:01:00.1", "0000:02:00.0", "0000:02:00.1"),
+            intruders=(),
+        ),
+        Topology(
+            name="shared-group",
+            summary="the pair behind a conventional PCI bridge together with a NIC (8086:100e): "
+            "the GPU's group holds an intruder",
+            iommu=True,
+            devices=(
+                f"pci-bridge,id=bridge1,chassis_nr=1,bus=pcie.0,addr={SLOT_GPU1:#x}",
+                "VGA,id=gpu1,bus=bridge1,addr=0x1.0,multifunction=on",
+                "ich9-intel-hda,id=gpu1audio,bus=bridge1,addr=0x1.1",
+                # No netdev: the NIC is there only to share the group.
+                "e1000,id=intruder,bus=bridge1,addr=0x2.0",
+            ),
+            gpus=(GPU_ID,),
+            gpu_functions=("0000:01:01.0", "0000:01:01.1"),
+            intruders=("0000:01:02.0",),
+        ),
+        Topology(
+            name="no-iommu",
+            summary="the gpu-pair host without the IOMMU device: no IOMMU groups at all",
+            iommu=False,
+            devices=_gpu_behind_root_port(1, SLOT_GPU1),
+            gpus=(GPU_ID,),
+            gpu_functions=("0000:01:00.0", "0000:01:00.1"),
+            intruders=(),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    name: str
+    topology: str
+    memory_mib: int
+    cpus: int
+    ssh_port: int
+    disk: Path
+    serial_log: Path
+    pidfile: Path
+
+
+def _opt_value(value: str | Path) -> str:
+    # QEMU option values are comma-separated; a literal comma is written as two.
+    return str(value).replace(",", ",,")
+
+
+def validate_spec(spec: VmSpec) -> None:
+    if not NAME_PATTERN.fullmatch(spec.name):
+        raise ValueError(f"lab host name {spec.name!r} must look like lab-N")
+    if spec.topology not in TOPOLOGIES:
+        raise ValueError(f"unknown topology {spec.topology!r}; known: {', '.join(TOPOLOGIES)}")
+    if not 1 <= spec.ssh_port <= 65535:
+        raise ValueError(f"SSH port {spec.ssh_port} out of range")
+    if spec.memory_mib < 512 or spec.cpus < 1:
+        raise ValueError("a lab host needs at least 512 MiB of memory and one CPU")
+
+
+def qemu_argv(spec: VmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
+    """The full QEMU command line of one lab host (started daemonized, its PID in spec.pidfile)."""
+    validate_spec(spec)
+    topology = TOPOLOGIES[spec.topology]
+    # Interrupt remapping (intremap=on) needs the split irqchip.
+    machine = "q35,kernel-irqchip=split" if topology.iommu else "q35"
+    argv = [
+        qemu,
+        "-name", f"{spec.name},process=gpuhost-{spec.name}",
+        "-machine", machine,
+        "-accel", "tcg,thread=multi",
+        # -cpu max offers pdpe1gb, so the host can reserve 1 GiB huge pages.
+        "-cpu", "max",
+        "-smp", str(spec.cpus),
+        "-m", str(spec.memory_mib),
+        "-nodefaults",
+        "-no-user-config",
+    ]
+    if topology.iommu:
+        # caching-mode=on lets a nested guest's vfio-pci work through this IOMMU.
+        argv += ["-device", "intel-iommu,intremap=on,caching-mode=on"]
+    argv += ["-device", f"cirrus-vga,id=bmc,bus=pcie.0,addr={SLOT_BMC:#x}"]
+    for device in topology.devices:
+        argv += ["-device", device]
+    argv += [
+        # restrict=on: the guest reaches nothing beyond its forwarded SSH port on 127.0.0.1.
+        "-netdev", f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22",
+        "-device", f"virtio-net-pci,netdev=net0,bus=pcie.0,addr={SLOT_NIC:#x}",
+        # cache=unsafe: guest flushes are not forced to disk; a lab overlay is disposable and
+        # fsync under TCG would only slow package and initramfs work down.
+        "-drive", f"file={_opt_value(spec.disk)},if=none,id=disk0,format=qcow2,cache=unsafe",
+        "-device", f"virtio-blk-pci,drive=disk0,bus=pcie.0,addr={SLOT_DISK:#x},bootindex=1",
+        # The guest names itself after this serial number (gpuhost-lab-hostname.service).
+        "-smbios", f"type=1,serial={spec.name}",
+        "-serial", f"file:{_opt_value(spec.serial_log)}",
+        "-monitor", "none",
+        "-display", "none",
+        "-daemonize",
+        "-pidfile", str(spec.pidfile),
+    ]
+    return argv
+
+
+def parse_memory(text: str) -> int:
+    """'4G', '4096M', '4096' (MiB) -> MiB."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*([GgMm]?)(?:i?[Bb])?\s*", text)
+    if not match:
+        raise ValueError(f"memory size {text!r}: write it as 4G, 4096M or 4096 (MiB)")
+    number, unit = int(match.group(1)), match.group(2).upper()
+    return number * 1024 if unit == "G" else number
