@@ -31,7 +31,7 @@ def check_nvidia_driver(ctx: CheckContext) -> Iterator[Finding]:
             "nvidia.loaded.unknown",
             WARNING,
             "host NVIDIA driver",
-            "/proc/modules could not be read",
+            "/proc/modules could not be read (no permission, or a kernel built without module support)",
             "Run the audit as a user that can read /proc/modules.",
         )
     nvidia = facts.nvidia

@@ -16,6 +16,7 @@ from gpuhost.checks import Severity
 from gpuhost.cli.common import add_target_options, resolve_targets
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, MissingDependencyError
 from gpuhost.selection import functions_to_bind
+from gpuhost.targets import Target
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(audit_to_json(result), sort_keys=False))
         return exit_status(results)
     console = _console()
-    results = _audit_with_progress(targets, args.forks, console)
+    results = _audit_with_progress(targets, args.forks)
     for result in results:
         _print_host(console, result, verbose=args.verbose or len(results) == 1)
     if len(results) > 1:
@@ -64,9 +65,10 @@ def _console() -> Console:
     return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
-def _audit_with_progress(targets: list, forks: int, console: Console) -> list[HostAudit]:  # type: ignore[type-arg]
+def _audit_with_progress(targets: list[Target], forks: int) -> list[HostAudit]:
     if len(targets) == 1:
         return audit_fleet(targets, forks)
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     progress = Progress(
@@ -113,7 +115,7 @@ def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
 
     name = result.target.name
     if result.error is not None:
-        console.print(f"[bold red]{name}: UNREACHABLE[/] — {result.error}")
+        console.print(f"[bold red]{name}: NOT AUDITED[/] ({result.error_kind}) — {result.error}")
         return
     status = result.status
     errors, warnings = result.count(Severity.ERROR), result.count(Severity.WARNING)

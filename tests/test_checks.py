@@ -1,0 +1,136 @@
+"""Checks on real facts: the H100 guest, this machine, and the IOMMU layouts the guide printed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gpuhost.checks import AuditPolicy, Severity, run_checks
+from gpuhost.facts.model import PciFunction
+from gpuhost.selection import GpuSelector, select_gpus
+from tests.helpers import FIXTURES, guide_host, snapshot_facts
+from tests.test_parsers import GUIDE_CMDLINE
+
+ALL_NVIDIA = AuditPolicy(gpus=GpuSelector(select_all_nvidia=True))
+
+
+def codes(findings, severity=None):
+    return [f.code for f in findings if severity is None or f.severity == severity]
+
+
+def test_h100_guest_is_a_clean_passthrough_guest():
+    facts = snapshot_facts("h100-guest")
+    role, selection, findings = run_checks("h100", facts, ALL_NVIDIA)
+    assert role == "guest"
+    assert [card.gpu.address for card in selection.passthrough] == ["0000:00:06.0"]
+    assert codes(findings, Severity.ERROR) == [] and codes(findings, Severity.WARNING) == []
+    messages = " ".join(f.message for f in findings)
+    assert "passthrough guest" in messages and "no IOMMU" in messages and "Gen5 x16" in messages
+    assert "guest.topology.flat" in codes(findings)
+
+
+def test_h100_judged_as_a_host_is_not_ready_for_the_right_reasons():
+    facts = snapshot_facts("h100-guest")
+    _, _, findings = run_checks("h100", facts, dataclasses.replace(ALL_NVIDIA, role="host"))
+    errors = codes(findings, Severity.ERROR)
+    assert "iommu.active" in errors and "cpu.virtualization" in errors
+    assert "gpu.vfio_ids.missing" in errors  # nvidia owns it and nothing binds vfio-pci
+    driver = next(f for f in findings if f.code == "gpu.driver")
+    assert driver.severity == Severity.ERROR and "nvidia" in driver.message and "0000:00:06.0" in driver.message
+
+
+def test_this_machine_has_no_gpu_and_no_iommu():
+    facts = snapshot_facts("dev-vm")
+    role, _, findings = run_checks("dev-vm", facts, ALL_NVIDIA)
+    assert role == "host"
+    assert {"gpu.none", "iommu.active", "iommu.firmware"} <= set(codes(findings, Severity.ERROR))
+    for finding in findings:
+        assert finding.message.startswith("dev-vm: ")  # every message names the host
+        if finding.severity != Severity.INFO:
+            assert finding.remedy
+
+
+def _guide_facts(name: str):
+    return guide_host((FIXTURES / f"guide/{name}.txt").read_text(), GUIDE_CMDLINE, snapshot_facts("dev-vm"))
+
+
+def test_guide_five_gpu_host_groups_are_clean_and_ids_cover_the_cards():
+    facts = _guide_facts("five-gpu-host")
+    _, selection, findings = run_checks("guide", facts, ALL_NVIDIA)
+    # The ASPEED BMC display (1a03:2000, boot_vga) is the host's console, not an NVIDIA GPU to pass.
+    assert sorted(card.gpu.address for card in selection.passthrough) == [
+        "0000:01:00.0",
+        "0000:41:00.0",
+        "0000:81:00.0",
+        "0000:c1:00.0",
+    ]
+    assert [card.gpu.address for card in selection.kept] == ["0000:c7:00.0"]
+    assert codes(findings).count("gpu.group.clean") == 4
+    assert not {"gpu.group.intruder", "gpu.group.shared", "gpu.vfio_ids.missing"} & set(codes(findings))
+    # Nothing bound yet in this listing: every function says it waits for vfio-pci.
+    assert codes(findings).count("gpu.driver") == 8
+
+
+def test_guide_groups_with_amd_bridges_are_clean():
+    facts = _guide_facts("amd-bridges-in-group")
+    _, selection, findings = run_checks("guide", facts, ALL_NVIDIA)
+    assert len(selection.passthrough) == 2
+    clean = [f for f in findings if f.code == "gpu.group.clean"]
+    assert len(clean) == 2 and "0000:40:01.1" in clean[0].message + clean[1].message
+
+
+def _with_intruder(facts, group: int, address: str, class_code: int, vendor: int, device: int):
+    template = next(f for f in facts.pci if f.iommu_group == group)
+    intruder: PciFunction = dataclasses.replace(
+        template, address=address, class_code=class_code, vendor=vendor, device=device, boot_vga=False
+    )
+    groups = dict(facts.iommu.groups)
+    groups[group] = (*groups[group], address)
+    return dataclasses.replace(facts, pci=(*facts.pci, intruder), iommu=dataclasses.replace(facts.iommu, groups=groups))
+
+
+def test_an_intruder_in_a_gpu_group_is_named():
+    facts = _with_intruder(_guide_facts("five-gpu-host"), 42, "0000:02:00.0", 0x020000, 0x8086, 0x1533)
+    _, _, findings = run_checks("gpu07", facts, ALL_NVIDIA)
+    (intruder,) = [f for f in findings if f.code == "gpu.group.intruder"]
+    assert intruder.severity == Severity.ERROR
+    assert intruder.subject == "0000:01:00.0"
+    assert "gpu07" in intruder.message and "0000:02:00.0 [8086:1533]" in intruder.message
+    assert "Ethernet controller" in intruder.message and "group 42" in intruder.message
+    allowed = dataclasses.replace(ALL_NVIDIA, allow_shared_group=("0000:01:00.0",))
+    _, _, findings = run_checks("gpu07", facts, allowed)
+    (intruder,) = [f for f in findings if f.code == "gpu.group.intruder"]
+    assert intruder.severity == Severity.WARNING
+
+
+def test_two_gpus_in_one_group_cannot_be_split():
+    facts = _with_intruder(_guide_facts("five-gpu-host"), 42, "0000:02:00.0", 0x030000, 0x10DE, 0x2BB1)
+    _, _, findings = run_checks("gpu07", facts, ALL_NVIDIA)
+    shared = [f for f in findings if f.code == "gpu.group.shared"]
+    assert shared and all(f.severity == Severity.ERROR for f in shared)
+
+
+def test_vfio_ids_that_capture_a_kept_gpu():
+    facts = _guide_facts("five-gpu-host")
+    keep_one = AuditPolicy(gpus=GpuSelector.parse(["0000:01:00.0", "0000:41:00.0", "0000:81:00.0"], "test"))
+    selection = select_gpus(facts, keep_one.gpus)
+    assert [card.gpu.address for card in selection.kept] == ["0000:c1:00.0", "0000:c7:00.0"]
+    _, _, findings = run_checks("gpu07", facts, keep_one)
+    captured = [f for f in findings if f.code == "gpu.vfio_ids.captures_kept"]
+    assert {f.subject for f in captured} == {"0000:c1:00.0", "0000:c1:00.1"}
+    assert all("driver_override" in f.remedy for f in captured)  # same IDs as the passed cards
+
+
+def test_missing_vfio_ids_are_errors_naming_the_function():
+    facts = _guide_facts("five-gpu-host")
+    facts = dataclasses.replace(facts, cmdline=dataclasses.replace(facts.cmdline, tokens=("quiet",)))
+    _, _, findings = run_checks("gpu07", facts, ALL_NVIDIA)
+    missing = [f for f in findings if f.code == "gpu.vfio_ids.missing"]
+    assert len(missing) == 8
+    assert any("10de:22e8" in f.remedy for f in missing)
+
+
+def test_hugepage_allocation_below_the_request_is_an_error():
+    facts = _guide_facts("five-gpu-host")  # the cmdline asks for 576 1 GiB pages; this machine has none
+    _, _, findings = run_checks("gpu07", facts, ALL_NVIDIA)
+    (allocation,) = [f for f in findings if f.code == "hugepages.allocation"]
+    assert allocation.severity == Severity.ERROR and "576" in allocation.message

@@ -1,0 +1,125 @@
+"""`gpuhost audit` and `gpuhost snapshot` through the CLI: exit codes, JSON, snapshots, bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pytest
+
+from gpuhost.cli.main import main
+from gpuhost.facts.snapshot import GatherFormatError, unpack_gathered
+from tests.helpers import SNAPSHOTS
+
+H100 = str(SNAPSHOTS / "h100-guest")
+DEV_VM = str(SNAPSHOTS / "dev-vm")
+KEYS = {"schema", "host", "status", "reachable", "ready", "error", "role", "round_trips", "counts", "system", "gpus"}
+
+
+def audit_json(capsys, *args):
+    status = main(["audit", "--json", *args])
+    lines = capsys.readouterr().out.strip().splitlines()
+    return status, [json.loads(line) for line in lines]
+
+
+def test_h100_snapshot_is_ready_as_a_guest(capsys):
+    status, (host,) = audit_json(capsys, "--from-snapshot", H100)
+    assert status == 0
+    assert host.keys() >= KEYS and host["schema"] == "gpuhost.audit/1"
+    assert host["host"] == "h100-passthrough-guest" and host["role"] == "guest" and host["ready"] is True
+    (gpu,) = host["gpus"]
+    assert gpu["vendor_device"] == "10de:2330" and gpu["driver"] == "nvidia"
+    assert gpu["link"] == {"current_gen": 5, "current_width": 16, "max_gen": 5, "max_width": 16}
+    assert host["system"]["iommu_active"] is False
+
+
+def test_human_report_says_what_the_h100_is(capsys):
+    assert main(["audit", "--from-snapshot", H100]) == 0
+    out = capsys.readouterr().out
+    assert "READY" in out and "passthrough guest, 1 GPU [10de:2330] on Gen5 x16, driver nvidia, no IOMMU" in out
+
+
+def test_fleet_of_snapshots_exits_with_the_worst_status(capsys):
+    status = main(["audit", "--from-snapshot", H100, "--from-snapshot", DEV_VM])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "1 of 2 hosts ready" in out and "gpu.none" in out
+
+
+def test_local_audit_is_the_snapshot_audit_of_the_same_machine(capsys, tmp_path):
+    status, (live,) = audit_json(capsys)
+    assert live["reachable"] and live["source"] == "local" and live["round_trips"] == 1
+    assert status == (1 if live["counts"]["error"] else 0)
+    assert main(["snapshot", "-o", str(tmp_path / "snap")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "snap/proc/cmdline").is_file() and (tmp_path / "snap/snapshot.json").is_file()
+    _, (offline,) = audit_json(capsys, "--from-snapshot", str(tmp_path / "snap"))
+    assert [(f["code"], f["severity"], f["subject"]) for f in offline["findings"]] == [
+        (f["code"], f["severity"], f["subject"]) for f in live["findings"]
+    ]
+
+
+def test_snapshot_refuses_to_overwrite(capsys, tmp_path):
+    (tmp_path / "existing").mkdir()
+    assert main(["snapshot", "-o", str(tmp_path / "existing")]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--from-snapshot", "/nonexistent/snap"], "no such directory"),
+        (["--gpus", "10de:2330;reboot", "--from-snapshot", H100], "neither a PCI address"),
+        (["root@bad host"], "not a valid host name"),
+        (["root@gpu01:99999"], "not a number from 1 to 65535"),
+        (["$(id)@gpu01"], "not a valid login name"),
+        (["--limit", "gpu01"], "--limit needs an inventory"),
+        (["-i", "/nonexistent/inventory.yml"], "does not exist"),
+    ],
+)
+def test_bad_input_exits_2_with_the_value_named(capsys, args, expected):
+    assert main(["audit", *args]) == 2
+    captured = capsys.readouterr()
+    assert expected in captured.err + captured.out
+
+
+def test_snapshot_directory_without_a_snapshot_is_bad_input(capsys, tmp_path):
+    status, (host,) = audit_json(capsys, "--from-snapshot", str(tmp_path))
+    assert status == 2 and host["reachable"] is False and "not a gpuhost snapshot" in host["error"]
+
+
+def _archive(add) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        add(tar)
+    return buffer.getvalue()
+
+
+def _file(tar, name, data=b"x"):
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def test_unpacking_a_hostile_capture_is_refused(tmp_path):
+    # A host we audit may be compromised: its answer must not write outside the snapshot.
+    def escape(tar):
+        _file(tar, "../../etc/evil")
+
+    with pytest.raises(GatherFormatError):
+        unpack_gathered(_archive(escape), tmp_path / "a")
+    assert not (tmp_path / "etc").exists()
+
+    def link(tar):
+        info = tarfile.TarInfo("proc/cmdline")
+        info.type = tarfile.SYMTYPE
+        info.linkname = "/etc/shadow"
+        tar.addfile(info)
+        _file(tar, "proc/version", b"Linux")
+
+    unpack_gathered(_archive(link), tmp_path / "b")
+    assert not (tmp_path / "b/proc/cmdline").exists()  # links are dropped, plain files kept
+    assert (tmp_path / "b/proc/version").read_text() == "Linux"
+    with pytest.raises(GatherFormatError):
+        unpack_gathered(b"not a tar archive", tmp_path / "c")
