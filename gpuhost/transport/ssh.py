@@ -175,9 +175,15 @@ def _drain(channel: paramiko.Channel, timeout: float, url: str) -> tuple[bytes, 
         if channel.recv_stderr_ready():
             stderr += channel.recv_stderr(1 << 16)
             continue
-        if channel.exit_status_ready() and channel.eof_received:
-            break
         remaining = deadline - time.monotonic()
+        if channel.eof_received or channel.closed:
+            # All output is in; the exit status often follows a moment later. A channel at EOF
+            # stays readable for select(), so waiting there would spin a core until it comes
+            # (32 spinning threads starve a small controller): wait on the status event instead.
+            # paramiko sets it on exit-status and on close.
+            if channel.status_event.wait(max(remaining, 0.0)):
+                break
+            remaining = 0.0
         if remaining <= 0:
             raise TransportError("timeout", f"{url}: the command did not finish within {timeout:g} s")
         select.select([channel], [], [], min(remaining, 1.0))
