@@ -205,6 +205,8 @@ class _Builder:
             with contextlib.suppress(OSError):
                 failed_log = self.paths.images / f"build-{self.recipe.variant}-failed.log"
                 shutil.copyfile(self.log, failed_log)
+                with failed_log.open("a") as out:
+                    out.write((self.work / "debootstrap.log").read_text(errors="replace"))
             shutil.rmtree(self.work, ignore_errors=True)
             raise
         _give_to_sudo_user(self.paths.images)
@@ -242,12 +244,7 @@ class _Builder:
             self._run([self.tools["mount"], loop_part, str(root)])
             stack.callback(self._umount, root)
             self.progress(f"debootstrap {self.recipe.suite} from {self.mirror}")
-            self._run([
-                self.tools["debootstrap"], "--variant=minbase", "--components=main",
-                f"--include={','.join(self.recipe.packages)}",
-                f"--cache-dir={self.paths.package_cache}",
-                self.recipe.suite, str(root), self.mirror,
-            ])
+            self._debootstrap(root)
             self.progress("configuring the image")
             self._write_files(root, root_uuid, keys)
             for source, target, kind in (("proc", "proc", "proc"), ("sysfs", "sys", "sysfs"),
@@ -256,11 +253,47 @@ class _Builder:
                     [self.tools["mount"], "-t", kind, source, str(root / target)]
                 self._run(argv)
                 stack.callback(self._umount, root / target)
+            if self.recipe.apt_packages:
+                self._apt_install(root, stack)
             kernel = self._configure(root, loop_disk, root_uuid)
             with contextlib.suppress(LabError, OSError):
                 self._run(["fstrim", str(root)])  # lets qemu-img skip freed blocks
         root.rmdir()  # the mount point, empty once unmounted
         return kernel
+
+    def _debootstrap(self, root: Path) -> None:
+        try:
+            self._run([
+                self.tools["debootstrap"], "--variant=minbase", "--components=main",
+                f"--include={','.join(self.recipe.packages)}",
+                f"--cache-dir={self.paths.package_cache}",
+                self.recipe.suite, str(root), self.mirror,
+            ])
+        except LabError:
+            # debootstrap's own log names the package that failed; keep it for the failed log.
+            with contextlib.suppress(OSError):
+                shutil.copyfile(root / "debootstrap/debootstrap.log", self.work / "debootstrap.log")
+            raise
+
+    def _apt_install(self, root: Path, stack: contextlib.ExitStack) -> None:
+        self.progress(f"apt-get install {' '.join(self.recipe.apt_packages)}")
+        # Reuse the build's package cache, and keep services from starting in the chroot.
+        archives = root / "var/cache/apt/archives"
+        (self.paths.package_cache / "partial").mkdir(parents=True, exist_ok=True)
+        self._run([self.tools["mount"], "--bind", str(self.paths.package_cache), str(archives)])
+        # Unmounted right after the install (the stack is only the fallback), so that the later
+        # `apt-get clean` empties the image's own cache, not the build's.
+        stack.callback(self._umount, archives)
+        policy = root / "usr/sbin/policy-rc.d"
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+        try:
+            self._chroot(root, "apt-get", "update", "-q")
+            self._chroot(root, "apt-get", "install", "-y", "-q", "--no-install-recommends",
+                         *self.recipe.apt_packages)
+        finally:
+            policy.unlink()
+            self._umount(archives)
 
     def _quiet(self, argv: list[str]) -> None:
         subprocess.run(argv, capture_output=True, check=False)

@@ -37,6 +37,8 @@ BASE_PACKAGES: tuple[str, ...] = (
 
 # What a nested guest needs inside a lab host: installing these at test time took ~12 minutes
 # under TCG, almost all of it update-initramfs, so they are baked into a separate variant.
+# They are installed by apt-get in the chroot after debootstrap: debootstrap's own resolver fails
+# to configure libvirt's dependencies (systemd-container) when they are in --include.
 NESTED_PACKAGES: tuple[str, ...] = (
     "qemu-system-x86",
     "qemu-utils",
@@ -155,7 +157,8 @@ exec qemu-system-x86_64 -accel tcg -machine q35 -cpu max -m 512 -nographic -no-r
 class Recipe:
     variant: str
     suite: str
-    packages: tuple[str, ...]
+    packages: tuple[str, ...]  # installed by debootstrap
+    apt_packages: tuple[str, ...]  # installed by apt-get afterwards, without recommends
     kernel_cmdline: str
     disk_size_gib: int
     # (path inside the image, mode, content); content may use {root_uuid}
@@ -176,9 +179,9 @@ def recipe_for(variant: str) -> Recipe:
         ("/etc/systemd/system/gpuhost-lab-hostname.service", 0o644, HOSTNAME_UNIT),
         ("/etc/fstab", 0o644, FSTAB),
     ]
-    packages = BASE_PACKAGES
+    apt_packages: tuple[str, ...] = ()
     if variant == "nested":
-        packages = BASE_PACKAGES + NESTED_PACKAGES
+        apt_packages = NESTED_PACKAGES
         files += [
             (f"{NESTED_GUEST_DIR}/init", 0o755, NESTED_GUEST_INIT),
             ("/usr/local/bin/gpuhost-nested-guest", 0o755, NESTED_GUEST_RUNNER),
@@ -186,7 +189,8 @@ def recipe_for(variant: str) -> Recipe:
     return Recipe(
         variant=variant,
         suite=SUITE,
-        packages=packages,
+        packages=BASE_PACKAGES,
+        apt_packages=apt_packages,
         kernel_cmdline=KERNEL_CMDLINE,
         disk_size_gib=8 if variant == "base" else 12,
         files=tuple(files),

@@ -140,8 +140,9 @@ def qemu_argv(spec: VmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         "-name", f"{spec.name},process=gpuhost-{spec.name}",
         "-machine", machine,
         "-accel", "tcg,thread=multi",
-        # -cpu max offers pdpe1gb, so the host can reserve 1 GiB huge pages.
-        "-cpu", "max",
+        # -cpu max offers pdpe1gb, so the host can reserve 1 GiB huge pages. Under TCG it says
+        # AuthenticAMD; an Intel IOMMU belongs with an Intel CPU (intel_iommu=, not amd_iommu=).
+        "-cpu", "max,vendor=GenuineIntel",
         "-smp", str(spec.cpus),
         "-m", str(spec.memory_mib),
         "-nodefaults",

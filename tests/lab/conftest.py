@@ -1,0 +1,104 @@
+"""Fixtures of the lab tests: one cached image, and lab hosts booted once per module, in parallel.
+
+The image comes from $GPUHOST_LAB_IMAGE_DIR, else the user's lab cache (~/.cache/gpuhost/lab/
+images), so that CI and developers reuse it across runs; building it needs root. Each topology
+gets its own lab directory under pytest's tmp_path, so the tests never touch a user's own lab.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuhost.lab import fleet
+from gpuhost.lab import image as lab_image
+from gpuhost.lab.image import Image
+from gpuhost.lab.paths import IMAGE_DIR_ENV, LabPaths, default_lab_dir
+from gpuhost.lab.state import VmRecord
+
+TOPOLOGIES_UNDER_TEST = ("gpu-pair", "shared-group")
+MEMORY_MIB = 2048
+CPUS = 2
+
+
+def _timing(message: str) -> None:
+    # Printed in the -s/-rA output so CI logs show the measured times.
+    print(f"[lab timing] {message}", flush=True)
+
+
+@pytest.fixture(scope="session")
+def image_dir() -> Path:
+    configured = os.environ.get(IMAGE_DIR_ENV)
+    return Path(configured) if configured else default_lab_dir() / "images"
+
+
+@pytest.fixture(scope="session")
+def base_image(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Image:
+    for program in ("qemu-system-x86_64", "qemu-img", "ssh"):
+        if shutil.which(program) is None:
+            pytest.skip(f"lab tests need {program} (apt-get install qemu-system-x86 qemu-utils openssh-client)")
+    paths = LabPaths(root=tmp_path_factory.mktemp("lab-image"), images=image_dir)
+    cached = lab_image.find_image(paths, "base")
+    if cached is None and os.geteuid() != 0:
+        pytest.skip(f"no cached lab image in {image_dir} and building one needs root")
+    started = time.monotonic()
+    built = lab_image.ensure_image(paths, "base")
+    _timing(f"image {'reused' if built.reused else 'built'} in {time.monotonic() - started:.1f} s: {built.disk}")
+    return built
+
+
+@dataclass(frozen=True)
+class LabHost:
+    topology: str
+    paths: LabPaths
+    record: VmRecord
+
+    def run(self, *command: str, timeout: float = 120) -> str:
+        result = fleet.run_on(self.paths, self.record, list(command), timeout=timeout)
+        assert result.returncode == 0, f"{command} on {self.topology}: {result.stderr}"
+        return result.stdout
+
+
+@pytest.fixture(scope="module")
+def lab_hosts(
+    base_image: Image, image_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, LabHost]]:
+    """One host per topology under test, booted in parallel; all stopped by `lab down` at the end."""
+    labs = {name: LabPaths(root=tmp_path_factory.mktemp(name), images=image_dir) for name in TOPOLOGIES_UNDER_TEST}
+    started = time.monotonic()
+    try:
+        for name, paths in labs.items():
+            fleet.up(paths, hosts=1, topology=name, memory_mib=MEMORY_MIB, cpus=CPUS, wait=False)
+        with ThreadPoolExecutor(len(labs)) as pool:
+            waits = {name: pool.submit(fleet.wait_for_ssh, paths, fleet.status(paths)[0].hosts, 400)
+                     for name, paths in labs.items()}
+            for name, future in waits.items():
+                future.result()
+                _timing(f"{name}: SSH up {time.monotonic() - started:.1f} s after start "
+                        f"({len(labs)} hosts booting in parallel)")
+        yield {name: LabHost(name, paths, fleet.status(paths)[0].hosts[0]) for name, paths in labs.items()}
+    finally:
+        for paths in labs.values():
+            fleet.down(paths)
+
+
+def qemu_processes_under(directory: Path) -> list[int]:
+    """PIDs of processes whose command line mentions `directory` (to prove none is left)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(directory).encode() in cmdline and b"qemu-system" in cmdline:
+            found.append(int(proc.name))
+    return found

@@ -1,0 +1,124 @@
+"""QEMU command lines of lab hosts, per topology, checked as data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuhost.lab.topology import GPU_ID, TOPOLOGIES, VmSpec, parse_memory, qemu_argv
+
+
+def spec(topology: str = "gpu-pair", **changes: object) -> VmSpec:
+    values: dict[str, object] = {
+        "name": "lab-1",
+        "topology": topology,
+        "memory_mib": 4096,
+        "cpus": 2,
+        "ssh_port": 40022,
+        "disk": Path("/lab/overlays/lab-1.qcow2"),
+        "serial_log": Path("/lab/logs/lab-1-serial.log"),
+        "pidfile": Path("/lab/lab-1.pid"),
+    }
+    values.update(changes)
+    return VmSpec(**values)  # type: ignore[arg-type]
+
+
+def devices(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv) if word == "-device"]
+
+
+def option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_gpu_pair_argv_is_exactly_this() -> None:
+    argv = qemu_argv(spec())
+    assert argv[0] == "qemu-system-x86_64"
+    assert option(argv, "-machine") == "q35,kernel-irqchip=split"
+    assert option(argv, "-accel") == "tcg,thread=multi"
+    assert option(argv, "-cpu") == "max,vendor=GenuineIntel"
+    assert option(argv, "-m") == "4096"
+    assert option(argv, "-smp") == "2"
+    assert devices(argv) == [
+        "intel-iommu,intremap=on,caching-mode=on",
+        "cirrus-vga,id=bmc,bus=pcie.0,addr=0x2",
+        "pcie-root-port,id=gpu1port,chassis=1,bus=pcie.0,addr=0x3",
+        "VGA,id=gpu1,bus=gpu1port,addr=0x0.0,multifunction=on",
+        "ich9-intel-hda,id=gpu1audio,bus=gpu1port,addr=0x0.1",
+        "virtio-net-pci,netdev=net0,bus=pcie.0,addr=0x5",
+        "virtio-blk-pci,drive=disk0,bus=pcie.0,addr=0x6,bootindex=1",
+    ]
+    assert option(argv, "-netdev") == "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:40022-:22"
+    assert option(argv, "-serial") == "file:/lab/logs/lab-1-serial.log"
+    assert option(argv, "-pidfile") == "/lab/lab-1.pid"
+    assert option(argv, "-smbios") == "type=1,serial=lab-1"
+    assert "-daemonize" in argv and "-nodefaults" in argv
+    assert option(argv, "-display") == "none" and option(argv, "-monitor") == "none"
+
+
+def test_intel_iommu_comes_before_every_other_device() -> None:
+    for name, topology in TOPOLOGIES.items():
+        found = devices(qemu_argv(spec(name)))
+        if topology.iommu:
+            assert found[0].startswith("intel-iommu,"), name
+
+
+def test_no_iommu_drops_only_the_iommu_and_split_irqchip() -> None:
+    with_iommu = devices(qemu_argv(spec("gpu-pair")))
+    without = qemu_argv(spec("no-iommu"))
+    assert devices(without) == with_iommu[1:]
+    assert option(without, "-machine") == "q35"
+
+
+def test_two_gpus_have_same_ids_on_separate_root_ports() -> None:
+    found = devices(qemu_argv(spec("two-gpus")))
+    ports = [d for d in found if d.startswith("pcie-root-port")]
+    assert ports == [
+        "pcie-root-port,id=gpu1port,chassis=1,bus=pcie.0,addr=0x3",
+        "pcie-root-port,id=gpu2port,chassis=2,bus=pcie.0,addr=0x4",
+    ]
+    assert [d.split(",")[0] for d in found].count("VGA") == 2
+    assert [d.split(",")[0] for d in found].count("ich9-intel-hda") == 2
+    assert TOPOLOGIES["two-gpus"].gpus == (GPU_ID,)
+
+
+def test_shared_group_puts_gpu_and_nic_behind_one_conventional_bridge() -> None:
+    found = devices(qemu_argv(spec("shared-group")))
+    assert "pci-bridge,id=bridge1,chassis_nr=1,bus=pcie.0,addr=0x3" in found
+    behind = [d for d in found if "bus=bridge1" in d]
+    assert [d.split(",")[0] for d in behind] == ["VGA", "ich9-intel-hda", "e1000"]
+    assert not any(d.startswith("pcie-root-port") for d in found)
+    assert TOPOLOGIES["shared-group"].intruders == ("0000:01:02.0",)
+
+
+def test_every_topology_keeps_a_bmc_console_on_the_root_bus() -> None:
+    for name in TOPOLOGIES:
+        assert "cirrus-vga,id=bmc,bus=pcie.0,addr=0x2" in devices(qemu_argv(spec(name)))
+
+
+def test_commas_in_paths_are_escaped_for_qemu() -> None:
+    argv = qemu_argv(spec(disk=Path("/a,b/lab-1.qcow2"), serial_log=Path("/x,y/serial.log")))
+    assert option(argv, "-drive").startswith("file=/a,,b/lab-1.qcow2,if=none")
+    assert option(argv, "-serial") == "file:/x,,y/serial.log"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"name": "lab-1,process=x"}, {"name": "web-1"}, {"topology": "nope"}, {"ssh_port": 0},
+     {"memory_mib": 100}, {"cpus": 0}],
+)
+def test_bad_specs_are_refused(changes: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        qemu_argv(spec(**changes))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("text", "mib"), [("4G", 4096), ("4g", 4096), ("2048M", 2048), ("1024", 1024),
+                                           ("2GiB", 2048)])
+def test_parse_memory(text: str, mib: int) -> None:
+    assert parse_memory(text) == mib
+
+
+def test_parse_memory_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="4G"):
+        parse_memory("lots")
