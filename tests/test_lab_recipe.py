@@ -40,7 +40,8 @@ def test_any_change_to_the_recipe_changes_the_hash() -> None:
 def test_variants_differ_and_nested_adds_its_packages_and_guest() -> None:
     base, nested = recipe_for("base"), recipe_for("nested")
     assert recipe_hash(base) != recipe_hash(nested)
-    assert nested.packages == BASE_PACKAGES + NESTED_PACKAGES
+    assert nested.packages == base.packages == BASE_PACKAGES
+    assert nested.apt_packages == NESTED_PACKAGES and base.apt_packages == ()
     assert "/opt/gpuhost/nested-guest/init" in {path for path, _, _ in nested.files}
     assert "/opt/gpuhost/nested-guest/init" not in {path for path, _, _ in base.files}
     with pytest.raises(ValueError):
