@@ -8,7 +8,6 @@ sent on stdin, so an audit costs one round trip after the connection is up.
 
 from __future__ import annotations
 
-import select
 import shlex
 import threading
 import time
@@ -165,29 +164,40 @@ class SshTransport:
 
 
 def _drain(channel: paramiko.Channel, timeout: float, url: str) -> tuple[bytes, bytes]:
-    """Read stdout and stderr together until the command ends, so neither fills its window."""
-    stdout, stderr = bytearray(), bytearray()
+    """Read stdout and stderr until the command ends, so that neither fills its window.
+
+    stderr is read on a thread of its own and stdout with blocking receives, so the wait costs
+    no CPU: polling paramiko's channel pipe spins once a stream reached its end.
+    """
+    stderr_chunks: list[bytes] = []
+
+    def read_stderr() -> None:
+        while True:
+            try:
+                chunk = channel.recv_stderr(1 << 16)
+            except TimeoutError:  # the channel's timeout applies here too; the main loop keeps time
+                continue
+            if not chunk:
+                return
+            stderr_chunks.append(chunk)
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    stdout = bytearray()
     deadline = time.monotonic() + timeout
+    channel.settimeout(1.0)
     while True:
-        if channel.recv_ready():
-            stdout += channel.recv(1 << 16)
+        try:
+            chunk = channel.recv(1 << 16)
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise TransportError("timeout", f"{url}: the command did not finish within {timeout:g} s") from None
             continue
-        if channel.recv_stderr_ready():
-            stderr += channel.recv_stderr(1 << 16)
-            continue
-        remaining = deadline - time.monotonic()
-        if channel.eof_received or channel.closed:
-            # All output is in; the exit status often follows a moment later. A channel at EOF
-            # stays readable for select(), so waiting there would spin a core until it comes
-            # (32 spinning threads starve a small controller): wait on the status event instead.
-            # paramiko sets it on exit-status and on close.
-            if channel.status_event.wait(max(remaining, 0.0)):
-                break
-            remaining = 0.0
-        if remaining <= 0:
-            raise TransportError("timeout", f"{url}: the command did not finish within {timeout:g} s")
-        select.select([channel], [], [], min(remaining, 1.0))
-    return bytes(stdout), bytes(stderr)
+        if not chunk:
+            break
+        stdout += chunk
+    reader.join(max(0.0, deadline - time.monotonic()))
+    return bytes(stdout), b"".join(stderr_chunks)
 
 
 def _accept_new_policy(ssh_lib: Any, known_hosts: Path) -> paramiko.MissingHostKeyPolicy:

@@ -1,0 +1,24 @@
+"""The shipped example inventory is read through Ansible and every value in it validates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuhost.targets import ConnectionDefaults, inventory_targets
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "inventory.example.yml"
+
+
+def test_example_inventory_validates(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh/id_ed25519").write_text("placeholder: only its existence is checked before connecting\n")
+    targets = {t.name: t for t in inventory_targets(EXAMPLE, None, ConnectionDefaults())}
+    assert set(targets) == {"gpu01", "gpu02", "gpu03"}
+    assert targets["gpu02"].ssh.port == 2222 and targets["gpu02"].policy.allow_shared_group == ("0000:41:00.0",)
+    assert targets["gpu03"].ssh.user == "ops"
+    assert targets["gpu03"].policy.gpus.addresses == ("0000:41:00.0", "0000:c1:00.0")
+    assert targets["gpu01"].policy.gpus.select_all_nvidia
+    assert targets["gpu01"].ssh.known_hosts_file == tmp_path / ".ssh/known_hosts"
+    limited = inventory_targets(EXAMPLE, "gpu02", ConnectionDefaults())
+    assert [t.name for t in limited] == ["gpu02"]
