@@ -1,0 +1,287 @@
+"""Find the CUDA kernel sources and nvcc, and build the suite binary once per cache key.
+
+The binary is cached under a directory named by a hash of the sources, the target
+architecture, the nvcc version, the flags and the cuBLAS location, so a changed source,
+toolkit or GPU rebuilds and an unchanged one costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuhost.errors import GpuhostError
+
+BINARY_NAME = "gpuhost-kernels"
+# The translation units of the suite; kernels/ holds them with common.cuh.
+SOURCE_NAMES = ("main.cu", "common.cu", "memory.cu", "gemm.cu", "softmax.cu", "transfer.cu")
+HEADER_NAMES = ("common.cuh",)
+KERNELS_ENV = "GPUHOST_KERNELS_DIR"
+CACHE_ENV = "GPUHOST_CACHE_DIR"
+# -O3 for the host side too: the host checks walk hundreds of MiB.
+BASE_FLAGS = ("-std=c++17", "-O3", "-lineinfo")
+
+
+class KernelBuildError(GpuhostError):
+    """The suite cannot be built: sources, nvcc or a compile step is missing or failed."""
+
+
+@dataclass(frozen=True)
+class KernelSources:
+    directory: Path
+    origin: str  # where they were found: "environment", "checkout" or "installed"
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return tuple(self.directory / name for name in (*SOURCE_NAMES, *HEADER_NAMES))
+
+
+@dataclass(frozen=True)
+class Cublas:
+    include_dir: Path
+    library_dir: Path
+    libraries: tuple[Path, ...]  # libcublasLt.so[.N]: the suite calls cuBLASLt only
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    nvcc: Path
+    version: str  # the "release X.Y, VX.Y.Z" line of nvcc --version
+    cublas: Cublas | None
+
+
+@dataclass(frozen=True)
+class BuiltSuite:
+    binary: Path
+    cache_key: str
+    arch: str
+    cached: bool
+    seconds: float
+    with_cublas: bool
+
+
+def _complete(directory: Path) -> bool:
+    return all((directory / name).is_file() for name in (*SOURCE_NAMES, *HEADER_NAMES))
+
+
+def _installed_kernel_dirs() -> Iterable[Path]:
+    """Where a wheel install put kernels/ (pyproject's data-files: <prefix>/share/gpuhost/kernels)."""
+    try:
+        distribution = importlib.metadata.distribution("gpuhost")
+    except importlib.metadata.PackageNotFoundError:
+        distribution = None
+    if distribution is not None:
+        for entry in distribution.files or ():
+            if entry.name == "main.cu" and entry.parent.name == "kernels":
+                yield Path(str(distribution.locate_file(entry))).resolve().parent
+    for scheme_path in {sysconfig.get_path("data"), sysconfig.get_path("data", f"{os.name}_user")}:
+        if scheme_path:
+            yield Path(scheme_path) / "share" / "gpuhost" / "kernels"
+
+
+def find_kernel_sources(environ: dict[str, str] | None = None) -> KernelSources:
+    env = os.environ if environ is None else environ
+    override = env.get(KERNELS_ENV)
+    if override:
+        directory = Path(override)
+        if not _complete(directory):
+            raise KernelBuildError(f"{KERNELS_ENV}={override} does not hold the kernel sources {SOURCE_NAMES}")
+        return KernelSources(directory, "environment")
+    checkout = Path(__file__).resolve().parents[2] / "kernels"
+    if _complete(checkout):
+        return KernelSources(checkout, "checkout")
+    for directory in _installed_kernel_dirs():
+        if _complete(directory):
+            return KernelSources(directory, "installed")
+    raise KernelBuildError(
+        "the CUDA kernel sources (kernels/*.cu) were not found next to the package nor in the installed "
+        f"data files; reinstall gpuhost, or point {KERNELS_ENV} at a kernels/ directory"
+    )
+
+
+def find_nvcc(environ: dict[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    candidates: list[Path] = []
+    for variable in ("CUDA_HOME", "CUDA_PATH"):
+        if env.get(variable):
+            candidates.append(Path(env[variable]) / "bin" / "nvcc")
+    on_path = shutil.which("nvcc", path=env.get("PATH"))
+    if on_path:
+        candidates.append(Path(on_path))
+    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise KernelBuildError(
+        "nvcc (the CUDA compiler) was not found in $CUDA_HOME/bin, on PATH or in /usr/local/cuda/bin: "
+        "install the CUDA toolkit matching the driver (its nvcc builds the kernels for this GPU)"
+    )
+
+
+def parse_nvcc_version(text: str) -> str:
+    for line in text.splitlines():
+        if "release" in line:
+            return line.strip()
+    raise KernelBuildError(f"could not read the nvcc version from: {text.strip()[:200]!r}")
+
+
+def _toolkit_root(nvcc: Path) -> Path:
+    # /usr/local/bin/nvcc may be a wrapper script: prefer the real toolkit if it is there.
+    resolved = nvcc.resolve()
+    root = resolved.parent.parent
+    if (root / "include" / "cuda_runtime.h").is_file():
+        return root
+    return Path("/usr/local/cuda")
+
+
+def _python_cublas_dirs() -> Iterable[tuple[Path, Path]]:
+    # The nvidia-cublas wheel (pip install nvidia-cublas) ships headers and libraries.
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or spec.submodule_search_locations is None:
+        return
+    for base in spec.submodule_search_locations:
+        for flavour in ("cu13", "cu12", "cublas"):
+            root = Path(base) / flavour
+            yield root / "include", root / "lib"
+
+
+def find_cublas(nvcc: Path) -> Cublas | None:
+    root = _toolkit_root(nvcc)
+    pairs: list[tuple[Path, Path]] = [
+        (root / "include", root / "lib64"),
+        (root / "targets" / "x86_64-linux" / "include", root / "targets" / "x86_64-linux" / "lib"),
+        (root / "targets" / "sbsa-linux" / "include", root / "targets" / "sbsa-linux" / "lib"),
+        (Path("/usr/include"), Path("/usr/lib/x86_64-linux-gnu")),
+        *_python_cublas_dirs(),
+    ]
+    for include_dir, library_dir in pairs:
+        if not (include_dir / "cublasLt.h").is_file() or not library_dir.is_dir():
+            continue
+        # The shortest name: libcublasLt.so where the toolkit has it, else libcublasLt.so.13.
+        found = sorted(library_dir.glob("libcublasLt.so*"), key=lambda p: len(p.name))
+        if found:
+            return Cublas(include_dir, library_dir, (found[0],))
+    return None
+
+
+def detect_toolchain(environ: dict[str, str] | None = None) -> Toolchain:
+    nvcc = find_nvcc(environ)
+    completed = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60, check=False)
+    if completed.returncode != 0:
+        raise KernelBuildError(f"{nvcc} --version failed: {completed.stderr.strip()[:300]}")
+    return Toolchain(nvcc, parse_nvcc_version(completed.stdout), find_cublas(nvcc))
+
+
+def arch_name(compute_capability: tuple[int, int]) -> str:
+    major, minor = compute_capability
+    return f"sm_{major}{minor}"
+
+
+def arch_flags(compute_capability: tuple[int, int]) -> list[str]:
+    """Machine code for this GPU, plus its PTX so a newer driver can still JIT it."""
+    major, minor = compute_capability
+    number = f"{major}{minor}"
+    return [f"-gencode=arch=compute_{number},code=[sm_{number},compute_{number}]"]
+
+
+def cache_key(sources: KernelSources, compute_capability: tuple[int, int], toolchain: Toolchain) -> str:
+    digest = hashlib.sha256()
+    for path in sources.files:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    digest.update(arch_name(compute_capability).encode())
+    digest.update(toolchain.version.encode())
+    digest.update(" ".join(BASE_FLAGS).encode())
+    digest.update(str(toolchain.cublas).encode())
+    return digest.hexdigest()[:20]
+
+
+def default_cache_dir(environ: dict[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get(CACHE_ENV):
+        return Path(env[CACHE_ENV])
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "gpuhost" / "kernels"
+
+
+def compile_commands(
+    sources: KernelSources,
+    compute_capability: tuple[int, int],
+    toolchain: Toolchain,
+    work_dir: Path,
+    output: Path,
+) -> tuple[list[list[str]], list[str]]:
+    """The per-file compile commands (run in parallel) and the link command."""
+    flags = [*BASE_FLAGS, *arch_flags(compute_capability)]
+    if toolchain.cublas is None:
+        flags.append("-DGPUHOST_NO_CUBLAS")
+    else:
+        flags.append(f"-I{toolchain.cublas.include_dir}")
+    compiles = [
+        [str(toolchain.nvcc), *flags, "-c", str(sources.directory / name), "-o", str(work_dir / f"{name}.o")]
+        for name in SOURCE_NAMES
+    ]
+    link = [
+        str(toolchain.nvcc),
+        *arch_flags(compute_capability),
+        *(str(work_dir / f"{name}.o") for name in SOURCE_NAMES),
+        "-o",
+        str(output),
+    ]
+    if toolchain.cublas is not None:
+        # Full library paths (the pip wheel has no unversioned .so) and an rpath so the
+        # binary finds them at run time without LD_LIBRARY_PATH.
+        link += [f"-Xlinker={library}" for library in toolchain.cublas.libraries]
+        link.append(f"-Xlinker=-rpath,{toolchain.cublas.library_dir}")
+    return compiles, link
+
+
+def _run_step(command: Sequence[str]) -> None:
+    completed = subprocess.run(list(command), capture_output=True, text=True, timeout=600, check=False)
+    if completed.returncode != 0:
+        tail = (completed.stderr or completed.stdout).strip()[-2000:]
+        raise KernelBuildError(f"nvcc failed ({' '.join(command[-3:])}):\n{tail}")
+
+
+def build_suite(
+    compute_capability: tuple[int, int],
+    *,
+    cache_dir: Path | None = None,
+    sources: KernelSources | None = None,
+    toolchain: Toolchain | None = None,
+    force: bool = False,
+) -> BuiltSuite:
+    sources = sources or find_kernel_sources()
+    toolchain = toolchain or detect_toolchain()
+    key = cache_key(sources, compute_capability, toolchain)
+    target_dir = (cache_dir or default_cache_dir()) / f"{arch_name(compute_capability)}-{key}"
+    binary = target_dir / BINARY_NAME
+    if binary.is_file() and not force:
+        return BuiltSuite(binary, key, arch_name(compute_capability), True, 0.0, toolchain.cublas is not None)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="build-", dir=target_dir) as work:
+        work_dir = Path(work)
+        staged = work_dir / BINARY_NAME
+        compiles, link = compile_commands(sources, compute_capability, toolchain, work_dir, staged)
+        # One nvcc per translation unit, in parallel: the GEMM unit dominates.
+        with ThreadPoolExecutor(max_workers=len(compiles)) as pool:
+            for future in [pool.submit(_run_step, command) for command in compiles]:
+                future.result()
+        _run_step(link)
+        # Rename into place so a concurrent or interrupted build never leaves half a binary.
+        staged.replace(binary)
+    return BuiltSuite(
+        binary, key, arch_name(compute_capability), False, time.monotonic() - started, toolchain.cublas is not None
+    )

@@ -1,0 +1,153 @@
+"""The JSON document `smoke-test --json FILE` writes, and reading one back as a baseline.
+
+Schema "gpuhost-smoke-test/1" (an object):
+
+    schema            "gpuhost-smoke-test/1"
+    gpuhost_version   str
+    created           ISO-8601 UTC time of the run
+    verdict           {"status": "PASS"|"WARN"|"FAIL", "reasons": [str, ...]}
+    model             null (unknown model) or {"name", "pci_device_ids": ["2330"], "memory_bandwidth_GBps",
+                      "bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "pcie_gen", "pcie_width",
+                      "nvlink_GBps", "sources": [str]}
+    model_table       str: the table file the model came from
+    environment       {"driver_version", "cuda_driver_version", "gpus": [{every GpuEnvironment field;
+                      "link": {current_gen, current_width, max_gen, max_width, gpu_max_gen}}]}
+    samples           [{every RunSamples field, "throttle_names": [str]}]: NVML readings during the run
+    checks            [{"check", "status", "detail", "gpu"}]: the environment checks
+    metrics           [{"metric", "label", "value", "unit", "reference", "reference_kind",
+                        "percent_of_reference", "baseline", "percent_of_baseline", "verified",
+                        "status", "reason"}]
+    timings           {"build_s", "build_cached", "suite_s", "total_s"}
+    build             {"binary", "arch", "cache_key", "nvcc", "with_cublas"}
+    suite             the kernel suite's own document, verbatim (results.py describes it)
+
+Numbers that could not be measured are null. `--baseline` accepts this document or the
+suite's own document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+from gpuhost import __version__
+from gpuhost.bench.environment import Environment, RunSamples
+from gpuhost.bench.models import GpuModel
+from gpuhost.bench.results import SuiteRun, parse_suite_document
+from gpuhost.bench.verdict import Verdict
+from gpuhost.errors import GpuhostError, InputError
+
+SCHEMA = "gpuhost-smoke-test/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    build_s: float
+    build_cached: bool
+    suite_s: float
+    total_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildInfo:
+    binary: str
+    arch: str
+    cache_key: str
+    nvcc: str
+    with_cublas: bool
+
+
+def _model(model: GpuModel | None) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    return {
+        "name": model.name,
+        "pci_device_ids": [f"{i:04x}" for i in model.pci_device_ids],
+        "memory_bandwidth_GBps": model.memory_bandwidth_gbps,
+        "bf16_tflops": model.bf16_tflops,
+        "fp16_tflops": model.fp16_tflops,
+        "tf32_tflops": model.tf32_tflops,
+        "fp32_tflops": model.fp32_tflops,
+        "pcie_gen": model.pcie_gen,
+        "pcie_width": model.pcie_width,
+        "nvlink_GBps": model.nvlink_gbps,
+        "sources": list(model.sources),
+    }
+
+
+def _environment(environment: Environment | None) -> dict[str, Any] | None:
+    return None if environment is None else dataclasses.asdict(environment)
+
+
+def _samples(samples: tuple[RunSamples, ...]) -> list[dict[str, Any]]:
+    return [{**dataclasses.asdict(s), "throttle_names": list(s.throttle_names)} for s in samples]
+
+
+def build_document(
+    *,
+    verdict: Verdict,
+    suite_document: dict[str, Any],
+    environment: Environment | None,
+    samples: tuple[RunSamples, ...],
+    model_table: str,
+    timings: Timings,
+    build: BuildInfo,
+    created: datetime.datetime | None = None,
+) -> dict[str, Any]:
+    when = created or datetime.datetime.now(datetime.timezone.utc)
+    return {
+        "schema": SCHEMA,
+        "gpuhost_version": __version__,
+        "created": when.isoformat(timespec="seconds"),
+        "verdict": {"status": verdict.status.value, "reasons": list(verdict.reasons)},
+        "model": _model(verdict.model),
+        "model_table": model_table,
+        "environment": _environment(environment),
+        "samples": _samples(samples),
+        "checks": [
+            {"check": f.check, "status": f.status.value, "detail": f.detail, "gpu": f.gpu} for f in verdict.findings
+        ],
+        "metrics": [
+            {
+                "metric": m.metric,
+                "label": m.label,
+                "value": m.value,
+                "unit": m.unit,
+                "reference": m.reference,
+                "reference_kind": m.reference_kind,
+                "percent_of_reference": m.percent_of_reference,
+                "baseline": m.baseline,
+                "percent_of_baseline": m.percent_of_baseline,
+                "verified": m.verified,
+                "status": m.status.value,
+                "reason": m.reason,
+            }
+            for m in verdict.metrics
+        ],
+        "timings": dataclasses.asdict(timings),
+        "build": dataclasses.asdict(build),
+        "suite": suite_document,
+    }
+
+
+def dumps(document: dict[str, Any]) -> str:
+    return json.dumps(document, indent=1, sort_keys=False) + "\n"
+
+
+def load_baseline(path: Path) -> SuiteRun:
+    """A baseline is an earlier smoke-test document, or the suite's own output."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise InputError(f"cannot read the baseline {path}: {error.strerror}") from error
+    except json.JSONDecodeError as error:
+        raise InputError(f"the baseline {path} is not JSON: {error}") from error
+    if isinstance(document, dict) and document.get("schema") == SCHEMA:
+        document = document.get("suite")
+    try:
+        return parse_suite_document(document)
+    except GpuhostError as error:  # name the file in the message
+        raise InputError(f"the baseline {path} is neither a smoke-test JSON nor a suite output: {error}") from error

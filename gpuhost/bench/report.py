@@ -1,0 +1,105 @@
+"""The human report of a smoke test, as plain text (the guest may not have rich)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuhost.bench.jsonout import Timings
+from gpuhost.bench.results import SuiteRun
+from gpuhost.bench.verdict import MetricVerdict, Verdict
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(cells)]
+        return "  ".join(parts).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)]
+
+
+def _value(metric: MetricVerdict) -> str:
+    if metric.value is None:
+        return "-"
+    value = metric.value
+    text = f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}" if abs(value) < 1000 else f"{value:.0f}"
+    return f"{text} {metric.unit}"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def render(
+    verdict: Verdict,
+    run: SuiteRun,
+    *,
+    timings: Timings | None = None,
+    model_table: str = "",
+    with_baseline: bool = False,
+    verbose: bool = False,
+) -> str:
+    lines: list[str] = []
+    device = run.device
+    mode = "quick" if run.quick else "full"
+    lines.append(
+        f"gpuhost smoke-test ({mode}): GPU {device.index} {device.name}, {device.sm_count} SMs, "
+        f"compute capability {device.compute_capability}, bus {device.pci_bus_id}"
+    )
+    if verdict.model is not None:
+        lines.append(
+            f"model: {verdict.model.name} (datasheet figures from {model_table or 'the model table'}; "
+            f"sources: {'; '.join(verdict.model.sources)})"
+        )
+    else:
+        lines.append("model: not in the GPU model table: results are measured and reported without percentages")
+    lines.append("")
+    lines.append("Environment (NVML)")
+    lines.extend(
+        _table(
+            ["status", "check", "detail"],
+            [
+                [f.status.value, f.check + (f" [GPU {f.gpu}]" if f.gpu is not None else ""), f.detail]
+                for f in verdict.findings
+            ],
+            set(),
+        )
+    )
+    lines.append("")
+    lines.append("Results (median of timed repetitions; each result checked against a reference first)")
+    headers = ["status", "measurement", "value", "% datasheet", "datasheet"]
+    if with_baseline:
+        headers += ["% baseline", "baseline"]
+    rows = []
+    for m in verdict.metrics:
+        reference = "-" if m.reference is None else f"{m.reference:g} {m.unit}"
+        row = [
+            m.status.value + ("" if m.verified else "!"),
+            m.label,
+            _value(m),
+            _percent(m.percent_of_reference),
+            reference,
+        ]
+        if with_baseline:
+            row += [_percent(m.percent_of_baseline), "-" if m.baseline is None else f"{m.baseline:.4g} {m.unit}"]
+        rows.append(row)
+    lines.extend(_table(headers, rows, {2, 3, 4, 5, 6}))
+    if any(not m.verified for m in verdict.metrics):
+        lines.append("  ! = the result did not match its reference")
+    if verbose:
+        lines.append("")
+        lines.append("Why each threshold")
+        lines.extend(f"  {m.metric}: {m.reason}" for m in verdict.metrics)
+    lines.append("")
+    if timings is not None:
+        build = "cached build" if timings.build_cached else f"build {timings.build_s:.1f} s"
+        lines.append(f"time: {build}, suite {timings.suite_s:.1f} s, total {timings.total_s:.1f} s")
+    if verdict.reasons:
+        lines.append("Findings:")
+        lines.extend(f"  - {reason}" for reason in verdict.reasons)
+    lines.append(f"VERDICT: {verdict.status.value}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,142 @@
+"""One smoke test: NVML checks, build (cached), run the suite while sampling NVML, judge."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuhost.bench.build import BuiltSuite, build_suite, detect_toolchain, find_kernel_sources
+from gpuhost.bench.environment import (
+    Environment,
+    GpuUnavailable,
+    NvmlSampler,
+    RunSamples,
+    load_pynvml,
+    open_nvml,
+    read_environment,
+)
+from gpuhost.bench.jsonout import BuildInfo, Timings, load_baseline
+from gpuhost.bench.models import GpuModel, load_model_table
+from gpuhost.bench.results import SuiteRun, parse_suite_document
+from gpuhost.bench.verdict import Verdict, judge, judge_environment
+from gpuhost.errors import EXIT_FINDINGS, GpuhostError, InputError
+
+SUITE_TIMEOUT_S = 600
+
+
+class SuiteCrashed(GpuhostError):
+    """The suite binary died: on a GPU that should work, that is itself a finding (exit 1)."""
+
+    exit_code = EXIT_FINDINGS
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    quick: bool = False
+    device: int = 0
+    gpu_table: Path | None = None
+    baseline: Path | None = None
+    cache_dir: Path | None = None
+    rebuild: bool = False
+    benchmarks: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: Verdict
+    run: SuiteRun
+    suite_document: dict[str, Any]
+    environment: Environment
+    samples: tuple[RunSamples, ...]
+    model_table: str
+    timings: Timings
+    build: BuildInfo
+    with_baseline: bool
+
+
+def suite_command(binary: Path, options: SmokeOptions) -> list[str]:
+    command = [str(binary), "--device", str(options.device)]
+    if options.quick:
+        command.append("--quick")
+    if options.benchmarks:
+        command += ["--bench", ",".join(options.benchmarks)]
+    if options.seed is not None:
+        command += ["--seed", str(options.seed)]
+    return command
+
+
+def run_suite(binary: Path, options: SmokeOptions) -> dict[str, Any]:
+    environment = dict(os.environ)
+    # CUDA numbers GPUs fastest-first by default, NVML by PCI bus: make them agree so that
+    # the NVML checks and the measurements talk about the same GPU.
+    environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    try:
+        completed = subprocess.run(
+            suite_command(binary, options),
+            capture_output=True,
+            text=True,
+            timeout=SUITE_TIMEOUT_S,
+            env=environment,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as error:
+        raise SuiteCrashed(f"the kernel suite ran past {SUITE_TIMEOUT_S} s and was stopped") from error
+    if completed.returncode == 2:
+        raise GpuUnavailable(f"the kernel suite could not use the GPU: {completed.stderr.strip()[-600:]}")
+    if completed.returncode not in (0, 3):
+        raise SuiteCrashed(
+            f"the kernel suite exited with status {completed.returncode}: {completed.stderr.strip()[-800:]}"
+        )
+    try:
+        document = json.loads(completed.stdout)
+    except json.JSONDecodeError as error:
+        raise SuiteCrashed(f"the kernel suite printed no JSON ({error}): {completed.stderr.strip()[-400:]}") from error
+    if not isinstance(document, dict):
+        raise SuiteCrashed("the kernel suite printed JSON that is not an object")
+    return document
+
+
+def smoke_test(options: SmokeOptions) -> Outcome:
+    started = time.monotonic()
+    # Inputs first: a bad table or baseline should not wait for a build.
+    table = load_model_table(options.gpu_table)
+    baseline = load_baseline(options.baseline) if options.baseline else None
+    nvml = load_pynvml()
+    count = open_nvml(nvml)
+    try:
+        environment = read_environment(nvml, count)
+        if not 0 <= options.device < count:
+            raise InputError(f"--device {options.device}: this guest has {count} GPU(s), numbered from 0")
+        gpu = environment.gpus[options.device]
+        sources = find_kernel_sources()
+        toolchain = detect_toolchain()
+        built: BuiltSuite = build_suite(
+            gpu.compute_capability,
+            cache_dir=options.cache_dir,
+            sources=sources,
+            toolchain=toolchain,
+            force=options.rebuild,
+        )
+        suite_started = time.monotonic()
+        with NvmlSampler(nvml, tuple(range(count))) as sampler:
+            # The sampler reads once as it starts, so even a very short run has a sample.
+            document = run_suite(built.binary, options)
+        samples = sampler.results()
+        suite_s = time.monotonic() - suite_started
+    finally:
+        nvml.nvmlShutdown()
+    run = parse_suite_document(document)
+    models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in environment.gpus}
+    findings = judge_environment(environment, samples, models)
+    verdict = judge(
+        run, model=models[options.device], findings=findings, baseline=baseline, complete=not options.benchmarks
+    )
+    timings = Timings(built.seconds, built.cached, suite_s, time.monotonic() - started)
+    build = BuildInfo(str(built.binary), built.arch, built.cache_key, toolchain.version, built.with_cublas)
+    return Outcome(verdict, run, document, environment, samples, table.origin, timings, build, baseline is not None)

@@ -1,0 +1,613 @@
+"""PASS / WARN / FAIL: each measurement against the model's datasheet figure (and a baseline
+run when given), and the NVML environment checks, with the thresholds and their reasons.
+
+Thresholds (fraction of the datasheet figure; PASS at or above `pass_at`, FAIL below
+`fail_below`, WARN between; a rule without `fail_below` never fails):
+
+| metric | compared with | PASS | FAIL below | why |
+| copy, triad | memory bandwidth | 80% | 70% | STREAM-like kernels reach 84-93% on HBM, ~94% on GDDR |
+| dot | memory bandwidth | 75% | 60% | a reduction streams like a copy, plus its barriers |
+| softmax_online | memory bandwidth | 70% | 55% | one read + one write, plus exponentials |
+| roofline (FMA plateau) | FP32 peak | 80% | 60% | pure FMA runs at the clock's FP32 rate; less = clocks held back |
+| sgemm (ours) | FP32 peak | 55% | 40% | a good tiled SGEMM reaches 60-75% |
+| cublas_bf16, cublas_fp16 | dense peak | 70% | 60% | cuBLAS reaches 75-87% of dense peak |
+| cublas_tf32 | dense TF32 peak | 65% | 50% | cuBLAS reaches ~80% |
+| cublas_fp32 | FP32 peak | 65% | 50% | cuBLAS SGEMM reaches ~77% (H100) |
+| h2d/d2h pinned | PCIe per-direction ceiling | 75% | 60% | good links give 80-87%; a cloud's floor is 48 of 63 GB/s |
+| bidir pinned | twice that | 55% | - | full duplex depends on the host's memory system |
+| launch_queued | absolute | <= 10 us | > 50 us | a launch costs 2-5 us; passthrough adds no exits to it |
+| launch_roundtrip | absolute | <= 25 us | > 100 us | 5-11 us with the wait; more: trapped doorbells, busy vCPU |
+| p2p copies | NVLink (or PCIe), one direction | 70% | 30% | a direct path runs near link speed; via host far below |
+
+Against a baseline (an earlier run, e.g. bare metal): PASS at >= 95% of the baseline's figure,
+FAIL below 90%, because well-configured KVM passthrough reaches 98-100% of bare metal.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpuhost.bench.environment import VIRTUALIZATION_MODES, Environment, GpuEnvironment, RunSamples
+from gpuhost.bench.models import GpuModel
+from gpuhost.bench.results import Measurement, SuiteRun
+
+
+class Status(enum.Enum):
+    PASS = "PASS"  # noqa: S105 (a verdict, not a password)
+    INFO = "INFO"  # reported, not judged
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+    @property
+    def rank(self) -> int:
+        return {"PASS": 0, "INFO": 0, "WARN": 1, "FAIL": 2}[self.value]
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    result = Status.PASS
+    for status in statuses:
+        if status.rank > result.rank:
+            result = status
+    return result
+
+
+@dataclass(frozen=True)
+class Rule:
+    metric: str
+    label: str
+    reference: str | None  # datasheet kind (GpuModel.peak) or None for absolute limits
+    pass_at: float | None  # fraction of the reference, or an absolute limit; None: not judged
+    fail_below: float | None  # for lower-is-better rules: the limit above which it fails
+    why: str
+    lower_is_better: bool = False
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "copy",
+        "copy, bytes read + written",
+        "memory_bandwidth",
+        0.80,
+        0.70,
+        "STREAM-like copy reaches 84-93% of datasheet bandwidth on HBM parts; below 70% the memory "
+        "clock or the GPU is held back",
+    ),
+    Rule("triad", "triad a*b+c (fused)", "memory_bandwidth", 0.80, 0.70, "same as copy: three streams in, one out"),
+    Rule(
+        "fused_vs_unfused",
+        "fused vs unfused A*B+C speed-up",
+        None,
+        1.30,
+        None,
+        "fusion moves 4 instead of 6 arrays (1.5x less); near 1.0x the kernels are not memory-bound as they should be",
+    ),
+    Rule(
+        "dot",
+        "dot product (shared-memory reduction)",
+        "memory_bandwidth",
+        0.75,
+        0.60,
+        "a reduction streams its inputs like a copy, plus one block reduction",
+    ),
+    Rule(
+        "roofline",
+        "FMA roofline plateau (FP32, no tensor cores)",
+        "fp32",
+        0.80,
+        0.60,
+        "a pure FMA stream runs at the SM clock's FP32 rate; a shortfall means clocks held back",
+    ),
+    Rule(
+        "sgemm", "our tiled SGEMM", "fp32", 0.55, 0.40, "a cp.async-pipelined 128x128 SGEMM reaches 60-75% of FP32 peak"
+    ),
+    Rule(
+        "cublas_bf16",
+        "cuBLASLt BF16 GEMM",
+        "bf16",
+        0.70,
+        0.60,
+        "cuBLAS reaches 75-87% of dense BF16 peak on random data",
+    ),
+    Rule("cublas_fp16", "cuBLASLt FP16 GEMM", "fp16", 0.70, 0.60, "as BF16"),
+    Rule("cublas_tf32", "cuBLASLt TF32 GEMM", "tf32", 0.65, 0.50, "cuBLAS reaches ~80% of dense TF32 peak"),
+    Rule(
+        "cublas_fp32",
+        "cuBLASLt FP32 GEMM (no TF32)",
+        "fp32",
+        0.65,
+        0.50,
+        "cuBLAS SGEMM reaches ~77% of FP32 peak on an H100",
+    ),
+    Rule(
+        "softmax_online",
+        "online softmax (1 read + 1 write)",
+        "memory_bandwidth",
+        0.70,
+        0.55,
+        "one read and one write per element plus the exponentials",
+    ),
+    Rule(
+        "softmax_three_pass",
+        "three-pass softmax (counted as 1 read + 1 write)",
+        "memory_bandwidth",
+        0.60,
+        None,
+        "its re-reads mostly hit the caches; reported beside the online version",
+    ),
+    Rule(
+        "softmax_online_speedup",
+        "online vs three-pass softmax speed-up",
+        None,
+        None,
+        None,
+        "one memory read instead of three; the caches catch most re-reads of a 16 KB row",
+    ),
+    Rule(
+        "h2d_pinned",
+        "host to device, pinned",
+        "pcie",
+        0.75,
+        0.60,
+        "pinned copies reach 80-87% of the link's per-direction ceiling",
+    ),
+    Rule("d2h_pinned", "device to host, pinned", "pcie", 0.75, 0.60, "as host to device"),
+    Rule(
+        "bidir_pinned",
+        "both directions at once, pinned",
+        "pcie_both",
+        0.55,
+        None,
+        "full duplex is bounded by the host's memory system and root complex as much as by the link",
+    ),
+    Rule(
+        "h2d_pageable",
+        "host to device, pageable",
+        None,
+        None,
+        None,
+        "staged through the driver's buffers; varies with the host (6-16 GB/s on the reference guest)",
+    ),
+    Rule("d2h_pageable", "device to host, pageable", None, None, None, "as host to device, pageable"),
+    Rule(
+        "launch_queued",
+        "kernel launch, back to back",
+        None,
+        10.0,
+        50.0,
+        "a launch costs 2-5 us; passthrough adds no VM exits to the launch path",
+        lower_is_better=True,
+    ),
+    Rule(
+        "launch_roundtrip",
+        "kernel launch + synchronize",
+        None,
+        25.0,
+        100.0,
+        "5-11 us with the wait; more means trapped doorbells/interrupts or a starved vCPU",
+        lower_is_better=True,
+    ),
+)
+P2P_RULE = Rule(
+    "p2p",
+    "peer-to-peer copy",
+    "nvlink",
+    0.70,
+    0.30,
+    "a direct peer path runs near link speed; staged through host memory it runs far below",
+)
+BASELINE_PASS = 0.95
+BASELINE_FAIL = 0.90
+BASELINE_WHY = "well-configured passthrough reaches 98-100% of bare metal; 5% allows run-to-run noise"
+
+QUICK_METRICS = (
+    "copy",
+    "triad",
+    "fused_vs_unfused",
+    "cublas_bf16",
+    "h2d_pinned",
+    "d2h_pinned",
+    "bidir_pinned",
+    "launch_queued",
+    "launch_roundtrip",
+    "p2p_access",
+)
+FULL_METRICS = (*(rule.metric for rule in RULES), "p2p_access")
+NO_CUBLAS = "built without cuBLAS"
+
+
+def rule_for(metric: str) -> Rule | None:
+    for rule in RULES:
+        if rule.metric == metric:
+            return rule
+    if re.fullmatch(r"p2p_\d+_to_\d+", metric):
+        return P2P_RULE
+    return None
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    metric: str
+    label: str
+    value: float | None
+    unit: str
+    reference: float | None  # the datasheet figure compared with
+    reference_kind: str | None
+    percent_of_reference: float | None
+    baseline: float | None
+    percent_of_baseline: float | None  # >100 is better than the baseline, for every metric
+    verified: bool
+    status: Status
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    status: Status
+    detail: str
+    gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    model: GpuModel | None
+    metrics: tuple[MetricVerdict, ...]
+    findings: tuple[Finding, ...]
+    reasons: tuple[str, ...]  # one line per WARN/FAIL, naming the measurement or check
+
+
+def _fmt(value: float, unit: str) -> str:
+    return f"{value:.3g} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
+
+
+def _threshold_status(fraction: float, rule: Rule) -> Status:
+    assert rule.pass_at is not None
+    if fraction >= rule.pass_at:
+        return Status.PASS
+    if rule.fail_below is not None and fraction < rule.fail_below:
+        return Status.FAIL
+    return Status.WARN
+
+
+def _absolute_status(value: float, rule: Rule) -> Status:
+    assert rule.pass_at is not None
+    if rule.lower_is_better:
+        if value <= rule.pass_at:
+            return Status.PASS
+        return Status.FAIL if rule.fail_below is not None and value > rule.fail_below else Status.WARN
+    return _threshold_status(value, rule)
+
+
+def _p2p_reference(measurement: Measurement, model: GpuModel | None) -> tuple[str | None, float | None]:
+    if model is None:
+        return None, None
+    if not measurement.params.get("peer_access", False):
+        return None, None  # staged through the host: the p2p_access check carries the finding
+    if model.nvlink_gbps is not None:
+        return "nvlink", model.nvlink_gbps
+    return "pcie", model.pcie_ceiling_gbps
+
+
+def judge_measurement(
+    measurement: Measurement, model: GpuModel | None, baseline: Measurement | None, gpu_count: int
+) -> MetricVerdict:
+    rule = rule_for(measurement.name)
+    label = rule.label if rule else measurement.name
+    value = measurement.value
+    statuses: list[Status] = []
+    reasons: list[str] = []
+    reference_kind: str | None = None
+    reference: float | None = None
+    percent: float | None = None
+
+    if not measurement.verified:
+        statuses.append(Status.FAIL)
+        reasons.append(f"wrong result, not timed as a pass: {measurement.check}")
+    if value is None:
+        statuses.append(Status.FAIL)
+        reasons.append("not measured")
+
+    if measurement.name == "p2p_access":
+        pairs = int(measurement.params.get("ordered_pairs", 0))
+        if gpu_count < 2:
+            statuses.append(Status.INFO)
+            reasons.append("one GPU in this guest: no peer path to test")
+        elif value is not None and value >= pairs:
+            statuses.append(Status.PASS)
+            reasons.append(f"peer access between all {pairs} ordered pairs")
+        else:
+            expected = model is None or model.p2p_expected
+            statuses.append(Status.FAIL if expected else Status.INFO)
+            reasons.append(
+                f"peer access on {value:.0f} of {pairs} ordered GPU pairs: multi-GPU copies go through host memory"
+                + (" (ACS/ATS or the VM's PCIe topology block P2P)" if expected else " (this model has no P2P)")
+            )
+    elif rule is None:
+        statuses.append(Status.INFO)
+        reasons.append("no rule for this measurement")
+    elif value is not None:
+        if rule is P2P_RULE:
+            reference_kind, reference = _p2p_reference(measurement, model)
+        elif rule.reference is not None and model is not None:
+            reference_kind, reference = rule.reference, model.peak(rule.reference)
+        if rule.reference is not None:
+            if reference is not None and reference > 0:
+                percent = 100.0 * value / reference
+                if rule.pass_at is not None:
+                    status = _threshold_status(value / reference, rule)
+                    statuses.append(status)
+                    needed = f"PASS needs >= {rule.pass_at:.0%}"
+                    reasons.append(f"{percent:.0f}% of {_fmt(reference, measurement.unit)} ({needed}): {rule.why}")
+                else:
+                    statuses.append(Status.INFO)
+                    reasons.append(rule.why)
+            else:
+                statuses.append(Status.INFO)
+                reasons.append(
+                    "no datasheet figure to compare with"
+                    + ("" if model is not None else " (unknown GPU model)")
+                    + ("" if rule is not P2P_RULE or measurement.params.get("peer_access") else "; staged through host")
+                )
+        elif rule.pass_at is not None:
+            status = _absolute_status(value, rule)
+            statuses.append(status)
+            bound = "<=" if rule.lower_is_better else ">="
+            reasons.append(f"PASS needs {bound} {rule.pass_at:g} {measurement.unit}: {rule.why}")
+        else:
+            statuses.append(Status.INFO)
+            reasons.append(rule.why)
+
+    baseline_value: float | None = None
+    baseline_percent: float | None = None
+    if baseline is not None and baseline.value is not None and value is not None and baseline.value > 0 and value > 0:
+        baseline_value = baseline.value
+        lower_better = rule is not None and rule.lower_is_better
+        fraction = baseline.value / value if lower_better else value / baseline.value
+        baseline_percent = 100.0 * fraction
+        judged = rule is not None and rule.pass_at is not None
+        if judged:
+            status = (
+                Status.PASS if fraction >= BASELINE_PASS else Status.WARN if fraction >= BASELINE_FAIL else Status.FAIL
+            )
+            statuses.append(status)
+            if status is not Status.PASS:
+                reasons.append(
+                    f"{baseline_percent:.0f}% of the baseline (PASS needs >= {BASELINE_PASS:.0%}): {BASELINE_WHY}"
+                )
+
+    final = worst(statuses) if statuses else Status.INFO
+    if statuses and all(s is Status.INFO for s in statuses):
+        final = Status.INFO
+    return MetricVerdict(
+        metric=measurement.name,
+        label=label,
+        value=value,
+        unit=measurement.unit,
+        reference=reference,
+        reference_kind=reference_kind,
+        percent_of_reference=percent,
+        baseline=baseline_value,
+        percent_of_baseline=baseline_percent,
+        verified=measurement.verified,
+        status=final,
+        reason="; ".join(reasons),
+    )
+
+
+# ---------------------------------------------------------------- environment
+HARDWARE_SLOWDOWN = 0x8 | 0x40 | 0x80  # hw slowdown, hw thermal, hw power brake
+SOFTWARE_THERMAL = 0x20
+
+
+def _link_text(gen: int | None, width: int | None) -> str:
+    return f"Gen{gen if gen is not None else '?'} x{width if width is not None else '?'}"
+
+
+def judge_gpu(gpu: GpuEnvironment, samples: RunSamples | None, model: GpuModel | None) -> list[Finding]:
+    findings: list[Finding] = []
+
+    def add(check: str, status: Status, detail: str) -> None:
+        findings.append(Finding(check, status, detail, gpu.index))
+
+    pci_id = f"10de:{gpu.pci_device_id:04x}"
+    if model is None:
+        add(
+            "model",
+            Status.WARN,
+            f"{gpu.name} ({pci_id}) is not in the GPU model table: measured and reported without percentages",
+        )
+    else:
+        add("model", Status.PASS, f"{gpu.name} ({pci_id}) = {model.name} in the model table")
+
+    # PCIe link: judged on the widest/fastest state seen while the suite ran, because GPUs
+    # drop to Gen1 when idle.
+    link = gpu.link
+    gen = samples.max_link_gen if samples is not None and samples.max_link_gen is not None else link.current_gen
+    width = samples.max_link_width if samples is not None and samples.max_link_width is not None else link.current_width
+    under = "under load" if samples is not None and samples.count > 0 else "at rest"
+    if gen is None or width is None or link.max_gen is None or link.max_width is None:
+        add("pcie link", Status.WARN, "NVML could not read the PCIe link")
+    elif gen < link.max_gen or width < link.max_width:
+        add(
+            "pcie link",
+            Status.FAIL,
+            f"trained at {_link_text(gen, width)} {under}, below the {_link_text(link.max_gen, link.max_width)} "
+            "that GPU and slot support: down-trained link (reseat the GPU or riser, check the slot's BIOS "
+            "link-speed setting and the host's `lspci -vv` LnkSta)",
+        )
+    else:
+        detail = f"{_link_text(gen, width)} {under} (max {_link_text(link.max_gen, link.max_width)})"
+        if link.gpu_max_gen is not None and link.max_gen < link.gpu_max_gen:
+            add(
+                "pcie link",
+                Status.WARN,
+                f"{detail}, but the GPU supports Gen{link.gpu_max_gen}: the slot or the VM's emulated root port "
+                "caps the link",
+            )
+        elif model is not None and (link.max_gen < model.pcie_gen or link.max_width < model.pcie_width):
+            add("pcie link", Status.WARN, f"{detail}, below the model's {_link_text(model.pcie_gen, model.pcie_width)}")
+        else:
+            add("pcie link", Status.PASS, detail)
+
+    mode = gpu.virtualization_mode
+    mode_name = VIRTUALIZATION_MODES.get(mode, f"mode {mode}") if mode is not None else "unknown"
+    if mode == 1:
+        add("virtualization", Status.PASS, "passthrough (NVML virtualization mode 1)")
+    elif mode == 0:
+        add("virtualization", Status.INFO, "none: not a passthrough guest (bare metal, fine for a baseline run)")
+    else:
+        add("virtualization", Status.WARN, f"{mode_name}: expected passthrough")
+
+    if gpu.ecc_current is None:
+        add("ecc", Status.INFO, "ECC not supported or not readable on this GPU")
+    elif gpu.ecc_current:
+        pending = "" if gpu.ecc_pending in (None, True) else " (disabled at next reset)"
+        add("ecc", Status.PASS, "enabled" + pending)
+    else:
+        datacenter = model is None or model.datacenter
+        add(
+            "ecc",
+            Status.WARN if datacenter else Status.INFO,
+            "disabled: memory errors go undetected (datacenter GPUs ship with ECC on)",
+        )
+
+    if gpu.remapped_rows_failure:
+        add("memory health", Status.FAIL, "row remapping failed: the GPU needs service (RMA)")
+    elif gpu.remapped_rows_pending:
+        add("memory health", Status.WARN, "row remapping pending: reset the GPU (from the host) to apply it")
+    elif gpu.remapped_rows_uncorrectable:
+        add("memory health", Status.WARN, f"{gpu.remapped_rows_uncorrectable} rows remapped for uncorrectable errors")
+    elif gpu.retired_pages_pending:
+        add("memory health", Status.WARN, "page retirement pending: reset the GPU to apply it")
+    elif gpu.retired_pages_double_bit:
+        add("memory health", Status.WARN, f"{gpu.retired_pages_double_bit} pages retired for double-bit errors")
+    elif gpu.remapped_rows_correctable is None and gpu.retired_pages_pending is None:
+        add("memory health", Status.INFO, "neither remapped rows nor retired pages readable")
+    else:
+        rows = gpu.remapped_rows_correctable or 0
+        add("memory health", Status.PASS, f"no pending remaps or retirements ({rows} rows remapped, correctable)")
+
+    if samples is None or samples.count == 0:
+        add("clocks", Status.INFO, "not sampled during the run")
+    else:
+        clock = (
+            f"SM clock {samples.min_sm_clock_mhz}-{samples.max_sm_clock_mhz} MHz "
+            f"(max {gpu.max_sm_clock_mhz}), {samples.count} samples"
+        )
+        names = ", ".join(samples.throttle_names) or "none"
+        if samples.throttle_reasons & HARDWARE_SLOWDOWN:
+            add(
+                "clocks",
+                Status.FAIL,
+                f"{clock}; hardware slowdown during the run ({names}): cooling or power delivery is failing, "
+                "the figures are not the GPU's",
+            )
+        elif samples.throttle_reasons & SOFTWARE_THERMAL:
+            add("clocks", Status.WARN, f"{clock}; thermal slowdown during the run ({names})")
+        else:
+            add("clocks", Status.PASS, f"{clock}; clock limits seen: {names} (power cap under GEMM is normal)")
+
+    if gpu.bar1_bytes is None:
+        add("bar1", Status.INFO, "BAR1 size not readable")
+    elif gpu.memory_bytes is not None and gpu.bar1_bytes < gpu.memory_bytes:
+        add(
+            "bar1",
+            Status.WARN,
+            f"BAR1 {gpu.bar1_bytes / 2**30:.3g} GiB is smaller than the {gpu.memory_bytes / 2**30:.0f} GiB of GPU "
+            "memory: the VM's 64-bit MMIO window (or resizable BAR) is small; GPUDirect and large mappings suffer",
+        )
+    else:
+        add("bar1", Status.PASS, f"{gpu.bar1_bytes / 2**30:.0f} GiB")
+
+    if gpu.persistence_mode is None:
+        add("persistence", Status.INFO, "persistence mode not readable")
+    elif gpu.persistence_mode:
+        add("persistence", Status.PASS, "enabled")
+    else:
+        add(
+            "persistence",
+            Status.INFO,
+            "disabled: the driver re-initialises the GPU for each first CUDA process (slower start); "
+            "run nvidia-persistenced in the guest",
+        )
+    return findings
+
+
+def judge_environment(
+    environment: Environment,
+    samples: tuple[RunSamples, ...],
+    models: dict[int, GpuModel | None],
+) -> list[Finding]:
+    cuda = environment.cuda_driver_version
+    cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "unknown"
+    names = ", ".join(f"{g.index}: {g.name} (10de:{g.pci_device_id:04x}) at {g.pci_bus_id}" for g in environment.gpus)
+    findings = [
+        Finding("gpus", Status.INFO, f"{len(environment.gpus)} visible: {names}"),
+        Finding("driver", Status.INFO, f"driver {environment.driver_version}, CUDA {cuda_text}"),
+    ]
+    by_index = {s.index: s for s in samples}
+    for gpu in environment.gpus:
+        findings.extend(judge_gpu(gpu, by_index.get(gpu.index), models.get(gpu.index)))
+    return findings
+
+
+def judge(
+    run: SuiteRun,
+    *,
+    model: GpuModel | None,
+    findings: Iterable[Finding] = (),
+    baseline: SuiteRun | None = None,
+    complete: bool = True,
+) -> Verdict:
+    """The verdict on one suite run. `findings` are the environment's (judge_environment);
+    `complete` is False when only some benchmarks were selected (no "not measured" warnings)."""
+    all_findings = list(findings)
+    if baseline is not None and baseline.device.name != run.device.name:
+        all_findings.append(
+            Finding(
+                "baseline",
+                Status.WARN,
+                f"the baseline ran on {baseline.device.name}, this run on {run.device.name}: not compared",
+            )
+        )
+        baseline = None
+    for error in run.errors:
+        if error.message.startswith(NO_CUBLAS) or NO_CUBLAS in error.message:
+            all_findings.append(
+                Finding(
+                    f"benchmark {error.benchmark}",
+                    Status.WARN,
+                    "cuBLAS was not found when the suite was built: GEMM throughput unproven (install the CUDA "
+                    "toolkit's libcublas, or `pip install nvidia-cublas`)",
+                )
+            )
+        else:
+            all_findings.append(
+                Finding(f"benchmark {error.benchmark}", Status.FAIL, f"did not complete: {error.message}")
+            )
+    metrics = tuple(
+        judge_measurement(m, model, baseline.get(m.name) if baseline else None, run.device.count)
+        for m in run.measurements
+    )
+    measured = {m.metric for m in metrics}
+    failed_benchmarks = {e.benchmark for e in run.errors}
+    expected = QUICK_METRICS if run.quick else FULL_METRICS
+    for name in expected:
+        if complete and name not in measured and not failed_benchmarks:
+            all_findings.append(Finding(f"metric {name}", Status.WARN, "expected but not measured"))
+
+    reasons = [
+        f"{f.status.value} {f.check}" + (f" (GPU {f.gpu})" if f.gpu is not None else "") + f": {f.detail}"
+        for f in all_findings
+        if f.status in (Status.WARN, Status.FAIL)
+    ]
+    for m in metrics:
+        if m.status in (Status.WARN, Status.FAIL):
+            value = "not measured" if m.value is None else _fmt(m.value, m.unit)
+            reasons.append(f"{m.status.value} {m.metric}: {value}; {m.reason}")
+    status = worst([*(f.status for f in all_findings), *(m.status for m in metrics)])
+    return Verdict(status, model, metrics, tuple(all_findings), tuple(reasons))

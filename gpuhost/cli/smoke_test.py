@@ -1,0 +1,111 @@
+"""`gpuhost smoke-test`: inside a guest, prove the passed-through GPU performs as its model should.
+
+Exit status: 0 PASS (or WARN), 1 FAIL, 2 cannot run (no GPU or driver, no nvcc, bad input).
+Runs with the standard library, nvidia-ml-py and the CUDA toolkit; matplotlib only for --plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
+
+BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
+
+
+def _benchmark_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
+    return names
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the essentials only (copy, triad, BF16 GEMM, pinned copies, launch, P2P): <= 15 s",
+    )
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the full results as JSON to FILE")
+    parser.add_argument("--plot", type=Path, metavar="FILE", help="draw the roofline with the measured points (PNG)")
+    parser.add_argument(
+        "--baseline", type=Path, metavar="FILE", help="compare with an earlier --json output (e.g. from bare metal)"
+    )
+    parser.add_argument(
+        "--gpu-table",
+        type=Path,
+        metavar="FILE",
+        help="use this GPU model table instead of the packaged one (same JSON format)",
+    )
+    parser.add_argument("--device", type=int, default=0, help="index of the GPU to measure (NVML/PCI order)")
+    parser.add_argument(
+        "--only",
+        type=_benchmark_list,
+        default=(),
+        metavar="NAME[,NAME...]",
+        help=f"run only these benchmarks: {', '.join(BENCHMARKS)}",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the compiled suite is kept (default ~/.cache/gpuhost/kernels)",
+    )
+    parser.add_argument("--rebuild", action="store_true", help="compile the kernels even if a cached build matches")
+    parser.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh each run)")
+    parser.add_argument("--verbose", action="store_true", help="also print each threshold's reason")
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here so that `gpuhost --help` stays fast and import errors surface as errors.
+    from gpuhost.bench import jsonout, report
+    from gpuhost.bench.runner import SmokeOptions, smoke_test
+    from gpuhost.bench.verdict import Status
+
+    options = SmokeOptions(
+        quick=args.quick,
+        device=args.device,
+        gpu_table=args.gpu_table,
+        baseline=args.baseline,
+        cache_dir=args.cache_dir,
+        rebuild=args.rebuild,
+        benchmarks=args.only,
+        seed=args.seed,
+    )
+    outcome = smoke_test(options)
+    print(
+        report.render(
+            outcome.verdict,
+            outcome.run,
+            timings=outcome.timings,
+            model_table=outcome.model_table,
+            with_baseline=outcome.with_baseline,
+            verbose=args.verbose,
+        ),
+        end="",
+    )
+    if args.json is not None:
+        document = jsonout.build_document(
+            verdict=outcome.verdict,
+            suite_document=outcome.suite_document,
+            environment=outcome.environment,
+            samples=outcome.samples,
+            model_table=outcome.model_table,
+            timings=outcome.timings,
+            build=outcome.build,
+        )
+        try:
+            args.json.write_text(jsonout.dumps(document), encoding="utf-8")
+        except OSError as error:
+            raise InputError(f"--json: cannot write {args.json}: {error.strerror}") from error
+        print(f"JSON written to {args.json}")
+    if args.plot is not None:
+        from gpuhost.bench.plot import draw_roofline
+
+        draw_roofline(outcome.run, outcome.verdict.model, args.plot)
+        print(f"roofline written to {args.plot}")
+    sys.stdout.flush()
+    return EXIT_FINDINGS if outcome.verdict.status is Status.FAIL else EXIT_OK

@@ -1,0 +1,198 @@
+// gpuhost-kernels: runs the selected benchmarks and prints one JSON document on stdout.
+//
+//   gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--list]
+//
+// Progress and diagnostics go to stderr. Exit status: 0 when every selected benchmark ran
+// (its results carry their own verification flags), 3 when one or more raised an error
+// (listed under "errors"), 2 on bad arguments or when no GPU can be used.
+#include <chrono>
+#include <cstring>
+#include <iostream>
+
+#include "common.cuh"
+
+#ifndef GPUHOST_NO_CUBLAS
+#include <cublasLt.h>
+#endif
+
+namespace {
+
+struct Bench {
+    const char* name;
+    void (*run)(const gh::Options&, const gh::Emit&);
+    bool in_quick;
+    const char* what;
+};
+
+const Bench kBenches[] = {
+    {"memory", gh::bench_memory, true, "copy and triad bandwidth, fused vs unfused A*B+C"},
+    {"roofline", gh::bench_roofline, false, "FLOP/byte sweep of an FMA kernel"},
+    {"reduction", gh::bench_reduction, false, "shared-memory dot-product reduction"},
+    {"sgemm", gh::bench_sgemm, false, "our tiled SGEMM"},
+    {"cublas", gh::bench_cublas, true, "cuBLASLt GEMM in BF16, FP16, TF32, FP32 (BF16 only with --quick)"},
+    {"softmax", gh::bench_softmax, false, "three-pass vs online softmax"},
+    {"transfer", gh::bench_transfer, true, "host<->device copies, pinned and pageable"},
+    {"launch", gh::bench_launch, true, "kernel launch latency"},
+    {"p2p", gh::bench_p2p, true, "peer access and P2P bandwidth between GPUs"},
+};
+
+std::string result_json(const gh::Result& r) {
+    std::vector<std::string> samples;
+    for (const double s : r.timing.samples_ms) samples.push_back(gh::json_number(s));
+    const bool timed = !r.timing.samples_ms.empty();
+    return gh::Json()
+        .str("name", r.name)
+        .str("unit", r.unit)
+        .num("value", r.value)
+        .num("median_ms", timed ? r.timing.median_ms() : NAN)
+        .num("min_ms", timed ? r.timing.min_ms() : NAN)
+        .num("max_ms", timed ? r.timing.max_ms() : NAN)
+        .integer("reps", static_cast<long long>(r.timing.samples_ms.size()))
+        .raw("samples_ms", gh::json_array(samples))
+        .boolean("verified", r.verified)
+        .num("error", r.error)
+        .str("check", r.check_detail)
+        .raw("params", r.params.text())
+        .raw("extra", r.extra.text())
+        .text();
+}
+
+int usage(const char* message) {
+    std::cerr << "gpuhost-kernels: " << message
+              << "\nusage: gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--list]\n";
+    return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    gh::Options options;
+    options.seed = static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count() & 0x7fffffff);
+    std::vector<std::string> selected;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--quick") {
+            options.quick = true;
+        } else if (arg == "--list") {
+            std::vector<std::string> items;
+            for (const auto& b : kBenches) {
+                items.push_back(gh::Json().str("name", b.name).boolean("quick", b.in_quick).str("what", b.what).text());
+            }
+            std::cout << gh::json_array(items) << std::endl;
+            return 0;
+        } else if ((arg == "--bench" || arg == "--seed" || arg == "--device") && i + 1 < argc) {
+            const std::string value = argv[++i];
+            if (arg == "--seed") {
+                options.seed = static_cast<uint32_t>(std::stoul(value));
+            } else if (arg == "--device") {
+                options.device = std::stoi(value);
+            } else {
+                size_t start = 0;
+                while (start <= value.size()) {
+                    const size_t comma = value.find(',', start);
+                    const std::string name = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+                    bool known = false;
+                    for (const auto& b : kBenches) known = known || name == b.name;
+                    if (!known) return usage(("unknown benchmark '" + name + "'").c_str());
+                    selected.push_back(name);
+                    if (comma == std::string::npos) break;
+                    start = comma + 1;
+                }
+            }
+        } else {
+            return usage(("unknown argument '" + arg + "'").c_str());
+        }
+    }
+    if (selected.empty()) {
+        for (const auto& b : kBenches) {
+            if (!options.quick || b.in_quick) selected.push_back(b.name);
+        }
+    }
+
+    const auto started = std::chrono::steady_clock::now();
+    cudaDeviceProp prop{};
+    int driver = 0, runtime = 0, device_count = 0;
+    const cudaError_t count_status = cudaGetDeviceCount(&device_count);
+    if (count_status != cudaSuccess || device_count == 0) {
+        std::cerr << "gpuhost-kernels: no usable CUDA device: "
+                  << (count_status != cudaSuccess ? cudaGetErrorString(count_status) : "0 devices") << "\n";
+        return 2;
+    }
+    try {
+        GH_CHECK(cudaSetDevice(options.device));
+        GH_CHECK(cudaGetDeviceProperties(&prop, options.device));
+        GH_CHECK(cudaDriverGetVersion(&driver));
+        GH_CHECK(cudaRuntimeGetVersion(&runtime));
+        GH_CHECK(cudaFree(nullptr));  // create the context before anything is timed
+    } catch (const gh::CudaFailure& error) {
+        std::cerr << "gpuhost-kernels: " << error.what() << "\n";
+        return 2;
+    }
+    options.sm_count = prop.multiProcessorCount;
+    options.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
+    options.total_mem = prop.totalGlobalMem;
+    int clock_khz = 0, memory_clock_khz = 0, bus_width = 0;
+    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, options.device);
+    cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, options.device);
+    cudaDeviceGetAttribute(&bus_width, cudaDevAttrGlobalMemoryBusWidth, options.device);
+    char bus_id[32] = {};
+    cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), options.device);
+
+    std::vector<std::string> results;
+    std::vector<std::string> errors;
+    std::vector<std::string> ran;
+    for (const auto& name : selected) {
+        for (const auto& b : kBenches) {
+            if (name != b.name) continue;
+            const auto t0 = std::chrono::steady_clock::now();
+            std::cerr << "gpuhost-kernels: running " << b.name << "\n";
+            try {
+                b.run(options, [&](gh::Result&& r) { results.push_back(result_json(r)); });
+                GH_CHECK(cudaDeviceSynchronize());
+            } catch (const std::exception& error) {
+                errors.push_back(gh::Json().str("benchmark", b.name).str("message", error.what()).text());
+                cudaGetLastError();  // clear a non-sticky error so later benchmarks can run
+            }
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            ran.push_back(gh::Json().str("name", b.name).num("seconds", seconds).text());
+        }
+    }
+    long long cublaslt_version = 0;
+#ifndef GPUHOST_NO_CUBLAS
+    cublaslt_version = static_cast<long long>(cublasLtGetVersion());
+#endif
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const std::string device = gh::Json()
+                                   .integer("index", options.device)
+                                   .integer("count", device_count)
+                                   .str("name", prop.name)
+                                   .str("compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor))
+                                   .integer("sm_count", prop.multiProcessorCount)
+                                   .integer("l2_bytes", prop.l2CacheSize)
+                                   .integer("memory_bytes", static_cast<long long>(prop.totalGlobalMem))
+                                   .integer("sm_clock_khz", clock_khz)
+                                   .integer("memory_clock_khz", memory_clock_khz)
+                                   .integer("memory_bus_bits", bus_width)
+                                   .str("pci_bus_id", bus_id)
+                                   .integer("pci_device_id", prop.pciDeviceID)
+                                   .text();
+    const std::string versions = gh::Json()
+                                     .integer("cuda_driver", driver)
+                                     .integer("cuda_runtime", runtime)
+                                     .integer("cublaslt", cublaslt_version)
+                                     .text();
+    std::cout << gh::Json()
+                     .str("suite", "gpuhost-kernels")
+                     .integer("format", 1)
+                     .boolean("quick", options.quick)
+                     .integer("seed", options.seed)
+                     .raw("device", device)
+                     .raw("versions", versions)
+                     .raw("benchmarks", gh::json_array(ran))
+                     .raw("results", gh::json_array(results))
+                     .raw("errors", gh::json_array(errors))
+                     .num("elapsed_s", elapsed)
+                     .text()
+              << std::endl;
+    return errors.empty() ? 0 : 3;
+}
