@@ -169,6 +169,17 @@ def _ssh_banner(port: int, timeout: float = 3.0) -> bool:
         return False
 
 
+PANIC_MARKERS = ("Kernel panic - not syncing", "end Kernel panic")
+
+
+def _panicked(record: VmRecord) -> str | None:
+    """The panic line of the serial log, if the guest kernel panicked (QEMU keeps running then)."""
+    for line in _tail(Path(record.serial_log), 200):
+        if any(marker in line for marker in PANIC_MARKERS):
+            return line.strip()
+    return None
+
+
 def wait_for_ssh(paths: LabPaths, records: Sequence[VmRecord], timeout: float = 300) -> float:
     """Wait until every host answers SSH with the lab key; returns the seconds waited."""
     started = time.monotonic()
@@ -179,6 +190,10 @@ def wait_for_ssh(paths: LabPaths, records: Sequence[VmRecord], timeout: float = 
                 tail = "\n".join(_tail(Path(record.serial_log)))
                 raise LabError(f"{name}: QEMU (PID {record.pid}) ended while booting; "
                                f"serial log {record.serial_log} ends with:\n{tail}")
+            panic = _panicked(record)
+            if panic is not None:
+                raise LabError(f"{name}: the guest kernel panicked while booting: {panic} "
+                               f"(serial log {record.serial_log}; `gpuhost lab down` stops the hosts)")
             if _ssh_banner(record.ssh_port) and run_on(paths, record, ["true"], timeout=30).returncode == 0:
                 del pending[name]
         if not pending:
@@ -358,6 +373,9 @@ def reboot(paths: LabPaths, name: str, *, timeout: float = 300) -> float:
         time.sleep(3)
         if not is_our_process(record):
             raise LabError(f"{name}: QEMU ended during the reboot; see {record.serial_log}")
+        panic = _panicked(record)
+        if panic is not None:
+            raise LabError(f"{name}: the guest kernel panicked during the reboot: {panic}")
         if not _ssh_banner(record.ssh_port):
             continue
         with contextlib.suppress(LabError):

@@ -8,6 +8,7 @@ with a manifest; it is reused as long as the recipe and the lab's keys are uncha
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -131,7 +132,30 @@ def ensure_image(
         cached = find_image(paths, variant)
         if cached is not None:
             return cached
-    return _Builder(paths, variant, mirror or default_mirror(), progress).build()
+    if os.geteuid() != 0:
+        raise LabError(
+            "building the lab image needs root (debootstrap, loop devices, mount, chroot). "
+            "Run it as: sudo gpuhost lab image (add --image-dir or GPUHOST_LAB_IMAGE_DIR to "
+            "build into your own cache directory)"
+        )
+    paths.images.mkdir(parents=True, exist_ok=True)
+    with (paths.images / f".build-{variant}.lock").open("w") as lock:
+        # One build per variant at a time; whoever waited reuses what the other one built.
+        progress_once = True
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if progress_once:
+                    progress(f"another process is building the {variant} image; waiting for it")
+                    progress_once = False
+                time.sleep(2)
+        if not force:
+            cached = find_image(paths, variant)
+            if cached is not None:
+                return cached
+        return _Builder(paths, variant, mirror or default_mirror(), progress).build()
 
 
 class _Builder:
@@ -198,7 +222,10 @@ class _Builder:
             (self.work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
             final = self.paths.image_dir(self.recipe.variant, self.hash)
             if final.exists():
-                shutil.rmtree(final)
+                # Move the old one aside first: the new image appears in one rename.
+                old = final.with_name(f".old-{final.name}-{os.getpid()}")
+                final.rename(old)
+                shutil.rmtree(old)
             self.work.rename(final)
         except BaseException:
             # Keep the log of a failed build next to where the image would have been.
