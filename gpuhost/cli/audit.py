@@ -95,17 +95,20 @@ def headline(result: HostAudit) -> str:
         return "could not be audited"
     facts, selection = result.facts, result.selection
     assert facts is not None and selection is not None
-    cards = selection.passthrough + selection.kept
+    # A guest uses every GPU it was given; a host is about the GPUs it passes through.
+    cards = selection.passthrough + selection.kept if result.role == "guest" else selection.passthrough
     parts = ["passthrough guest" if result.role == "guest" else "passthrough host"]
     if cards:
         gpu = cards[0].gpu
-        drivers = sorted({card.gpu.driver or "no driver" for card in cards})
+        drivers = sorted({f.driver or "no driver" for card in cards for f in functions_to_bind(facts, card)})
         parts.append(
             f"{len(cards)} GPU{'s' if len(cards) > 1 else ''} [{gpu.vendor_device}]"
             f" on {gpu.link.describe()}, driver {', '.join(drivers)}"
         )
     else:
-        parts.append("no GPU")
+        parts.append("no GPU to pass through")
+    if result.role != "guest" and selection.kept:
+        parts.append(f"{len(selection.kept)} kept by the host")
     parts.append(f"{len(facts.iommu.groups)} IOMMU groups" if facts.iommu.active else "no IOMMU")
     return ", ".join(parts)
 

@@ -65,8 +65,14 @@ class PcieLink:
     def max_generation(self) -> int | None:
         return _generation(self.max_speed_gts)
 
+    @property
+    def known(self) -> bool:
+        return any(v is not None for v in (self.current_speed_gts, self.current_width, self.max_speed_gts))
+
     def describe(self) -> str:
         """'Gen5 x16' style text of the current link, with the maximum when it differs."""
+        if not self.known:
+            return "no PCIe link"  # a conventional PCI function, or attributes not captured
         current = _describe_link(self.current_generation, self.current_speed_gts, self.current_width)
         maximum = _describe_link(self.max_generation, self.max_speed_gts, self.max_width)
         if current == maximum:
