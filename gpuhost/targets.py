@@ -87,21 +87,22 @@ def validate_port(value: object, where: str) -> int:
     return port
 
 
-def validate_key_file(value: object, where: str) -> Path:
+def _local_path(value: object, where: str, what: str) -> Path:
     text = str(value)
     if "\n" in text or "\0" in text:
-        raise InputError(f"{where}: the private key path {value!r} contains a newline or NUL character.")
-    path = Path(text).expanduser()
+        raise InputError(f"{where}: the {what} path {value!r} contains a newline or NUL character.")
+    return Path(text).expanduser()
+
+
+def validate_key_file(value: object, where: str) -> Path:
+    path = _local_path(value, where, "private key")
     if not path.is_file():
         raise InputError(f"{where}: private key file {path} does not exist. Fix ansible_ssh_private_key_file.")
     return path
 
 
 def validate_known_hosts(value: object, where: str) -> Path:
-    text = str(value)
-    if "\n" in text or "\0" in text:
-        raise InputError(f"{where}: known_hosts path {value!r} contains a newline or NUL character.")
-    return Path(text).expanduser()
+    return _local_path(value, where, "known_hosts")
 
 
 def _policy(variables: Mapping[str, Any], defaults: ConnectionDefaults, where: str) -> AuditPolicy:

@@ -49,6 +49,16 @@ class CheckContext:
     selection: GpuSelection
     role: str
 
+    def unreadable(self, code: str, subject: str, path: str, consequence: str) -> Finding:
+        """A warning that a file the check needs could not be read, and what is unknown because of it."""
+        return self.finding(
+            code,
+            Severity.WARNING,
+            subject,
+            f"{path} could not be read, so {consequence}",
+            f"Run the audit as root (or a user that can read {path}).",
+        )
+
     def finding(self, code: str, severity: Severity, subject: str, fact: str, remedy: str = "") -> Finding:
         return Finding(code=code, severity=severity, subject=subject, message=f"{self.host}: {fact}", remedy=remedy)
 

@@ -27,12 +27,11 @@ def check_nvidia_driver(ctx: CheckContext) -> Iterator[Finding]:
             "Remove the host NVIDIA driver and blacklist nouveau (gpuhost apply), then reboot.",
         )
     elif modules is None:
-        yield ctx.finding(
+        yield ctx.unreadable(
             "nvidia.loaded.unknown",
-            WARNING,
             "host NVIDIA driver",
-            "/proc/modules could not be read (no permission, or a kernel built without module support)",
-            "Run the audit as a user that can read /proc/modules.",
+            "/proc/modules",
+            "loaded drivers are unknown (or the kernel has no module support)",
         )
     nvidia = facts.nvidia
     if nvidia.packages:

@@ -40,13 +40,7 @@ def check_hugepages(ctx: CheckContext) -> Iterator[Finding]:
     facts = ctx.facts
     memory = facts.memory
     if memory is None or memory.total_kib is None:
-        yield ctx.finding(
-            "hugepages.unknown",
-            WARNING,
-            "huge pages",
-            "/proc/meminfo could not be read",
-            "Run the audit as a user that can read /proc/meminfo.",
-        )
+        yield ctx.unreadable("hugepages.unknown", "huge pages", "/proc/meminfo", "memory and huge pages are unknown")
         return
     total_gib = memory.total_kib / GIB_KIB
     advice = hugepage_recommendation(memory.total_kib)

@@ -20,13 +20,7 @@ _IRQ_REMAPPING_OFF = (
 def check_cpu(ctx: CheckContext) -> Iterator[Finding]:
     cpu = ctx.facts.cpu
     if cpu is None:
-        yield ctx.finding(
-            "cpu.unknown",
-            WARNING,
-            "CPU",
-            "/proc/cpuinfo could not be read, so CPU virtualization support is unknown",
-            "Run the audit as a user that can read /proc/cpuinfo.",
-        )
+        yield ctx.unreadable("cpu.unknown", "CPU", "/proc/cpuinfo", "CPU virtualization support is unknown")
         return
     if cpu.has_virtualization:
         return
@@ -114,12 +108,8 @@ def check_iommu(ctx: CheckContext) -> Iterator[Finding]:
 def check_command_line(ctx: CheckContext) -> Iterator[Finding]:
     cmdline = ctx.facts.cmdline
     if cmdline is None:
-        yield ctx.finding(
-            "cmdline.unknown",
-            WARNING,
-            "kernel command line",
-            "/proc/cmdline could not be read",
-            "Run the audit as a user that can read /proc/cmdline.",
+        yield ctx.unreadable(
+            "cmdline.unknown", "kernel command line", "/proc/cmdline", "the kernel options are unknown"
         )
         return
     if cmdline.has("pcie_acs_override"):
