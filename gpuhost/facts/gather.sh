@@ -26,6 +26,8 @@ mkdir -p "$T/commands"
 KREL=$(cat /proc/sys/kernel/osrelease 2>/dev/null || uname -r)
 
 # copy_files PATH...: copy the readable regular files among PATH, keeping their paths under $T.
+# --no-preserve=mode: --parents would give the new directories the modes of /proc and /sys
+# (0555), so that a non-root user could not add the next file into them.
 copy_files() {
     given=$#
     for p in "$@"; do
@@ -33,7 +35,7 @@ copy_files() {
     done
     shift "$given"
     [ $# -gt 0 ] || return 0
-    cp --parents -- "$@" "$T/" 2>/dev/null
+    cp --parents --no-preserve=mode -- "$@" "$T/" 2>/dev/null
     return 0
 }
 
@@ -91,7 +93,7 @@ for d in /sys/bus/pci/devices/*; do
         [ -r "$a" ] && set -- "$@" "$a"
     done
 done
-[ $# -gt 0 ] && cp --parents -- "$@" "$T/" 2>/dev/null
+[ $# -gt 0 ] && cp --parents --no-preserve=mode -- "$@" "$T/" 2>/dev/null
 
 # --- links: drivers, IOMMU groups, IOMMU units ---------------------------------------------------
 record_links /sys/bus/pci/devices/*/driver /sys/bus/pci/devices/*/iommu_group \

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import tarfile
+import zlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -143,26 +144,36 @@ def open_snapshot(directory: Path) -> SnapshotTree:
 def unpack_gathered(archive: bytes, destination: Path) -> None:
     """Unpack the gather script's tar.gz into `destination`, refusing anything unsafe.
 
-    Only regular files and directories are taken; links, devices and paths that leave the
-    destination are refused, whatever the host sent.
+    Only regular files and directories are written, each by this function itself (tarfile's
+    extraction filters need Python 3.11.4+, and Debian 12 ships 3.11.2): links, devices and
+    paths that would leave the destination are never created, whatever the host sent.
     """
     destination.mkdir(parents=True, exist_ok=True)
+    root = destination.resolve()
     total = 0
     try:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-            members = []
             for member in tar:
                 if not (member.isfile() or member.isdir()):
                     continue
                 name = os.path.normpath(member.name)
-                if name.startswith(("/", "..")) or "/../" in f"/{name}/":
+                if name == ".":
+                    continue
+                target = (root / name).resolve()
+                if name.startswith(("/", "..")) or root not in target.parents:
                     raise tarfile.TarError(f"unsafe path {member.name!r}")
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
                 total += member.size
                 if member.size > MAX_FILE_BYTES or total > MAX_UNPACKED_BYTES:
                     raise tarfile.TarError(f"{member.name!r} makes the capture larger than allowed")
-                members.append(member)
-            tar.extractall(destination, members=members, filter="data")
-    except (tarfile.TarError, EOFError, OSError, ValueError) as error:
+                source = tar.extractfile(member)
+                if source is None:
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(source.read())
+    except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as error:
         raise GatherFormatError(f"the captured data could not be unpacked: {error}") from error
 
 
