@@ -1,0 +1,131 @@
+"""What `gpuhost apply` will make true on one host: typed, frozen, computed once by the planner.
+
+The CLI prints it, the Ansible playbooks apply it (through the gpuhost.passthrough.plan action),
+and the verification compares the host with it after the reboot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpuhost.errors import GpuhostError
+
+GRUB_DROPIN_PATH = "/etc/default/grub.d/gpuhost.cfg"
+INITRAMFS_MODULES_PATH = "/etc/initramfs-tools/modules"
+OVERRIDE_SCRIPT_PATH = "/etc/initramfs-tools/scripts/init-top/gpuhost-vfio-override"
+APT_PIN_PATH = "/etc/apt/preferences.d/gpuhost-no-nvidia-driver"
+BIND_BY_IDS = "ids"
+BIND_BY_ADDRESS = "address"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why gpuhost will not touch a host; nothing is written to a host with a refusal."""
+
+    host: str
+    code: str  # stable identifier, e.g. group.shared
+    subject: str  # the device, file or value concerned
+    message: str  # the fact, naming host and device
+    fix: str  # what the operator can do
+
+    def __str__(self) -> str:
+        return f"{self.host}: {self.message} Fix: {self.fix}"
+
+
+class PlanRefused(GpuhostError):
+    """Raised by callers that need a plan they can apply (`HostPlan.require_applicable`)."""
+
+    def __init__(self, refusals: tuple[Refusal, ...]) -> None:
+        super().__init__("; ".join(str(refusal) for refusal in refusals))
+        self.refusals = refusals
+
+
+@dataclass(frozen=True)
+class BoundFunction:
+    address: str
+    vendor_device: str
+    gpu: str  # the address of the GPU whose card or group it belongs to
+    driver: str | None  # bound now (None: none)
+
+
+@dataclass(frozen=True)
+class HugePagePlan:
+    pages: int  # 1 GiB pages to reserve at boot (0: none, and gpuhost's hugepage options removed)
+    requested: str  # the inventory value: auto, 0, N or a size
+    rule: str  # how the number was reached, for the plan's text
+    per_node: tuple[tuple[int, int], ...]  # (NUMA node, pages) as the kernel spreads them at boot
+    host_keeps_kib: int  # memory left to the host
+    mount_point: str | None  # hugetlbfs mount with pagesize=1G, with an fstab entry (None: none)
+
+
+@dataclass(frozen=True)
+class DriverRemoval:
+    packages: tuple[str, ...]  # installed packages to purge
+    runfile: bool  # nvidia-uninstall -s
+    files: tuple[str, ...]  # configuration files to delete
+    pin: bool  # write the apt pin that keeps the driver out
+    note: str  # what is done and why, or why nothing is
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.packages or self.runfile or self.files)
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    host: str
+    gpus: tuple[str, ...]  # addresses of the GPUs passed through
+    functions: tuple[BoundFunction, ...]  # every function vfio-pci must own
+    bind_by: str  # BIND_BY_IDS or BIND_BY_ADDRESS
+    vfio_ids: tuple[str, ...]  # vendor:device for vfio-pci.ids (empty when binding by address only)
+    override_addresses: tuple[str, ...]  # functions bound through driver_override in the initramfs
+    kernel_options: tuple[str, ...]  # what gpuhost adds, in order
+    owned_keys: tuple[str, ...]  # option names gpuhost removes from the earlier GRUB lines
+    owned_tokens: tuple[str, ...]  # exact tokens gpuhost removes (its own blacklist, optional flags)
+    current_cmdline: str  # /proc/cmdline
+    current_grub_line: str  # GRUB_CMDLINE_LINUX + GRUB_CMDLINE_LINUX_DEFAULT as update-grub sees them now
+    desired_grub_line: str  # the same after gpuhost's drop-in
+    grub_dropin: str  # content of GRUB_DROPIN_PATH
+    initramfs_modules: tuple[str, ...]  # lines of INITRAMFS_MODULES_PATH
+    override_script: str | None  # content of OVERRIDE_SCRIPT_PATH (None: the file must not exist)
+    hugepages: HugePagePlan
+    driver_removal: DriverRemoval
+    reboot_needed: bool
+    reboot_reasons: tuple[str, ...]
+    verify_command: str  # shell: exit 0 when the host booted into the planned state (reboot test_command)
+    notes: tuple[str, ...]
+    refusals: tuple[Refusal, ...]
+
+    @property
+    def applicable(self) -> bool:
+        return not self.refusals
+
+    def require_applicable(self) -> HostPlan:
+        if self.refusals:
+            raise PlanRefused(self.refusals)
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data (schema gpuhost.plan/1): the CLI's --json output and the playbooks' input."""
+        data = asdict(self)
+        data["schema"] = "gpuhost.plan/1"
+        data["applicable"] = self.applicable
+        data["driver_removal"]["needed"] = self.driver_removal.needed
+        data["paths"] = {
+            "grub_dropin": GRUB_DROPIN_PATH,
+            "initramfs_modules": INITRAMFS_MODULES_PATH,
+            "override_script": OVERRIDE_SCRIPT_PATH,
+            "apt_pin": APT_PIN_PATH,
+        }
+        plain: dict[str, Any] = _plain(data)
+        return plain
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively: what JSON and Ansible variables hold."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value

@@ -1,0 +1,444 @@
+"""(HostFacts, settings) -> HostPlan. Pure: reads facts, writes nothing, prints nothing.
+
+Selection of the GPUs and of the functions to bind is gpuhost.selection's, as for the audit.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+from gpuhost.facts.model import (
+    BOOTLOADER_GRUB,
+    VENDOR_NVIDIA,
+    VFIO_ABSENT,
+    VFIO_MODULE,
+    HostFacts,
+    KernelCommandLine,
+)
+from gpuhost.plan import hugepages as hp
+from gpuhost.plan.model import (
+    BIND_BY_ADDRESS,
+    BIND_BY_IDS,
+    BoundFunction,
+    DriverRemoval,
+    HostPlan,
+    HugePagePlan,
+    Refusal,
+)
+from gpuhost.plan.settings import BIND_AUTO, PlanSettings
+from gpuhost.selection import GpuSelection, functions_to_bind, select_gpus
+
+GIB_KIB = 1024 * 1024
+BLACKLIST = ("nouveau", "nvidia", "nvidiafb")
+VFIO_INITRAMFS_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
+NVIDIA_MODULES = ("nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nouveau")
+# Option names gpuhost sets and therefore removes from the earlier GRUB lines, whatever their value.
+OWNED_KEYS = ("vfio-pci.ids", "iommu", "hugepages", "hugepagesz", "default_hugepagesz")
+_SUPPORTED_OS = re.compile(r"\b(debian|ubuntu)\b", re.IGNORECASE)
+_Refuse = Callable[[str, str, str, str], None]  # plan_host's `refuse(code, subject, message, fix)`
+_TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+
+
+def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
+    refusals: list[Refusal] = []
+    notes: list[str] = []
+
+    def refuse(code: str, subject: str, message: str, fix: str) -> None:
+        refusals.append(Refusal(host, code, subject, f"{host}: {message}", fix))
+
+    _check_platform(facts, refuse)
+    selection = select_gpus(facts, settings.gpus)
+    if not selection.passthrough:
+        found = ", ".join(f"{card.gpu.describe()}" for card in selection.kept) or "none"
+        refuse(
+            "gpu.none_selected",
+            "GPUs",
+            f"no GPU matches gpuhost_gpus ({settings.gpus.describe()}); GPUs on the host: {found}.",
+            "Name the GPUs to pass through in gpuhost_gpus (PCI addresses or vendor:device IDs).",
+        )
+    functions = _functions(facts, selection, settings, refuse)
+    bind_by, vfio_ids, override = _binding(selection, functions, settings, refuse, notes)
+    pages = _hugepages(facts, settings, refuse)
+
+    options: list[str] = []
+    owned_keys = list(OWNED_KEYS)
+    owned_tokens: list[str] = []
+    if vfio_ids:
+        options.append("vfio-pci.ids=" + ",".join(vfio_ids))
+    blacklist = ",".join(BLACKLIST + (("snd_hda_intel",) if settings.blacklist_snd_hda_intel else ()))
+    options.append(f"modprobe.blacklist={blacklist}")
+    owned_tokens.append(f"modprobe.blacklist={blacklist}")
+    options.append("iommu=pt")
+    vendor_flag = _vendor_flag(facts)
+    if vendor_flag:
+        options.append(vendor_flag)
+        owned_keys.append(vendor_flag.split("=")[0])
+    if pages.pages:
+        options.extend(("default_hugepagesz=1G", "hugepagesz=1G", f"hugepages={pages.pages}"))
+    for enabled, token in (
+        (settings.pci_realloc, "pci=realloc"),
+        (settings.pcie_aspm_off, "pcie_aspm=off"),
+        (settings.nomodeset, "nomodeset"),
+    ):
+        if enabled:
+            options.append(token)
+            owned_tokens.append(token)
+
+    current_grub = facts.grub.effective or KernelCommandLine(())
+    linux = _without_owned(facts.grub.cmdline_linux, owned_keys, owned_tokens)
+    default = _without_owned(facts.grub.cmdline_linux_default, owned_keys, owned_tokens)
+    desired = KernelCommandLine(linux + default + tuple(options))
+    described = [f"GPU {f.gpu}: {f.address} [{f.vendor_device}]" for f in functions] or ["no GPU selected"]
+    if pages.pages:
+        described.append(f"huge pages: {pages.rule}")
+    dropin = _render(
+        "grub/gpuhost.cfg.j2", description=described, patterns=_patterns(owned_keys, owned_tokens), options=options
+    )
+    override_script = _render("initramfs/gpuhost-vfio-override.j2", addresses=override) if override else None
+    modules = _initramfs_modules(facts)
+    removal = _driver_removal(facts, settings, selection)
+    reasons = _reboot_reasons(facts, desired, tuple(options), owned_keys, owned_tokens, functions, removal)
+    if not refusals and facts.vfio_pci == VFIO_MODULE and not modules:
+        notes.append("vfio-pci is a module but no vfio module list was planned")
+    return HostPlan(
+        host=host,
+        gpus=tuple(card.gpu.address for card in selection.passthrough),
+        functions=functions,
+        bind_by=bind_by,
+        vfio_ids=vfio_ids,
+        override_addresses=override,
+        kernel_options=tuple(options),
+        owned_keys=tuple(owned_keys),
+        owned_tokens=tuple(owned_tokens),
+        current_cmdline=str(facts.cmdline) if facts.cmdline else "",
+        current_grub_line=str(current_grub),
+        desired_grub_line=str(desired),
+        grub_dropin=dropin,
+        initramfs_modules=modules,
+        override_script=override_script,
+        hugepages=pages,
+        driver_removal=removal,
+        reboot_needed=bool(reasons),
+        reboot_reasons=reasons,
+        verify_command=_verify_command(tuple(options), functions, facts),
+        notes=tuple(notes),
+        refusals=tuple(refusals),
+    )
+
+
+def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
+    loader = facts.bootloader
+    if loader.kind != BOOTLOADER_GRUB:
+        refuse(
+            "bootloader.unsupported",
+            "bootloader",
+            f"the host boots with {loader.kind} ({loader.evidence}); gpuhost apply supports GRUB on Debian and "
+            "Ubuntu only so far.",
+            f"Set the kernel command line by hand ({loader.update_command or 'the bootloader tool'}) with the options "
+            "`gpuhost plan` prints, or convert the host to GRUB.",
+        )
+    elif not facts.os_pretty_name or not _SUPPORTED_OS.search(facts.os_pretty_name):
+        refuse(
+            "os.unsupported",
+            "operating system",
+            f"the host runs {facts.os_pretty_name or 'an unknown OS'}; gpuhost apply supports Debian and Ubuntu "
+            "(update-grub, initramfs-tools, apt).",
+            "Configure this host by hand with the options `gpuhost plan` prints.",
+        )
+    elif loader.update_command != "update-grub":
+        refuse(
+            "bootloader.no_update_grub",
+            "bootloader",
+            "GRUB is configured but update-grub is not installed.",
+            "Install the grub-pc or grub-efi-amd64 package.",
+        )
+    if facts.grub.syntax_error:
+        refuse(
+            "grub.syntax",
+            "/etc/default/grub",
+            f"/etc/default/grub (or a drop-in) is not valid shell: {facts.grub.syntax_error}.",
+            "Fix the file (update-grub sources it with sh and would fail too), then run gpuhost apply again.",
+        )
+    elif facts.grub.present and facts.grub.effective is None and loader.kind == BOOTLOADER_GRUB:
+        refuse(
+            "grub.unreadable",
+            "/etc/default/grub",
+            "the GRUB command line could not be read (is the audit running as root?).",
+            "Connect as root (ansible_user: root, or become).",
+        )
+    iommu = facts.iommu
+    if not iommu.active and iommu.firmware_present is not True:
+        refuse(
+            "iommu.firmware",
+            "IOMMU",
+            "the firmware reports no IOMMU (no DMAR or IVRS ACPI table) and the kernel has no IOMMU groups.",
+            "Enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the BIOS/UEFI setup, then run gpuhost apply again.",
+        )
+    if facts.vfio_pci == VFIO_ABSENT:
+        refuse(
+            "vfio.absent",
+            "kernel",
+            f"the kernel {facts.kernel_release} has no vfio-pci (neither built in nor a module).",
+            "Install a distribution kernel with VFIO (CONFIG_VFIO_PCI).",
+        )
+
+
+def _functions(
+    facts: HostFacts, selection: GpuSelection, settings: PlanSettings, refuse: _Refuse
+) -> tuple[BoundFunction, ...]:
+    kept_addresses = {f.address for card in selection.kept for f in card.functions}
+    bound: list[BoundFunction] = []
+    for card in selection.passthrough:
+        own = {f.address for f in card.functions}
+        members = functions_to_bind(facts, card)
+        intruders = [m for m in members if m.address not in own and not m.is_gpu]
+        kept_gpus = [m for m in members if m.address in kept_addresses]
+        if card.gpu.iommu_group is None and facts.iommu.active:
+            refuse(
+                "group.missing",
+                card.gpu.address,
+                f"GPU {card.gpu.describe()} is in no IOMMU group.",
+                "Check that the IOMMU covers this PCIe root port (kernel log: DMAR/AMD-Vi lines).",
+            )
+        if intruders and card.gpu.address not in settings.allow_shared_group:
+            names = ", ".join(_describe(m) for m in intruders)
+            refuse(
+                "group.shared",
+                card.gpu.address,
+                f"GPU {card.gpu.describe()} shares IOMMU group {card.gpu.iommu_group} with {names}, which is not "
+                "one of its functions or a bridge: binding the group to vfio-pci would take that device from the host.",
+                "Move the GPU to a slot with its own IOMMU group, or, if the device may go to the guest too, "
+                f"name the GPU in gpuhost_allow_shared_group: [{card.gpu.address}].",
+            )
+        if kept_gpus:
+            refuse(
+                "group.kept_gpu",
+                card.gpu.address,
+                f"GPU {card.gpu.describe()} shares IOMMU group {card.gpu.iommu_group} with the GPU(s) "
+                f"{', '.join(_describe(m) for m in kept_gpus)} that the host keeps.",
+                "Pass the whole group through (add those GPUs to gpuhost_gpus) or move the cards apart.",
+            )
+        seen = {b.address for b in bound}
+        bound.extend(
+            BoundFunction(m.address, m.vendor_device, card.gpu.address, m.driver)
+            for m in members
+            if m.address not in seen
+        )
+    return tuple(bound)
+
+
+def _describe(function: object) -> str:
+    from gpuhost.checks.base import describe_function  # one wording of devices for audit and plan
+    from gpuhost.facts.model import PciFunction
+
+    assert isinstance(function, PciFunction)
+    return describe_function(function)
+
+
+def _binding(
+    selection: GpuSelection,
+    functions: tuple[BoundFunction, ...],
+    settings: PlanSettings,
+    refuse: _Refuse,
+    notes: list[str],
+) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """By ID (vfio-pci.ids) unless an ID would also take a function the host keeps: then by address."""
+    kept: dict[str, list[str]] = {}
+    for card in selection.kept:
+        for function in card.functions:
+            kept.setdefault(function.vendor_device, []).append(function.address)
+    ids = tuple(dict.fromkeys(f.vendor_device for f in functions))
+    clashing = [i for i in ids if i in kept]
+    if settings.bind_by == "address" or (clashing and settings.bind_by == BIND_AUTO):
+        if clashing:
+            notes.append(
+                f"vfio-pci.ids={','.join(ids)} would also take {', '.join(a for i in clashing for a in kept[i])} "
+                "which the host keeps: the passthrough functions are bound by address (driver_override) instead"
+            )
+        return BIND_BY_ADDRESS, (), tuple(f.address for f in functions)
+    if clashing:
+        refuse(
+            "vfio_ids.captures_kept",
+            ",".join(clashing),
+            f"vfio-pci.ids={','.join(ids)} would also take {', '.join(a for i in clashing for a in kept[i])}, "
+            "which the host keeps (not selected for passthrough, or its console).",
+            "Set gpuhost_bind_by: address (or auto) to bind the passthrough functions by address with "
+            "driver_override instead, or select those GPUs too.",
+        )
+    return BIND_BY_IDS, ids, ()
+
+
+def _vendor_flag(facts: HostFacts) -> str | None:
+    """intel_iommu=on / amd_iommu=on only where the kernel did not turn the IOMMU on by itself."""
+    if facts.iommu.active:
+        return None
+    if facts.iommu.dmar_table:
+        return "intel_iommu=on"
+    if facts.iommu.ivrs_table:
+        return "amd_iommu=on"
+    return None
+
+
+def _hugepages(facts: HostFacts, settings: PlanSettings, refuse: _Refuse) -> HugePagePlan:
+    total = facts.memory.total_kib if facts.memory and facts.memory.total_kib else None
+    mount = settings.hugetlbfs_mount
+    if total is None:
+        if settings.hugepages not in ("0", "auto"):
+            refuse(
+                "hugepages.memory_unknown",
+                "huge pages",
+                "/proc/meminfo could not be read.",
+                "Connect as a user that can read /proc/meminfo.",
+            )
+        return HugePagePlan(0, settings.hugepages, "memory unknown: no huge pages", (), 0, mount)
+    pages, rule = hp.requested_pages(settings.hugepages, total)
+    keeps = total - pages * GIB_KIB
+    minimum = hp.host_minimum_kib(total)
+    per_node = hp.split_across_nodes(facts, pages)
+    if pages and facts.cpu is not None and "pdpe1gb" not in facts.cpu.flags:
+        refuse(
+            "hugepages.unsupported",
+            "huge pages",
+            f"{pages} 1 GiB huge pages are asked for ({rule}) but the CPU has no pdpe1gb flag.",
+            "Set gpuhost_hugepages: 0 (use 2 MiB pages for guest memory instead).",
+        )
+    if pages and keeps < minimum:
+        refuse(
+            "hugepages.too_many",
+            "huge pages",
+            f"{pages} 1 GiB huge pages ({rule}) would leave the host {max(keeps, 0) / GIB_KIB:.1f} GiB of its "
+            f"{total / GIB_KIB:.1f} GiB; it needs at least {minimum / GIB_KIB:.1f} GiB, and with too many pages "
+            "the machine does not boot.",
+            f"Lower gpuhost_hugepages to at most {(total - minimum) // GIB_KIB}.",
+        )
+    elif pages:
+        nodes = {node.node_id: node for node in facts.numa_nodes}
+        for node_id, node_pages in per_node:
+            node = nodes.get(node_id)
+            if node is None or not node.mem_total_kib:
+                continue
+            node_minimum = minimum * node.mem_total_kib // total
+            if node.mem_total_kib - node_pages * GIB_KIB < node_minimum:
+                refuse(
+                    "hugepages.node_too_small",
+                    f"NUMA node {node_id}",
+                    f"the kernel spreads hugepages={pages} evenly, {node_pages} on NUMA node {node_id}, which has "
+                    f"only {node.mem_total_kib / GIB_KIB:.1f} GiB: the node would be left with less than "
+                    f"{node_minimum / GIB_KIB:.1f} GiB.",
+                    "Lower gpuhost_hugepages so that every node keeps its share of host memory.",
+                )
+    return HugePagePlan(pages, settings.hugepages, rule, per_node, max(keeps, 0), mount if pages else None)
+
+
+def _initramfs_modules(facts: HostFacts) -> tuple[str, ...]:
+    if facts.vfio_pci != VFIO_MODULE:
+        return ()  # built in (nothing to load) or absent (refused)
+    return VFIO_INITRAMFS_MODULES + (("vfio_virqfd",) if _has_vfio_virqfd(facts.kernel_release) else ())
+
+
+def _has_vfio_virqfd(release: str | None) -> bool:
+    """vfio_virqfd was merged into vfio in Linux 6.2."""
+    match = re.match(r"(\d+)\.(\d+)", release or "")
+    return match is not None and (int(match.group(1)), int(match.group(2))) < (6, 2)
+
+
+def _driver_removal(facts: HostFacts, settings: PlanSettings, selection: GpuSelection) -> DriverRemoval:
+    nvidia = facts.nvidia
+    if not settings.remove_nvidia_driver:
+        return DriverRemoval((), False, (), False, "gpuhost_remove_nvidia_driver is false: the host driver is kept")
+    packages = tuple(sorted(p.name for p in nvidia.packages or ()))
+    files = sorted(
+        {d.path for d in facts.modprobe if d.path.rsplit("/", 1)[-1].startswith("nvidia") and d.path.endswith(".conf")}
+    )
+    if nvidia.installed:
+        files.insert(0, "/etc/X11/xorg.conf")
+    kept_nvidia = [card.gpu.address for card in selection.kept if card.gpu.vendor == VENDOR_NVIDIA]
+    if not (packages or nvidia.runfile_installed or files):
+        note = "no host NVIDIA driver is installed: nothing to remove"
+    else:
+        parts = []
+        if packages:
+            parts.append(f"purge {', '.join(packages)}")
+        if nvidia.runfile_installed:
+            parts.append("run nvidia-uninstall -s (a .run install)")
+        if files:
+            parts.append(f"delete {', '.join(files)}")
+        note = "; ".join(parts)
+    if kept_nvidia:
+        note += f" (note: the host keeps NVIDIA GPU(s) {', '.join(kept_nvidia)}, which lose their driver)"
+    return DriverRemoval(packages, nvidia.runfile_installed, tuple(files), True, note)
+
+
+def _without_owned(line: KernelCommandLine | None, keys: list[str], tokens: list[str]) -> tuple[str, ...]:
+    if line is None:
+        return ()
+    return tuple(t for t in line.tokens if t.split("=", 1)[0] not in keys and t not in tokens)
+
+
+def _patterns(keys: list[str], tokens: list[str]) -> list[str]:
+    """Shell case patterns matching what _without_owned removes (values are validated: no quoting needed)."""
+    return [f"{key}=*" for key in keys] + tokens
+
+
+def _reboot_reasons(
+    facts: HostFacts,
+    desired: KernelCommandLine,
+    options: tuple[str, ...],
+    keys: list[str],
+    tokens: list[str],
+    functions: tuple[BoundFunction, ...],
+    removal: DriverRemoval,
+) -> tuple[str, ...]:
+    running = facts.cmdline.tokens if facts.cmdline else ()
+    reasons = []
+    missing = [t for t in options if t not in running]
+    stale = [t for t in running if (t.split("=", 1)[0] in keys or t in tokens) and t not in desired.tokens]
+    if missing:
+        reasons.append(f"/proc/cmdline lacks {' '.join(missing)}")
+    if stale:
+        reasons.append(f"/proc/cmdline still has {' '.join(stale)}")
+    if facts.modules is not None:
+        loaded = [m for m in NVIDIA_MODULES if facts.modules.is_loaded(m)]
+        if loaded and removal.pin:
+            reasons.append(f"host GPU driver module(s) loaded: {', '.join(loaded)}")
+    if not reasons:
+        unbound = [f.address for f in functions if f.driver != "vfio-pci"]
+        if unbound:
+            reasons.append(f"{', '.join(unbound)} not on vfio-pci although the command line is in place")
+    return tuple(reasons)
+
+
+def _verify_command(options: tuple[str, ...], functions: tuple[BoundFunction, ...], facts: HostFacts) -> str:
+    """A POSIX sh test for the reboot's test_command: new options in /proc/cmdline, functions on vfio-pci."""
+    checks = [f"grep -qwF -- {shlex.quote(option)} /proc/cmdline" for option in options]
+    checks.extend(
+        f'[ "$(basename "$(readlink /sys/bus/pci/devices/{f.address}/driver)")" = vfio-pci ]' for f in functions
+    )
+    checks.append("! grep -qE '^(nvidia|nouveau) ' /proc/modules")
+    return " && ".join(checks) if checks else "true"
+
+
+@cache
+def _environment() -> object:
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+        autoescape=False,  # noqa: S701 - shell and GRUB files, not HTML; every value is validated
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
+
+
+def _render(name: str, **values: object) -> str:
+    import jinja2
+
+    environment = _environment()
+    assert isinstance(environment, jinja2.Environment)
+    return environment.get_template(name).render(**values)

@@ -1,0 +1,101 @@
+"""The `gpuhost_*` inventory variables the planner reads, each validated before anything connects.
+
+Every value ends up in a file on the host or on its kernel command line, so each is checked
+against a strict pattern here: `4;reboot`, `$(id)`, quotes and newlines are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuhost.errors import InputError
+from gpuhost.selection import GpuSelector
+
+HUGEPAGES_AUTO = "auto"
+BIND_AUTO = "auto"
+_HUGEPAGES = re.compile(r"^(?:auto|\d{1,6}|\d{1,7}(?:[GT]i?B?|[gt]))$")
+_MOUNT_POINT = re.compile(r"^/[A-Za-z0-9_./-]{0,200}$")
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0", ""}
+
+# name -> default. Documented in playbooks/roles/*/defaults/main.yml.
+DEFAULTS: dict[str, Any] = {
+    "gpuhost_hugepages": HUGEPAGES_AUTO,
+    "gpuhost_hugetlbfs_mount": "",
+    "gpuhost_pci_realloc": False,
+    "gpuhost_pcie_aspm_off": False,
+    "gpuhost_nomodeset": False,
+    "gpuhost_blacklist_snd_hda_intel": False,
+    "gpuhost_bind_by": BIND_AUTO,
+    "gpuhost_remove_nvidia_driver": True,
+}
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    gpus: GpuSelector
+    allow_shared_group: tuple[str, ...] = ()
+    hugepages: str = HUGEPAGES_AUTO  # auto, N (pages) or a size such as 64G
+    hugetlbfs_mount: str | None = None
+    pci_realloc: bool = False
+    pcie_aspm_off: bool = False
+    nomodeset: bool = False
+    blacklist_snd_hda_intel: bool = False
+    bind_by: str = BIND_AUTO  # auto, ids or address
+    remove_nvidia_driver: bool = True
+
+    @classmethod
+    def from_variables(cls, variables: Mapping[str, Any], where: str, gpus: object = None) -> PlanSettings:
+        """Validate a host's variables; `where` names the host in errors; `gpus` overrides gpuhost_gpus."""
+
+        def get(name: str) -> Any:
+            return variables.get(name, DEFAULTS[name])
+
+        shared = variables.get("gpuhost_allow_shared_group", [])
+        if isinstance(shared, str):
+            shared = [shared]
+        if not isinstance(shared, list):
+            raise InputError(f"{where}: gpuhost_allow_shared_group must be a list of GPU PCI addresses.")
+        allowed = GpuSelector.parse(shared, where).addresses if shared else ()
+        hugepages = str(get("gpuhost_hugepages")).strip()
+        if not _HUGEPAGES.match(hugepages):
+            raise InputError(
+                f"{where}: gpuhost_hugepages {get('gpuhost_hugepages')!r} must be 'auto', a number of 1 GiB pages "
+                "(e.g. 400) or a size (e.g. 512G, 2T). Fix the inventory value."
+            )
+        mount = str(get("gpuhost_hugetlbfs_mount") or "").strip()
+        if mount and (not _MOUNT_POINT.match(mount) or ".." in mount.split("/")):
+            raise InputError(
+                f"{where}: gpuhost_hugetlbfs_mount {mount!r} must be an absolute path of letters, digits, "
+                "'_', '.', '-' and '/' (e.g. /mnt/hugepages-1G), or empty for none."
+            )
+        bind_by = str(get("gpuhost_bind_by"))
+        if bind_by not in (BIND_AUTO, "ids", "address"):
+            raise InputError(f"{where}: gpuhost_bind_by {bind_by!r} must be auto, ids or address.")
+        return cls(
+            gpus=GpuSelector.parse(gpus if gpus is not None else variables.get("gpuhost_gpus"), where),
+            allow_shared_group=allowed,
+            hugepages=hugepages,
+            hugetlbfs_mount=mount or None,
+            pci_realloc=_flag(variables, "gpuhost_pci_realloc", where),
+            pcie_aspm_off=_flag(variables, "gpuhost_pcie_aspm_off", where),
+            nomodeset=_flag(variables, "gpuhost_nomodeset", where),
+            blacklist_snd_hda_intel=_flag(variables, "gpuhost_blacklist_snd_hda_intel", where),
+            bind_by=bind_by,
+            remove_nvidia_driver=_flag(variables, "gpuhost_remove_nvidia_driver", where),
+        )
+
+
+def _flag(variables: Mapping[str, Any], name: str, where: str) -> bool:
+    value = variables.get(name, DEFAULTS[name])
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise InputError(f"{where}: {name} {value!r} must be true or false.")

@@ -1,0 +1,296 @@
+"""The planner as data: real captures in, plans and refusals out."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+
+import pytest
+
+from gpuhost.errors import InputError
+from gpuhost.facts.model import (
+    Bootloader,
+    HugePagePool,
+    Iommu,
+    KernelCommandLine,
+    MemInfo,
+    NumaNode,
+    NvidiaInstall,
+    Package,
+)
+from gpuhost.facts.parsers import parse_cmdline
+from gpuhost.plan import PlanRefused, PlanSettings, plan_host
+from gpuhost.plan.hugepages import GUIDE_TABLE, auto_pages
+from tests.helpers import FIXTURES, guide_host, snapshot_facts
+from tests.test_parsers import GUIDE_CMDLINE
+
+GIB = 1024 * 1024
+LAB_VARS = {"gpuhost_gpus": ["1234:1111"], "gpuhost_hugepages": 1}
+
+
+def lab_facts():
+    return snapshot_facts("lab-gpu-pair-fresh")
+
+
+def plan(facts, **variables):
+    merged = {**LAB_VARS, **variables}
+    return plan_host("lab-1", facts, PlanSettings.from_variables(merged, "inventory host lab-1"))
+
+
+def refusal_codes(result):
+    return [r.code for r in result.refusals]
+
+
+def shell_effective(dropin: str, linux: str, default: str) -> str:
+    """What update-grub would see: source the drop-in with sh after the given GRUB variables."""
+    script = f'GRUB_CMDLINE_LINUX="{linux}"\nGRUB_CMDLINE_LINUX_DEFAULT="{default}"\n{dropin}\n'
+    script += 'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"'
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_fresh_lab_host_plan():
+    result = plan(lab_facts())
+    assert result.applicable and result.refusals == ()
+    assert [(f.address, f.vendor_device) for f in result.functions] == [
+        ("0000:01:00.0", "1234:1111"),
+        ("0000:01:00.1", "8086:293e"),
+    ]
+    assert result.bind_by == "ids" and result.override_script is None
+    assert result.kernel_options == (
+        "vfio-pci.ids=1234:1111,8086:293e",
+        "modprobe.blacklist=nouveau,nvidia,nvidiafb",
+        "iommu=pt",
+        "default_hugepagesz=1G",
+        "hugepagesz=1G",
+        "hugepages=1",
+    )
+    # intel_iommu=on is not needed: the emulated VT-d is on by default on this kernel.
+    assert "intel_iommu=on" not in result.kernel_options
+    assert result.desired_grub_line.startswith("console=tty0 console=ttyS0,115200n8 vfio-pci.ids=")
+    # Debian 6.1 still has vfio_virqfd (merged into vfio in 6.2).
+    assert result.initramfs_modules == ("vfio", "vfio_iommu_type1", "vfio_pci", "vfio_virqfd")
+    assert result.reboot_needed and "vfio-pci.ids=1234:1111,8086:293e" in result.reboot_reasons[0]
+    assert result.hugepages.pages == 1 and result.hugepages.per_node == ((0, 1),)
+    assert not result.driver_removal.needed and "nothing to remove" in result.driver_removal.note
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="needs sh")
+def test_dropin_in_sh_gives_exactly_the_planned_line_and_replaces_earlier_options():
+    facts = lab_facts()
+    earlier_linux = "console=ttyS0 vfio-pci.ids=10de:1111 hugepages=64 quiet"
+    earlier_default = "iommu=soft hugepagesz=2M splash modprobe.blacklist=nouveau,nvidia,nvidiafb"
+    grub = dataclasses.replace(
+        facts.grub, cmdline_linux=parse_cmdline(earlier_linux), cmdline_linux_default=parse_cmdline(earlier_default)
+    )
+    result = plan(dataclasses.replace(facts, grub=grub))
+    effective = shell_effective(result.grub_dropin, earlier_linux, earlier_default)
+    assert effective == result.desired_grub_line
+    tokens = effective.split()
+    assert [t for t in tokens if t.startswith("vfio-pci.ids=")] == ["vfio-pci.ids=1234:1111,8086:293e"]
+    assert [t for t in tokens if t.startswith("hugepages")] == ["hugepagesz=1G", "hugepages=1"]
+    assert tokens.count("modprobe.blacklist=nouveau,nvidia,nvidiafb") == 1 and "iommu=soft" not in tokens
+    assert {"quiet", "splash", "console=ttyS0"} <= set(tokens)
+
+
+def test_second_plan_on_a_configured_host_changes_nothing_and_needs_no_reboot():
+    facts = lab_facts()
+    first = plan(facts)
+    # The host after apply and reboot: our drop-in in the effective GRUB line, the new /proc/cmdline,
+    # both functions on vfio-pci.
+    effective = shell_effective(first.grub_dropin, "console=tty0 console=ttyS0,115200n8", "")
+    grub = dataclasses.replace(
+        facts.grub,
+        cmdline_linux=parse_cmdline(effective.split(" vfio-pci")[0]),
+        cmdline_linux_default=KernelCommandLine(tuple(first.kernel_options)),
+        dropins=(*facts.grub.dropins, "/etc/default/grub.d/gpuhost.cfg"),
+    )
+    bound = tuple(
+        dataclasses.replace(f, driver="vfio-pci") if f.address.startswith("0000:01:00.") else f for f in facts.pci
+    )
+    cmdline = parse_cmdline("BOOT_IMAGE=/boot/vmlinuz root=UUID=x ro " + effective)
+    second = plan(dataclasses.replace(facts, grub=grub, cmdline=cmdline, pci=bound))
+    assert second.grub_dropin == first.grub_dropin
+    assert second.desired_grub_line == first.desired_grub_line == effective
+    assert not second.reboot_needed and second.reboot_reasons == ()
+
+
+def test_shared_group_is_refused_unless_allowed():
+    facts = lab_facts()
+    nic = dataclasses.replace(facts.function("0000:00:05.0"), address="0000:01:00.2", iommu_group=6)
+    groups = {**facts.iommu.groups, 6: (*facts.iommu.groups[6], "0000:01:00.2")}
+    shared = dataclasses.replace(facts, pci=(*facts.pci, nic), iommu=dataclasses.replace(facts.iommu, groups=groups))
+    result = plan(shared)
+    assert refusal_codes(result) == ["group.shared"]
+    refusal = result.refusals[0]
+    assert "lab-1" in refusal.message and "0000:01:00.2" in refusal.message and "1af4:1000" in refusal.message
+    assert "gpuhost_allow_shared_group: [0000:01:00.0]" in refusal.fix
+    with pytest.raises(PlanRefused, match="shares IOMMU group 6"):
+        result.require_applicable()
+    allowed = plan(shared, gpuhost_allow_shared_group=["0000:01:00.0"])
+    assert allowed.applicable and "0000:01:00.2" in {f.address for f in allowed.functions}
+
+
+@pytest.mark.parametrize(
+    ("bootloader", "code"),
+    [
+        (Bootloader("systemd-boot", True, "bootctl", "systemd-boot entries and no /etc/default/grub"), "bootloader"),
+        (Bootloader("grubby", True, "grubby", "grubby and /boot/loader/entries (BLS) are present"), "bootloader"),
+        (Bootloader("unknown", False, None, "no GRUB found"), "bootloader"),
+    ],
+)
+def test_bootloaders_other_than_grub_are_refused(bootloader, code):
+    result = plan(dataclasses.replace(lab_facts(), bootloader=bootloader))
+    assert refusal_codes(result) == ["bootloader.unsupported"]
+    assert bootloader.kind in result.refusals[0].message
+
+
+def test_grub_file_that_is_not_valid_shell_is_refused():
+    facts = lab_facts()
+    broken = dataclasses.replace(
+        facts.grub, syntax_error="/etc/default/grub: 12: Syntax error: Unterminated quoted string"
+    )
+    result = plan(dataclasses.replace(facts, grub=broken))
+    assert refusal_codes(result) == ["grub.syntax"] and "Unterminated" in result.refusals[0].message
+
+
+def test_no_iommu_in_firmware_is_refused_and_a_disabled_one_gets_the_vendor_flag():
+    facts = lab_facts()
+    no_iommu = Iommu(dmar_table=False, ivrs_table=False, units=(), groups={}, group_types={})
+    result = plan(dataclasses.replace(facts, iommu=no_iommu))
+    assert "iommu.firmware" in refusal_codes(result)
+    assert "BIOS" in next(r.fix for r in result.refusals if r.code == "iommu.firmware")
+    # Firmware has VT-d but the kernel did not turn it on: intel_iommu=on is added, no refusal.
+    off = Iommu(dmar_table=True, ivrs_table=False, units=(), groups={}, group_types={})
+    flagged = plan(dataclasses.replace(facts, iommu=off))
+    assert "iommu.firmware" not in refusal_codes(flagged) and "intel_iommu=on" in flagged.kernel_options
+
+
+def test_other_refusals_no_gpu_no_vfio_unsupported_os():
+    facts = lab_facts()
+    assert refusal_codes(plan(facts, gpuhost_gpus="all")) == ["gpu.none_selected"]  # no NVIDIA GPU on the lab host
+    assert refusal_codes(plan(dataclasses.replace(facts, vfio_pci="absent"))) == ["vfio.absent"]
+    rocky = dataclasses.replace(facts, os_pretty_name="Rocky Linux 9.4 (Blue Onyx)")
+    assert refusal_codes(plan(rocky)) == ["os.unsupported"]
+
+
+def test_hugepages_that_the_host_cannot_hold_are_refused_before_anything_is_written():
+    facts = lab_facts()  # 3.8 GiB
+    result = plan(facts, gpuhost_hugepages=3)
+    assert refusal_codes(result) == ["hugepages.too_many"]
+    assert "does not boot" in result.refusals[0].message and "at most 1" in result.refusals[0].fix
+    assert refusal_codes(plan(facts, gpuhost_hugepages="2G")) == ["hugepages.too_many"]
+    no_1g = dataclasses.replace(facts, cpu=dataclasses.replace(facts.cpu, flags=facts.cpu.flags - {"pdpe1gb"}))
+    assert refusal_codes(plan(no_1g)) == ["hugepages.unsupported"]
+    zero = plan(facts, gpuhost_hugepages=0)
+    assert zero.applicable and not any(o.startswith(("hugepages", "default_hugepagesz")) for o in zero.kernel_options)
+    assert plan(facts, gpuhost_hugepages="auto").hugepages.pages == 0  # below 128 GB: none
+
+
+def _big_host(total_gib: int, nodes: int):
+    facts = lab_facts()
+    per_node = total_gib * GIB // nodes
+    numa = tuple(NumaNode(n, per_node, None, (HugePagePool(1048576, 0, 0),)) for n in range(nodes))
+    memory = MemInfo(total_gib * GIB, total_gib * GIB, 0, 0, 2048, 0)
+    return dataclasses.replace(facts, memory=memory, numa_nodes=numa)
+
+
+def test_auto_follows_the_guide_table_with_interpolation_and_splits_across_nodes():
+    for ram, pages in GUIDE_TABLE:
+        assert auto_pages(ram * GIB)[0] == pages
+    assert auto_pages(896 * GIB)[0] == 790  # halfway between 768 -> 700 and 1024 -> 880
+    assert auto_pages(100 * GIB)[0] == 0
+    assert auto_pages(256 * GIB)[0] == 233  # below the first row: its ratio, 700/768
+    assert auto_pages(8192 * GIB)[0] == 7760  # above the last row: its ratio
+    result = plan(_big_host(1024, 2), gpuhost_hugepages="auto")
+    assert result.hugepages.pages == 880 and result.hugepages.per_node == ((0, 440), (1, 440))
+    assert "hugepages=880" in result.kernel_options and result.applicable
+    lopsided = _big_host(1024, 2)
+    small_node = dataclasses.replace(lopsided.numa_nodes[1], mem_total_kib=100 * GIB)
+    result = plan(
+        dataclasses.replace(lopsided, numa_nodes=(lopsided.numa_nodes[0], small_node)), gpuhost_hugepages="auto"
+    )
+    assert refusal_codes(result) == ["hugepages.node_too_small"] and "NUMA node 1" in result.refusals[0].message
+
+
+def _guide_facts():
+    return guide_host((FIXTURES / "guide/five-gpu-host.txt").read_text(), GUIDE_CMDLINE, snapshot_facts("dev-vm"))
+
+
+def test_keeping_one_of_identical_gpus_binds_by_address_with_driver_override():
+    facts = _guide_facts()
+    facts = dataclasses.replace(facts, grub=lab_facts().grub, bootloader=lab_facts().bootloader, vfio_pci="module")
+    everything = plan(facts, gpuhost_gpus="all", gpuhost_hugepages=0)
+    assert everything.bind_by == "ids" and everything.vfio_ids == ("10de:2bb1", "10de:22e8")
+    assert len(everything.functions) == 8
+    keep_one = ["0000:01:00.0", "0000:41:00.0", "0000:81:00.0"]
+    result = plan(facts, gpuhost_gpus=keep_one, gpuhost_hugepages=0)
+    assert result.applicable and result.bind_by == "address" and result.vfio_ids == ()
+    assert not any(o.startswith("vfio-pci.ids") for o in result.kernel_options)
+    assert sorted(result.override_addresses) == [
+        "0000:01:00.0",
+        "0000:01:00.1",
+        "0000:41:00.0",
+        "0000:41:00.1",
+        "0000:81:00.0",
+        "0000:81:00.1",
+    ]
+    assert "0000:c1:00.0" not in result.override_script and "0000:41:00.1" in result.override_script
+    assert "0000:c1:00.0" in result.notes[0]
+    refused = plan(facts, gpuhost_gpus=keep_one, gpuhost_hugepages=0, gpuhost_bind_by="ids")
+    assert refusal_codes(refused) == ["vfio_ids.captures_kept"]
+    assert "gpuhost_bind_by: address" in refused.refusals[0].fix and "0000:c1:00.0" in refused.refusals[0].message
+
+
+def test_driver_removal_from_facts():
+    facts = lab_facts()
+    nvidia = NvidiaInstall(packages=(Package("nvidia-driver-lab", "535"),), runfile_installed=True, loaded_version=None)
+    result = plan(dataclasses.replace(facts, nvidia=nvidia))
+    removal = result.driver_removal
+    assert removal.packages == ("nvidia-driver-lab",) and removal.runfile and removal.pin
+    assert "/etc/X11/xorg.conf" in removal.files and removal.needed
+    kept = plan(dataclasses.replace(facts, nvidia=nvidia), gpuhost_remove_nvidia_driver=False)
+    assert not kept.driver_removal.needed and not kept.driver_removal.pin
+
+
+def test_optional_options_and_snd_hda_blacklist():
+    result = plan(
+        lab_facts(),
+        gpuhost_pci_realloc=True,
+        gpuhost_pcie_aspm_off="yes",
+        gpuhost_nomodeset=True,
+        gpuhost_blacklist_snd_hda_intel=True,
+    )
+    assert {"pci=realloc", "pcie_aspm=off", "nomodeset"} <= set(result.kernel_options)
+    assert "modprobe.blacklist=nouveau,nvidia,nvidiafb,snd_hda_intel" in result.kernel_options
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("gpuhost_hugepages", "4;reboot"),
+        ("gpuhost_hugepages", "$(id)"),
+        ("gpuhost_hugepages", '4"'),
+        ("gpuhost_hugepages", "4\nreboot"),
+        ("gpuhost_hugepages", "-1"),
+        ("gpuhost_hugetlbfs_mount", "/mnt/$(id)"),
+        ("gpuhost_hugetlbfs_mount", "/mnt/a b"),
+        ("gpuhost_hugetlbfs_mount", "/mnt/../etc"),
+        ("gpuhost_hugetlbfs_mount", "relative"),
+        ("gpuhost_pci_realloc", "maybe"),
+        ("gpuhost_bind_by", "both"),
+        ("gpuhost_gpus", ["1234:1111;reboot"]),
+        ("gpuhost_allow_shared_group", ["`id`"]),
+    ],
+)
+def test_inventory_values_that_could_reach_a_shell_or_file_are_rejected(name, value):
+    with pytest.raises(InputError, match="inventory host lab-1"):
+        PlanSettings.from_variables({**LAB_VARS, name: value}, "inventory host lab-1")
+
+
+def test_plan_json_is_plain_data():
+    import json
+
+    data = plan(lab_facts()).to_json()
+    assert data["schema"] == "gpuhost.plan/1" and data["applicable"] is True
+    assert json.loads(json.dumps(data)) == data
