@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.gather import gather_script
-from gpuhost.facts.snapshot import SnapshotTree, unpack_gathered
+from gpuhost.facts.snapshot import MemoryTree, SnapshotTree, unpack_gathered
 
 ESSENTIAL = ("proc/cmdline", "proc/cpuinfo", "proc/meminfo", "commands/status.txt", "commands/pci-device-paths.txt")
 
@@ -39,3 +39,9 @@ def test_gathered_functions_match_the_kernels(tmp_path):
     assert sorted(f.address for f in facts.pci) == sorted(entry.name for entry in devices.iterdir())
     for function in facts.pci:
         assert function.vendor == int((devices / function.address / "vendor").read_text(), 16)
+
+
+def test_the_in_memory_tree_reads_as_the_snapshot_directory(tmp_path):
+    archive = subprocess.run(["sh", "-s"], input=gather_script(), capture_output=True, check=True).stdout
+    unpack_gathered(archive, tmp_path / "snap")
+    assert build_facts(MemoryTree.from_archive(archive)) == build_facts(SnapshotTree(tmp_path / "snap"))

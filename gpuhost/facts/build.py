@@ -26,14 +26,14 @@ from gpuhost.facts.model import (
     PcieLink,
     PciFunction,
 )
-from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.facts.snapshot import Tree
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 MODPROBE_DIRS = ("/etc/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
 NVIDIA_PACKAGE_PREFIXES = ("nvidia-", "libnvidia-", "cuda-drivers", "xserver-xorg-video-nvidia", "kmod-nvidia")
 
 
-def build_facts(tree: SnapshotTree) -> HostFacts:
+def build_facts(tree: Tree) -> HostFacts:
     exists = _exists_set(tree)
     status = p.parse_command_status(tree.command("status") or "")
     cmdline_text = tree.read("/proc/cmdline")
@@ -79,12 +79,12 @@ def _first_line(text: str | None) -> str | None:
     return stripped.splitlines()[0] if stripped else None
 
 
-def _exists_set(tree: SnapshotTree) -> frozenset[str] | None:
+def _exists_set(tree: Tree) -> frozenset[str] | None:
     text = tree.command("exists")
     return None if text is None else frozenset(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _pci_functions(tree: SnapshotTree) -> tuple[PciFunction, ...]:
+def _pci_functions(tree: Tree) -> tuple[PciFunction, ...]:
     parents = p.parse_pci_device_paths(tree.command("pci-device-paths") or "")
     functions = []
     for address in tree.list(PCI_DEVICES):
@@ -133,7 +133,7 @@ def _pci_functions(tree: SnapshotTree) -> tuple[PciFunction, ...]:
     return tuple(functions)
 
 
-def _iommu(tree: SnapshotTree, exists: frozenset[str] | None) -> Iommu:
+def _iommu(tree: Tree, exists: frozenset[str] | None) -> Iommu:
     acpi_text = tree.command("acpi-tables")
     acpi_tables = None if acpi_text is None else set(acpi_text.split())
     groups: dict[int, tuple[str, ...]] = {}
@@ -165,7 +165,7 @@ def _iommu(tree: SnapshotTree, exists: frozenset[str] | None) -> Iommu:
     )
 
 
-def _hugepage_pools(tree: SnapshotTree, directory: str) -> tuple[HugePagePool, ...]:
+def _hugepage_pools(tree: Tree, directory: str) -> tuple[HugePagePool, ...]:
     pools = []
     for name in tree.list(directory):
         size = p.parse_hugepage_dir_size(name)
@@ -180,7 +180,7 @@ def _hugepage_pools(tree: SnapshotTree, directory: str) -> tuple[HugePagePool, .
     return tuple(sorted(pools, key=lambda pool: pool.size_kib))
 
 
-def _numa_nodes(tree: SnapshotTree) -> tuple[NumaNode, ...]:
+def _numa_nodes(tree: Tree) -> tuple[NumaNode, ...]:
     nodes = []
     for name in tree.list("/sys/devices/system/node"):
         if not name.startswith("node") or not name[4:].isdigit():
@@ -198,7 +198,7 @@ def _numa_nodes(tree: SnapshotTree) -> tuple[NumaNode, ...]:
     return tuple(sorted(nodes, key=lambda node: node.node_id))
 
 
-def _modules(tree: SnapshotTree, kernel_release: str | None) -> Modules | None:
+def _modules(tree: Tree, kernel_release: str | None) -> Modules | None:
     loaded_text = tree.read("/proc/modules")
     if loaded_text is None:
         return None
@@ -224,21 +224,21 @@ def _vfio_pci_kind(modules: Modules | None, exists: frozenset[str] | None) -> st
     return None
 
 
-def _vfio_module_ids(tree: SnapshotTree) -> tuple[str, ...] | None:
+def _vfio_module_ids(tree: Tree) -> tuple[str, ...] | None:
     text = tree.read("/sys/module/vfio_pci/parameters/ids")
     if text is None:
         return None
     return tuple(item for item in text.strip().split(",") if item)
 
 
-def _initramfs(tree: SnapshotTree, status: dict[str, int]) -> Initramfs:
+def _initramfs(tree: Tree, status: dict[str, int]) -> Initramfs:
     text = tree.command("lsinitramfs")
     if text is None or status.get("lsinitramfs", 0) != 0:
         return Initramfs(entries=None)
     return Initramfs(entries=tuple(line.strip() for line in text.splitlines() if line.strip()))
 
 
-def _grub(tree: SnapshotTree, status: dict[str, int]) -> GrubConfig:
+def _grub(tree: Tree, status: dict[str, int]) -> GrubConfig:
     present = tree.read("/etc/default/grub") is not None
     dropins = tuple(f"/etc/default/grub.d/{name}" for name in tree.list("/etc/default/grub.d") if name.endswith(".cfg"))
     effective = tree.command("grub-effective")
@@ -258,7 +258,7 @@ def _grub(tree: SnapshotTree, status: dict[str, int]) -> GrubConfig:
     )
 
 
-def _bootloader(tree: SnapshotTree, exists: frozenset[str] | None) -> Bootloader:
+def _bootloader(tree: Tree, exists: frozenset[str] | None) -> Bootloader:
     which = {line.strip().rsplit("/", 1)[-1] for line in (tree.command("which") or "").splitlines() if line}
     efi = None if exists is None else "/sys/firmware/efi" in exists
     has_bls = exists is not None and "/boot/loader/entries" in exists
@@ -278,7 +278,7 @@ def _bootloader(tree: SnapshotTree, exists: frozenset[str] | None) -> Bootloader
     return Bootloader(BOOTLOADER_UNKNOWN, efi, None, "no GRUB, systemd-boot or BLS configuration found")
 
 
-def _nvidia(tree: SnapshotTree, exists: frozenset[str] | None) -> NvidiaInstall:
+def _nvidia(tree: Tree, exists: frozenset[str] | None) -> NvidiaInstall:
     packages: tuple[Package, ...] | None = None
     dpkg = tree.command("dpkg")
     rpm = tree.command("rpm")
@@ -296,7 +296,7 @@ def _nvidia(tree: SnapshotTree, exists: frozenset[str] | None) -> NvidiaInstall:
     )
 
 
-def _modprobe(tree: SnapshotTree) -> tuple[ModprobeDirective, ...]:
+def _modprobe(tree: Tree) -> tuple[ModprobeDirective, ...]:
     directives: list[ModprobeDirective] = []
     for directory in MODPROBE_DIRS:
         for name in tree.list(directory):
@@ -306,7 +306,7 @@ def _modprobe(tree: SnapshotTree) -> tuple[ModprobeDirective, ...]:
     return tuple(directives)
 
 
-def _kernel_log(tree: SnapshotTree, status: dict[str, int]) -> KernelLog | None:
+def _kernel_log(tree: Tree, status: dict[str, int]) -> KernelLog | None:
     text = tree.command("dmesg")
     if text is None or status.get("dmesg", 0) != 0:
         return None

@@ -10,7 +10,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from gpuhost.facts.snapshot import GatherFormatError, SnapshotTree, new_meta, unpack_gathered, write_meta
+from gpuhost.facts.snapshot import GatherFormatError, MemoryTree, SnapshotTree, new_meta, unpack_gathered, write_meta
 from gpuhost.transport import Transport, TransportError
 
 GATHER_TIMEOUT_S = 180.0
@@ -50,3 +50,8 @@ def capture(transport: Transport, destination: Path, host: str) -> SnapshotTree:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return SnapshotTree(destination)
+
+
+def gather_tree(transport: Transport) -> MemoryTree:
+    """Gather for an audit: the host's tree held in memory, nothing written to disk."""
+    return MemoryTree.from_archive(gather_archive(transport))

@@ -19,6 +19,7 @@ import json
 import os
 import tarfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -62,51 +63,32 @@ def new_meta(host: str, source: str) -> SnapshotMeta:
     )
 
 
-class SnapshotTree:
-    """Read-only access to a snapshot directory, by the host's absolute paths."""
+class Tree:
+    """Read-only access to a gathered tree by the host's absolute paths ('/proc/cmdline').
 
-    def __init__(self, root: Path) -> None:
-        self.root = root.resolve()
+    Two kinds: a snapshot directory on disk, and a live host's archive held in memory.
+    """
 
-    def _inside(self, host_path: str) -> Path | None:
-        candidate = self.root / host_path.lstrip("/")
-        try:
-            resolved = candidate.resolve()
-        except (OSError, RuntimeError):
-            return None
-        if resolved != self.root and self.root not in resolved.parents:
-            return None
-        return resolved
-
-    def read(self, host_path: str) -> str | None:
-        """The file's text; None when it was not captured (missing, unreadable on the host)."""
-        path = self._inside(host_path)
-        if path is None or not path.is_file():
-            return None
-        try:
-            with path.open("rb") as handle:
-                data = handle.read(MAX_FILE_BYTES)
-        except OSError:
-            return None
-        # sysfs reports 4096 bytes for every attribute; a capture made with tar (which trusts that
-        # size) pads the text with NUL bytes, and no text file the audit reads contains NUL.
-        return data.rstrip(b"\0").decode("utf-8", errors="replace")
+    def _read_bytes(self, host_path: str) -> bytes | None:
+        raise NotImplementedError
 
     def link(self, host_path: str) -> str | None:
-        """The target of a symlink on the host, stored as a symlink or as a file naming it."""
-        candidate = self.root / host_path.lstrip("/")
-        if candidate.is_symlink():
-            return str(candidate.readlink())
+        """The target of a symlink on the host, recorded as a file naming it."""
         text = self.read(host_path)
         return None if text is None else text.strip() or None
 
     def list(self, host_path: str) -> list[str]:
         """Names in a captured directory, sorted; [] when it was not captured."""
-        candidate = self.root / host_path.lstrip("/")
-        path = self._inside(host_path)
-        if path is None or candidate.is_symlink() or not path.is_dir():
-            return []
-        return sorted(entry.name for entry in path.iterdir())
+        raise NotImplementedError
+
+    def read(self, host_path: str) -> str | None:
+        """The file's text; None when it was not captured (missing, unreadable on the host)."""
+        data = self._read_bytes(host_path)
+        if data is None:
+            return None
+        # sysfs reports 4096 bytes for every attribute; a capture made with tar (which trusts that
+        # size) pads the text with NUL bytes, and no text file the audit reads contains NUL.
+        return data.rstrip(b"\0").decode("utf-8", errors="replace")
 
     def command(self, name: str) -> str | None:
         """The output of a command the gather script ran; None when it did not run."""
@@ -128,6 +110,77 @@ class SnapshotTree:
             return None
 
 
+class SnapshotTree(Tree):
+    """A snapshot directory. Never follows a path out of it: a snapshot can come from anywhere."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def _inside(self, host_path: str) -> Path | None:
+        candidate = self.root / host_path.lstrip("/")
+        try:
+            resolved = candidate.resolve()
+        except (OSError, RuntimeError):
+            return None
+        if resolved != self.root and self.root not in resolved.parents:
+            return None
+        return resolved
+
+    def _read_bytes(self, host_path: str) -> bytes | None:
+        path = self._inside(host_path)
+        if path is None or not path.is_file():
+            return None
+        try:
+            with path.open("rb") as handle:
+                return handle.read(MAX_FILE_BYTES)
+        except OSError:
+            return None
+
+    def link(self, host_path: str) -> str | None:
+        """Links may also be real symlinks in a snapshot made by other means (cp -a, tar)."""
+        candidate = self.root / host_path.lstrip("/")
+        if candidate.is_symlink():
+            return str(candidate.readlink())
+        return super().link(host_path)
+
+    def list(self, host_path: str) -> list[str]:
+        candidate = self.root / host_path.lstrip("/")
+        path = self._inside(host_path)
+        if path is None or candidate.is_symlink() or not path.is_dir():
+            return []
+        return sorted(entry.name for entry in path.iterdir())
+
+
+class MemoryTree(Tree):
+    """A live host's gathered archive, read in memory: nothing is written to the controller's disk."""
+
+    def __init__(self, files: dict[str, bytes], directories: set[str]) -> None:
+        self._files = files
+        self._children: dict[str, set[str]] = {}
+        for path in [*files, *directories]:
+            parent, _, name = path.rpartition("/")
+            while name:
+                self._children.setdefault(parent or "/", set()).add(name)
+                parent, _, name = parent.rpartition("/")
+
+    @classmethod
+    def from_archive(cls, archive: bytes) -> MemoryTree:
+        files: dict[str, bytes] = {}
+        directories: set[str] = set()
+        for name, data in vetted_members(archive):
+            if data is None:
+                directories.add(f"/{name}")
+            else:
+                files[f"/{name}"] = data
+        return cls(files, directories)
+
+    def _read_bytes(self, host_path: str) -> bytes | None:
+        return self._files.get("/" + host_path.strip("/"))
+
+    def list(self, host_path: str) -> list[str]:
+        return sorted(self._children.get("/" + host_path.strip("/") if host_path.strip("/") else "/", ()))
+
+
 def open_snapshot(directory: Path) -> SnapshotTree:
     """A snapshot given by the user: it must look like one, or the error says what is wrong."""
     if not directory.is_dir():
@@ -141,15 +194,10 @@ def open_snapshot(directory: Path) -> SnapshotTree:
     return tree
 
 
-def unpack_gathered(archive: bytes, destination: Path) -> None:
-    """Unpack the gather script's tar.gz into `destination`, refusing anything unsafe.
-
-    Only regular files and directories are written, each by this function itself (tarfile's
-    extraction filters need Python 3.11.4+, and Debian 12 ships 3.11.2): links, devices and
-    paths that would leave the destination are never created, whatever the host sent.
-    """
-    destination.mkdir(parents=True, exist_ok=True)
-    root = destination.resolve()
+def vetted_members(archive: bytes) -> Iterator[tuple[str, bytes | None]]:
+    """(relative path, content) of each safe member of the gather script's tar.gz; content None
+    for a directory. Links, devices and paths that would leave the tree are never yielded,
+    whatever the host sent, and the sizes are capped."""
     total = 0
     try:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
@@ -159,22 +207,37 @@ def unpack_gathered(archive: bytes, destination: Path) -> None:
                 name = os.path.normpath(member.name)
                 if name == ".":
                     continue
-                target = (root / name).resolve()
-                if name.startswith(("/", "..")) or root not in target.parents:
+                if name.startswith(("/", "..")) or "\0" in name:
                     raise tarfile.TarError(f"unsafe path {member.name!r}")
                 if member.isdir():
-                    target.mkdir(parents=True, exist_ok=True)
+                    yield name, None
                     continue
                 total += member.size
                 if member.size > MAX_FILE_BYTES or total > MAX_UNPACKED_BYTES:
                     raise tarfile.TarError(f"{member.name!r} makes the capture larger than allowed")
                 source = tar.extractfile(member)
-                if source is None:
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(source.read())
+                yield name, b"" if source is None else source.read()
     except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as error:
         raise GatherFormatError(f"the captured data could not be unpacked: {error}") from error
+
+
+def unpack_gathered(archive: bytes, destination: Path) -> None:
+    """Write the gather script's tar.gz into `destination` as a snapshot directory.
+
+    Members are written one by one by this function (tarfile's extraction filters need Python
+    3.11.4+, and Debian 12 ships 3.11.2), and each target is checked to stay inside.
+    """
+    destination.mkdir(parents=True, exist_ok=True)
+    root = destination.resolve()
+    for name, data in vetted_members(archive):
+        target = (root / name).resolve()
+        if root not in target.parents:
+            raise GatherFormatError(f"the captured data could not be unpacked: unsafe path {name!r}")
+        if data is None:
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
 
 
 class GatherFormatError(Exception):
