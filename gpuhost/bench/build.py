@@ -110,7 +110,10 @@ def find_kernel_sources(environ: dict[str, str] | None = None) -> KernelSources:
     )
 
 
-def find_nvcc(environ: dict[str, str] | None = None) -> Path:
+DEFAULT_NVCC = (Path("/usr/local/cuda/bin/nvcc"),)
+
+
+def find_nvcc(environ: dict[str, str] | None = None, fallbacks: tuple[Path, ...] = DEFAULT_NVCC) -> Path:
     env = os.environ if environ is None else environ
     candidates: list[Path] = []
     for variable in ("CUDA_HOME", "CUDA_PATH"):
@@ -119,7 +122,7 @@ def find_nvcc(environ: dict[str, str] | None = None) -> Path:
     on_path = shutil.which("nvcc", path=env.get("PATH"))
     if on_path:
         candidates.append(Path(on_path))
-    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
+    candidates.extend(fallbacks)
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
@@ -136,7 +139,7 @@ def parse_nvcc_version(text: str) -> str:
     raise KernelBuildError(f"could not read the nvcc version from: {text.strip()[:200]!r}")
 
 
-def _toolkit_root(nvcc: Path) -> Path:
+def toolkit_root(nvcc: Path) -> Path:
     # /usr/local/bin/nvcc may be a wrapper script: prefer the real toolkit if it is there.
     resolved = nvcc.resolve()
     root = resolved.parent.parent
@@ -157,7 +160,7 @@ def _python_cublas_dirs() -> Iterable[tuple[Path, Path]]:
 
 
 def find_cublas(nvcc: Path) -> Cublas | None:
-    root = _toolkit_root(nvcc)
+    root = toolkit_root(nvcc)
     pairs: list[tuple[Path, Path]] = [
         (root / "include", root / "lib64"),
         (root / "targets" / "x86_64-linux" / "include", root / "targets" / "x86_64-linux" / "lib"),

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost import __version__
-from gpuhost.bench.environment import Environment, RunSamples
+from gpuhost.bench.environment import Environment, GpuEnvironment, PcieLink, RunSamples
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
 from gpuhost.bench.verdict import Verdict
@@ -151,3 +151,63 @@ def load_baseline(path: Path) -> SuiteRun:
         return parse_suite_document(document)
     except GpuhostError as error:  # name the file in the message
         raise InputError(f"the baseline {path} is neither a smoke-test JSON nor a suite output: {error}") from error
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """A smoke-test document read back: enough to judge the run again without a GPU."""
+
+    suite_document: dict[str, Any]
+    run: SuiteRun
+    environment: Environment
+    samples: tuple[RunSamples, ...]
+    timings: Timings
+    build: BuildInfo
+
+
+def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise InputError(f"recorded run: {where} must be an object")
+    names = {f.name for f in dataclasses.fields(cls)}
+    missing = names - raw.keys()
+    if missing:
+        raise InputError(f"recorded run: {where} lacks {sorted(missing)}")
+    return {name: raw[name] for name in names}
+
+
+def read_recorded(document: Any) -> Recorded:
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise InputError(f"not a smoke-test JSON document (schema {SCHEMA})")
+    raw_environment = document.get("environment")
+    environment_fields = _fields(Environment, raw_environment, "environment")
+    gpus = []
+    for i, raw_gpu in enumerate(environment_fields.pop("gpus") or []):
+        gpu = _fields(GpuEnvironment, raw_gpu, f"environment.gpus[{i}]")
+        gpu["link"] = PcieLink(**_fields(PcieLink, gpu["link"], f"environment.gpus[{i}].link"))
+        gpu["compute_capability"] = tuple(gpu["compute_capability"])
+        gpus.append(GpuEnvironment(**gpu))
+    environment = Environment(**environment_fields, gpus=tuple(gpus))
+    samples = tuple(
+        RunSamples(**_fields(RunSamples, raw, f"samples[{i}]")) for i, raw in enumerate(document.get("samples") or [])
+    )
+    suite_document = document.get("suite")
+    if not isinstance(suite_document, dict):
+        raise InputError("recorded run: 'suite' must be the suite's document")
+    return Recorded(
+        suite_document=suite_document,
+        run=parse_suite_document(suite_document),
+        environment=environment,
+        samples=samples,
+        timings=Timings(**_fields(Timings, document.get("timings"), "timings")),
+        build=BuildInfo(**_fields(BuildInfo, document.get("build"), "build")),
+    )
+
+
+def load_recorded(path: Path) -> Recorded:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror}") from error
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path} is not JSON: {error}") from error
+    return read_recorded(document)

@@ -76,7 +76,7 @@ def render(
         headers += ["% baseline", "baseline"]
     rows = []
     for m in verdict.metrics:
-        reference = "-" if m.reference is None else f"{m.reference:g} {m.unit}"
+        reference = "-" if m.reference is None else f"{m.reference:.4g} {m.unit}"
         row = [
             m.status.value + ("" if m.verified else "!"),
             m.label,

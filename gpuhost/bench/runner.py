@@ -20,7 +20,7 @@ from gpuhost.bench.environment import (
     open_nvml,
     read_environment,
 )
-from gpuhost.bench.jsonout import BuildInfo, Timings, load_baseline
+from gpuhost.bench.jsonout import BuildInfo, Timings, load_baseline, load_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import SuiteRun, parse_suite_document
 from gpuhost.bench.verdict import Verdict, judge, judge_environment
@@ -140,3 +140,24 @@ def smoke_test(options: SmokeOptions) -> Outcome:
     timings = Timings(built.seconds, built.cached, suite_s, time.monotonic() - started)
     build = BuildInfo(str(built.binary), built.arch, built.cache_key, toolchain.version, built.with_cublas)
     return Outcome(verdict, run, document, environment, samples, table.origin, timings, build, baseline is not None)
+
+
+def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
+    """Judge a recorded --json document again, with today's rules, table and baseline: no GPU needed."""
+    table = load_model_table(options.gpu_table)
+    baseline = load_baseline(options.baseline) if options.baseline else None
+    recorded = load_recorded(recorded_path)
+    models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in recorded.environment.gpus}
+    findings = judge_environment(recorded.environment, recorded.samples, models)
+    verdict = judge(recorded.run, model=models.get(recorded.run.device.index), findings=findings, baseline=baseline)
+    return Outcome(
+        verdict,
+        recorded.run,
+        recorded.suite_document,
+        recorded.environment,
+        recorded.samples,
+        table.origin,
+        recorded.timings,
+        recorded.build,
+        baseline is not None,
+    )

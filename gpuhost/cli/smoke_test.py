@@ -57,12 +57,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rebuild", action="store_true", help="compile the kernels even if a cached build matches")
     parser.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh each run)")
     parser.add_argument("--verbose", action="store_true", help="also print each threshold's reason")
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        metavar="FILE",
+        help="judge a recorded --json FILE again (no GPU needed), e.g. with another --gpu-table",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so that `gpuhost --help` stays fast and import errors surface as errors.
     from gpuhost.bench import jsonout, report
-    from gpuhost.bench.runner import SmokeOptions, smoke_test
+    from gpuhost.bench.runner import SmokeOptions, replay, smoke_test
     from gpuhost.bench.verdict import Status
 
     options = SmokeOptions(
@@ -75,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         benchmarks=args.only,
         seed=args.seed,
     )
-    outcome = smoke_test(options)
+    outcome = replay(args.replay, options) if args.replay is not None else smoke_test(options)
     print(
         report.render(
             outcome.verdict,

@@ -1,0 +1,125 @@
+"""`gpuhost smoke-test` as a user runs it: exit codes and messages, and replays of real runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuhost.cli.main import main
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "h100-smoke"
+NO_DRIVER = (
+    "gpuhost smoke-test: error: no NVIDIA driver in this machine: NVML (libnvidia-ml.so.1) was not found, so no "
+    "GPU is visible. On the host, check that the GPU (and its audio function) is bound to vfio-pci "
+    "(`gpuhost audit`), that the VM's domain XML has a <hostdev> for its PCI address, and, in the guest, that "
+    "the NVIDIA driver is installed and loaded (`lsmod | grep nvidia`).\n"
+)
+
+
+def run_cli(*args: str, python_prelude: str = "") -> subprocess.CompletedProcess[str]:
+    code = python_prelude + "import sys; from gpuhost.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", code, "smoke-test", *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_machine_without_a_gpu_driver_exits_2_with_the_reason() -> None:
+    # This test machine (like CI) has nvidia-ml-py but no NVIDIA driver: NVML's library is absent.
+    result = run_cli("--quick")
+    assert result.returncode == 2
+    assert result.stderr == NO_DRIVER
+    assert result.stdout == ""
+
+
+def test_missing_nvidia_ml_py_exits_2_with_the_fix() -> None:
+    hide_pynvml = "import sys; sys.modules['pynvml'] = None\n"  # import pynvml now raises ImportError
+    result = run_cli(python_prelude=hide_pynvml)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "gpuhost smoke-test: error: gpuhost smoke-test (GPU checks through NVML) needs the Python package "
+        "'nvidia-ml-py', which is not installed. Install it with: pip install 'gpuhost[guest]'\n"
+    )
+
+
+def test_guest_code_path_imports_no_controller_packages() -> None:
+    probe = "import sys\nfor name in ('rich', 'paramiko', 'ansible', 'yaml', 'jinja2'): sys.modules[name] = None\n"
+    result = run_cli("--replay", str(FIXTURES / "smoke-quick.json"), python_prelude=probe)
+    assert result.returncode == 0, result.stderr
+    assert "VERDICT: PASS" in result.stdout
+
+
+def test_replay_of_the_h100_run_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["smoke-test", "--replay", str(FIXTURES / "smoke-full.json")]) == 0
+    out = capsys.readouterr().out
+    assert "gpuhost smoke-test (full): GPU 0 NVIDIA H100 80GB HBM3" in out
+    assert "PASS    copy, bytes read + written" in out
+    assert out.rstrip().endswith("VERDICT: PASS")
+
+
+def test_a_wrong_table_turns_the_verdict_into_fail_naming_the_measurement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = json.loads((REPO / "gpuhost" / "data" / "gpu_models.json").read_text())
+    for model in table["models"]:
+        if "2330" in model["pci_device_ids"]:
+            model["memory_bandwidth_GBps"] *= 2
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps(table))
+    code = main(["smoke-test", "--replay", str(FIXTURES / "smoke-quick.json"), "--gpu-table", str(wrong)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "  - FAIL copy: 2953 GB/s; 44% of 6700 GB/s (PASS needs >= 80%)" in out
+    assert "  - FAIL triad: " in out
+    assert out.rstrip().endswith("VERDICT: FAIL")
+
+
+def test_replay_writes_json_and_plot_and_compares_a_baseline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "out.json"
+    plot = tmp_path / "roofline.png"
+    code = main(
+        [
+            "smoke-test",
+            "--replay",
+            str(FIXTURES / "smoke-quick.json"),
+            "--baseline",
+            str(FIXTURES / "smoke-full.json"),
+            "--json",
+            str(out_json),
+            "--plot",
+            str(plot),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "% baseline" in out
+    document = json.loads(out_json.read_text())
+    assert document["schema"] == "gpuhost-smoke-test/1" and document["verdict"]["status"] == "PASS"
+    copy_metric = next(m for m in document["metrics"] if m["metric"] == "copy")
+    # The quick run's 256 MiB copy against the full run's 1 GiB copy: within a few percent.
+    assert 95 <= copy_metric["percent_of_baseline"] <= 105
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["smoke-test", "--only", "copy,nonsense"])
+    assert caught.value.code == 2
+    assert "unknown benchmark(s)" in capsys.readouterr().err
+    missing = main(["smoke-test", "--replay", "/nonexistent/run.json"])
+    assert missing == 2
+    assert "cannot read /nonexistent/run.json" in capsys.readouterr().err
