@@ -22,6 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "snapshot": ("gpuhost.cli.snapshot", "capture what the audit reads from a host into a directory"),
     "lab": ("gpuhost.cli.lab", "emulated GPU hosts under QEMU (TCG) with SSH on 127.0.0.1, for rehearsals and CI"),
     "smoke-test": ("gpuhost.cli.smoke_test", "inside a guest: benchmark the GPU and judge it against its datasheet"),
+    "render": ("gpuhost.cli.render", "libvirt domain XML of an inventory VM with its GPUs passed through, validated"),
 }
 
 

@@ -1,0 +1,109 @@
+"""`gpuhost render`: the libvirt domain XML of one VM of `gpuhost_vms`, validated, on stdout.
+
+    gpuhost render -i inventory.yml --host gpu01 --vm train-1 > train-1.xml
+
+The host is audited read-only (one round trip, as `gpuhost audit`) for its facts, or they are
+read from a capture with --from-snapshot DIR. The VM and the host's policy come from the
+inventory. Exit status: 0 rendered (and valid), 2 refused or bad input (the message names each
+conflict).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpuhost.audit import audit_target
+from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.errors import EXIT_OK, GpuhostError, InputError
+from gpuhost.facts.build import build_facts
+from gpuhost.facts.model import HostFacts
+from gpuhost.facts.snapshot import open_snapshot
+from gpuhost.render.domain import render_domain
+from gpuhost.render.spec import find_vm, host_policy, validate_name
+from gpuhost.render.validate import validate_domain_xml
+from gpuhost.selection import GpuSelector
+from gpuhost.targets import SNAPSHOT, Target
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_target_options(parser, snapshots=False)
+    parser.add_argument("--host", required=True, metavar="NAME", help="the inventory host the VM runs on")
+    parser.add_argument("--vm", required=True, metavar="NAME", help="the VM's name in that host's gpuhost_vms")
+    parser.add_argument(
+        "--from-snapshot",
+        dest="snapshot_dir",
+        type=Path,
+        metavar="DIR",
+        help="take the host's facts from a snapshot directory instead of auditing it",
+    )
+    parser.add_argument(
+        "--taken",
+        action="append",
+        default=[],
+        metavar="ADDRESS=DOMAIN",
+        help="a host PCI function another defined domain already has (repeatable); `guest up` reads these from libvirt",
+    )
+    parser.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the XML here instead of stdout")
+    parser.add_argument("--no-validate", action="store_true", help="skip libvirt's schema check (virt-xml-validate)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.inventory is None:
+        raise InputError("gpuhost render needs the inventory that describes the VM: -i inventory.yml.")
+    if args.hosts:
+        raise InputError("gpuhost render takes the host as --host NAME (an inventory host), not as an argument.")
+    host = validate_name(args.host, "--host")
+    vm_name = validate_name(args.vm, "--vm")
+    args.limit = host
+    try:
+        matches = [target for target in resolve_targets(args) if target.name == host]
+    except InputError as error:
+        if "no hosts matching" not in str(error):
+            raise
+        matches = []
+    if len(matches) != 1:
+        raise InputError(f"inventory {args.inventory}: no host {host!r}.")
+    target = matches[0]
+    where = f"inventory host {host}"
+    spec = find_vm(target.variables, vm_name, where)
+    policy = host_policy(target.variables, target.policy, where)
+    facts = _facts(target, args.snapshot_dir)
+    xml = render_domain(facts, spec, policy, host=host, taken=parse_taken(args.taken))
+    if not args.no_validate:
+        validate_domain_xml(xml)
+    if args.output is not None:
+        args.output.write_text(xml, encoding="utf-8")
+    else:
+        sys.stdout.write(xml)
+    return EXIT_OK
+
+
+def _facts(target: Target, snapshot: Path | None) -> HostFacts:
+    if snapshot is not None:
+        return build_facts(open_snapshot(snapshot))
+    if target.kind == SNAPSHOT:  # pragma: no cover - inventories do not produce snapshot targets
+        assert target.snapshot is not None
+        return build_facts(open_snapshot(target.snapshot))
+    audit = audit_target(target)
+    if audit.error is not None or audit.facts is None:
+        raise GpuhostError(f"could not audit {target.name} for its facts: {audit.error}")
+    return audit.facts
+
+
+def parse_taken(values: list[str]) -> dict[str, str]:
+    """'0000:41:00.0=train-2' -> {'0000:41:00.0': 'train-2'}."""
+    taken: dict[str, str] = {}
+    for value in values:
+        address, sep, domain = value.partition("=")
+        if not sep:
+            raise InputError(f"--taken {value!r}: write it as ADDRESS=DOMAIN, e.g. 0000:41:00.0=train-2.")
+        try:
+            selector = GpuSelector.parse([address.strip()], f"--taken {value!r}")
+        except InputError:
+            selector = None
+        if selector is None or not selector.addresses:
+            raise InputError(f"--taken {value!r}: {address!r} is not a PCI address like 0000:41:00.0.")
+        taken[selector.addresses[0]] = validate_name(domain.strip(), f"--taken {value!r}")
+    return taken

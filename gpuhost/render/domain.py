@@ -1,0 +1,539 @@
+"""Host facts + a VM spec + the host's policy -> a libvirt domain (pure: no I/O beyond the template).
+
+`plan_domain` decides everything and refuses, naming each conflict, what cannot work on that
+host; `render_plan` only fills templates/domain.xml.j2 in. The layout, and why:
+
+- q35 with every passed-through card behind its own pcie-root-port, the card's functions kept
+  together as one multifunction device (function 0 carries multifunction='on'): on the root bus a
+  GPU would be an integrated endpoint, whose link speed and width the guest driver cannot read.
+- The vCPUs are pinned one to one to CPUs local to the GPUs' NUMA node and the guest memory is
+  bound to that node. A VM whose GPUs sit on several nodes gets one guest NUMA cell per host node,
+  each cell's vCPUs and memory on its node, and its GPUs behind a pcie-expander-bus (pxb-pcie)
+  that carries the cell's number, so the guest driver sees each GPU's node.
+- 1 GiB huge pages (locked) when the host reserved them; the pages must be free on the nodes the
+  memory is bound to.
+- The 64-bit PCI hole is sized from the cards' 64-bit prefetchable BARs (each root port's window
+  aligned to its largest BAR), never below QEMU's 32 GiB default. The guest sees the host's
+  physical address width (maxphysaddr passthrough), from which OVMF sizes its own 64-bit window.
+- No balloon (VFIO pins all guest memory anyway), no emulated display (serial console only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuhost.errors import InputError
+from gpuhost.facts.model import HostFacts, PciFunction
+from gpuhost.render.spec import HostPolicy, VmSpec
+from gpuhost.selection import GpuCard, functions_to_bind, gpu_cards, select_gpus
+
+KIB_PER_MIB = 1024
+HUGEPAGE_KIB = 1048576  # 1 GiB
+HOLE64_MIN_BYTES = 32 << 30  # QEMU's q35 default pci-hole64-size
+PXB_BUS_STEP = 0x20  # guest bus numbers reserved per pcie-expander-bus
+MAX_CELLS = 7
+FIRST_PORT_SLOT = 0x02  # pcie.0 slot of the first root port (0x00 host bridge, 0x1f ICH9)
+LAST_PORT_SLOT = 0x1E
+VFIO_PCI = "vfio-pci"
+
+TEMPLATES_ENV = "GPUHOST_TEMPLATES"
+
+
+class RenderRefused(InputError):
+    """The VM cannot be given what it asks for on this host; the message lists every conflict."""
+
+    def __init__(self, vm: str, host: str, conflicts: Sequence[str]) -> None:
+        self.conflicts = tuple(conflicts)
+        lines = "\n".join(f"  - {conflict}" for conflict in conflicts)
+        super().__init__(f"refusing to render VM {vm!r} for host {host}:\n{lines}")
+
+
+@dataclass(frozen=True)
+class GuestFunction:
+    host: PciFunction
+    guest_function: int
+    multifunction: bool  # function 0 of a device with several functions
+
+
+@dataclass(frozen=True)
+class RootPort:
+    """A pcie-root-port controller and what sits behind it (one device, maybe multifunction)."""
+
+    index: int  # controller index = the guest bus its device is addressed on
+    chassis: int
+    port: int
+    bus: int  # controller index of its parent (0: pcie.0, else a pcie-expander-bus)
+    slot: int
+    purpose: str  # 'GPU 0000:41:00.0', 'disk', 'network', 'rng'
+    functions: tuple[GuestFunction, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExpanderBus:
+    index: int
+    bus_nr: int
+    cell: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A guest NUMA cell bound to one host node."""
+
+    cell_id: int
+    host_node: int
+    first_vcpu: int
+    last_vcpu: int
+    memory_kib: int
+
+
+@dataclass(frozen=True)
+class DomainPlan:
+    name: str
+    host: str
+    domain_type: str
+    vcpus: int
+    memory_kib: int
+    hugepages: bool
+    firmware: str
+    ovmf_code: str
+    ovmf_vars: str
+    nvram: str
+    kernel: str | None
+    initrd: str | None
+    cmdline: str | None
+    cpu_mode: str
+    sockets: int
+    cores: int
+    cells: tuple[Cell, ...]  # guest NUMA cells; empty for a single-node VM
+    host_nodes: tuple[int, ...]  # host NUMA nodes the memory is bound to; empty: not bound (unknown)
+    vcpu_pins: tuple[tuple[int, int], ...]  # (vcpu, host cpu)
+    emulator_cpus: str | None
+    hole64_gib: int
+    expanders: tuple[ExpanderBus, ...]
+    ports: tuple[RootPort, ...]
+    disk_path: str | None
+    network: str | None
+    serial_log: str
+    notes: tuple[str, ...]  # facts worth a comment in the XML
+
+    @property
+    def gpu_ports(self) -> tuple[RootPort, ...]:
+        return tuple(port for port in self.ports if port.functions)
+
+    def port(self, purpose: str) -> RootPort | None:
+        return next((port for port in self.ports if port.purpose == purpose), None)
+
+
+def parse_cpulist(text: str | None) -> tuple[int, ...]:
+    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11)."""
+    cpus: list[int] = []
+    for part in (text or "").strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return tuple(sorted(set(cpus)))
+
+
+def format_cpulist(cpus: Sequence[int]) -> str:
+    """(0, 1, 2, 3, 8) -> '0-3,8'."""
+    ranges: list[str] = []
+    ordered = sorted(set(cpus))
+    start = previous = None
+    for cpu in [*ordered, None]:
+        if cpu is not None and previous is not None and cpu == previous + 1:
+            previous = cpu
+            continue
+        if start is not None:
+            ranges.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = cpu
+    return ",".join(ranges)
+
+
+def passthrough_gpus(facts: HostFacts, policy: HostPolicy) -> tuple[GpuCard, ...]:
+    """The host's passthrough GPUs in PCI address order: gpu0, gpu1, ... in a VM spec."""
+    selection = select_gpus(facts, policy.gpus)
+    return tuple(sorted(selection.passthrough, key=lambda card: card.gpu.address))
+
+
+def plan_domain(
+    facts: HostFacts,
+    spec: VmSpec,
+    policy: HostPolicy,
+    *,
+    host: str,
+    taken: Mapping[str, str] | None = None,
+) -> DomainPlan:
+    """Everything the domain XML says, decided; raises RenderRefused naming every conflict.
+
+    `taken` maps host PCI addresses to the other defined domain that has them as a hostdev
+    (the guest lifecycle reads it from libvirt); a domain of the same name is this VM redefined.
+    """
+    conflicts: list[str] = []
+    notes: list[str] = []
+    cards = _resolve_gpus(facts, spec, policy, conflicts)
+    groups = _passthrough_groups(facts, cards, policy, conflicts)
+    _check_functions(groups, spec, taken or {}, conflicts)
+
+    node_of = {card.gpu.address: _card_node(facts, card) for card in cards}
+    nodes = sorted({node for node in node_of.values() if node is not None})
+    if cards and len(nodes) < len({*node_of.values()}) and nodes:
+        unknown = ", ".join(address for address, node in node_of.items() if node is None)
+        conflicts.append(f"the NUMA node of {unknown} is unknown while the other GPUs have one; cannot place the VM.")
+    if not nodes:
+        notes.append("the host reports no NUMA node for these GPUs: vCPUs and memory are not pinned")
+
+    host_cpus = facts.cpu.logical_cpus if facts.cpu is not None else None
+    if host_cpus is not None and spec.vcpus > host_cpus:
+        conflicts.append(f"{spec.vcpus} vCPUs asked, but the host has {host_cpus} CPUs.")
+    cells_count = max(1, len(nodes))
+    if len(nodes) > MAX_CELLS:
+        conflicts.append(f"the GPUs span {len(nodes)} NUMA nodes; at most {MAX_CELLS} are supported.")
+    if spec.vcpus % cells_count:
+        conflicts.append(
+            f"the GPUs sit on NUMA nodes {format_cpulist(nodes)}: {spec.vcpus} vCPUs cannot be split evenly "
+            f"over {cells_count} guest NUMA cells; ask for a multiple of {cells_count}."
+        )
+    hugepages = _use_hugepages(facts, spec, conflicts)
+    granule_mib = 1024 if hugepages else 1
+    if spec.memory_mib % (granule_mib * cells_count):
+        unit = "GiB (1 GiB huge pages)" if hugepages else "MiB"
+        conflicts.append(
+            f"memory {spec.memory_mib} MiB cannot be split evenly over {cells_count} guest NUMA cells in whole {unit}."
+        )
+    pins, emulator = _pin_vcpus(facts, spec, policy, nodes, conflicts)
+    _check_memory(facts, spec, nodes, hugepages, conflicts)
+    if conflicts:
+        raise RenderRefused(spec.name, host, conflicts)
+
+    cell_memory_kib = spec.memory_mib * KIB_PER_MIB // cells_count
+    per_cell = spec.vcpus // cells_count
+    cells = (
+        tuple(Cell(i, node, i * per_cell, (i + 1) * per_cell - 1, cell_memory_kib) for i, node in enumerate(nodes))
+        if len(nodes) > 1
+        else ()
+    )
+    expanders, ports = _layout(spec, groups, node_of, nodes)
+    return DomainPlan(
+        name=spec.name,
+        host=host,
+        domain_type=spec.domain_type,
+        vcpus=spec.vcpus,
+        memory_kib=spec.memory_mib * KIB_PER_MIB,
+        hugepages=hugepages,
+        firmware=spec.firmware,
+        ovmf_code=policy.ovmf_code,
+        ovmf_vars=policy.ovmf_vars,
+        nvram=f"{policy.nvram_dir.rstrip('/')}/{spec.name}_VARS.fd",
+        kernel=spec.kernel,
+        initrd=spec.initrd,
+        cmdline=spec.cmdline,
+        cpu_mode="host-passthrough" if spec.domain_type == "kvm" else "maximum",
+        sockets=cells_count,
+        cores=per_cell,
+        cells=cells,
+        host_nodes=tuple(nodes),
+        vcpu_pins=pins,
+        emulator_cpus=emulator,
+        hole64_gib=_hole64_bytes(ports) >> 30,
+        expanders=expanders,
+        ports=ports,
+        disk_path=f"{policy.images_dir.rstrip('/')}/{spec.name}.qcow2" if spec.has_disk else None,
+        network=spec.network,
+        serial_log=f"{policy.serial_log_dir.rstrip('/')}/{spec.name}-serial.log",
+        notes=tuple(notes),
+    )
+
+
+def _resolve_gpus(facts: HostFacts, spec: VmSpec, policy: HostPolicy, conflicts: list[str]) -> tuple[GpuCard, ...]:
+    available = passthrough_gpus(facts, policy)
+    if spec.gpus == ("all",):
+        if not available:
+            conflicts.append(f"the host has no passthrough GPU ({policy.gpus.describe()}).")
+        return available
+    known = ", ".join(f"gpu{i} ({card.gpu.address})" for i, card in enumerate(available)) or "none"
+    by_address = {card.gpu.address: card for card in available}
+    all_cards = {card.gpu.address: card for card in gpu_cards(facts)}
+    chosen: list[GpuCard] = []
+    for name in spec.gpus:
+        if name.startswith("gpu"):
+            index = int(name[3:])
+            if index < len(available):
+                chosen.append(available[index])
+            else:
+                conflicts.append(f"unknown GPU {name!r}: the host's passthrough GPUs are {known}.")
+        elif name in by_address:
+            chosen.append(by_address[name])
+        elif name in all_cards:
+            conflicts.append(
+                f"GPU {name} is not one of the host's passthrough GPUs ({policy.gpus.describe()}): "
+                f"the host keeps it. Passthrough GPUs: {known}."
+            )
+        else:
+            conflicts.append(f"unknown GPU {name!r}: the host has no GPU at that address. Passthrough GPUs: {known}.")
+    unique = {card.gpu.address: card for card in chosen}
+    if len(unique) < len(chosen):
+        conflicts.append("the same GPU is named twice (an alias and its address).")
+    return tuple(sorted(unique.values(), key=lambda card: card.gpu.address))
+
+
+@dataclass(frozen=True)
+class _Group:
+    """What one card brings to the guest: its functions, plus what shares its IOMMU group."""
+
+    card: GpuCard
+    devices: tuple[tuple[PciFunction, ...], ...]  # by host slot, the card's own slot first
+
+
+def _passthrough_groups(
+    facts: HostFacts, cards: Sequence[GpuCard], policy: HostPolicy, conflicts: list[str]
+) -> tuple[_Group, ...]:
+    chosen = {card.gpu.address for card in cards}
+    card_of = {f.address: card for card in gpu_cards(facts) for f in card.functions}
+    groups: list[_Group] = []
+    placed: set[str] = set()
+    for card in cards:
+        own = {f.address for f in card.functions}
+        extra = [f for f in functions_to_bind(facts, card) if f.address not in own]
+        other_gpus = sorted({card_of[f.address].gpu.address for f in extra if f.address in card_of})
+        for other in other_gpus:
+            if other not in chosen:
+                conflicts.append(
+                    f"GPU {card.gpu.address} shares IOMMU group {card.gpu.iommu_group} with GPU {other}: "
+                    "both go to the same guest or neither does; add it to gpus."
+                )
+        intruders = [f for f in extra if f.address not in card_of]
+        if intruders and card.gpu.address not in policy.allow_shared_group:
+            conflicts.append(
+                f"GPU {card.gpu.address} shares IOMMU group {card.gpu.iommu_group} with "
+                f"{', '.join(f.describe() for f in intruders)}, which would go to the guest too; "
+                "accept that with gpuhost_allow_shared_group, or move the card."
+            )
+        functions = [f for f in (*card.functions, *intruders) if f.address not in placed]
+        placed.update(f.address for f in functions)
+        by_slot: dict[str, list[PciFunction]] = {}
+        for function in sorted(functions, key=lambda f: (f.slot != card.gpu.slot, f.address)):
+            by_slot.setdefault(function.slot, []).append(function)
+        groups.append(_Group(card, tuple(tuple(slot) for slot in by_slot.values())))
+    return tuple(groups)
+
+
+def _check_functions(groups: Sequence[_Group], spec: VmSpec, taken: Mapping[str, str], conflicts: list[str]) -> None:
+    for group in groups:
+        for device in group.devices:
+            for function in device:
+                if function.driver != VFIO_PCI:
+                    bound = f"bound to {function.driver}" if function.driver else "bound to no driver"
+                    conflicts.append(
+                        f"{function.describe()} is {bound}, not vfio-pci: run `gpuhost apply` on the host "
+                        "(and reboot) before giving it to a guest."
+                    )
+                owner = taken.get(function.address)
+                if owner is not None and owner != spec.name:
+                    conflicts.append(f"{function.describe()} is already given to domain {owner!r}.")
+
+
+def _card_node(facts: HostFacts, card: GpuCard) -> int | None:
+    node = card.gpu.numa_node
+    if node is not None and node >= 0:
+        return node
+    if len(facts.numa_nodes) == 1:  # no NUMA information on a one-node host: that node
+        return facts.numa_nodes[0].node_id
+    return None
+
+
+def _use_hugepages(facts: HostFacts, spec: VmSpec, conflicts: list[str]) -> bool:
+    if spec.hugepages == "off":
+        return False
+    pool = facts.hugepage_pool(HUGEPAGE_KIB)
+    reserved = pool is not None and (pool.total or 0) > 0
+    if not reserved:
+        if spec.hugepages == "on":
+            conflicts.append("hugepages: on, but the host has no 1 GiB huge pages reserved (run `gpuhost apply`).")
+        return False
+    if spec.memory_mib % 1024:
+        conflicts.append(
+            f"memory {spec.memory_mib} MiB is not a whole number of GiB, which 1 GiB huge pages need "
+            "(or set hugepages: off)."
+        )
+    return True
+
+
+def _pin_vcpus(
+    facts: HostFacts, spec: VmSpec, policy: HostPolicy, nodes: Sequence[int], conflicts: list[str]
+) -> tuple[tuple[tuple[int, int], ...], str | None]:
+    if not nodes:
+        return (), None
+    reserved = set(parse_cpulist(policy.reserved_cpus))
+    per_cell = spec.vcpus // len(nodes) if spec.vcpus % len(nodes) == 0 else spec.vcpus
+    pins: list[tuple[int, int]] = []
+    spare: list[int] = []
+    usable_all: list[int] = []
+    for cell, node_id in enumerate(nodes):
+        node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
+        if node is None or node.cpulist is None:
+            conflicts.append(f"the CPUs of NUMA node {node_id} are unknown; cannot pin vCPUs to them.")
+            continue
+        usable = [cpu for cpu in parse_cpulist(node.cpulist) if cpu not in reserved]
+        usable_all.extend(usable)
+        if per_cell > len(usable):
+            held = f" ({len(reserved)} reserved by gpuhost_reserved_cpus)" if reserved else ""
+            conflicts.append(
+                f"{per_cell} vCPUs to pin on NUMA node {node_id} (CPUs {node.cpulist}{held}), which has "
+                f"{len(usable)} usable CPUs; ask for fewer vCPUs."
+            )
+            continue
+        pins.extend((cell * per_cell + i, cpu) for i, cpu in enumerate(usable[:per_cell]))
+        spare.extend(usable[per_cell:])
+    emulator = format_cpulist(spare or usable_all) if usable_all else None
+    return tuple(pins), emulator
+
+
+def _check_memory(facts: HostFacts, spec: VmSpec, nodes: Sequence[int], hugepages: bool, conflicts: list[str]) -> None:
+    cells = max(1, len(nodes))
+    need_kib = spec.memory_mib * KIB_PER_MIB // cells
+    if hugepages:
+        pages = spec.memory_mib // 1024 // cells
+        pool = facts.hugepage_pool(HUGEPAGE_KIB)
+        if not nodes:
+            free = pool.free if pool else None
+            if free is None or free < pages * cells:
+                conflicts.append(f"{pages * cells} free 1 GiB huge pages needed, the host has {free} free.")
+            return
+        for node_id in nodes:
+            node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
+            node_pool = node.pool(HUGEPAGE_KIB) if node is not None else None
+            free = node_pool.free if node_pool is not None else None
+            if free is None and len(facts.numa_nodes) <= 1 and pool is not None:
+                free = pool.free
+            if free is None or free < pages:
+                total = node_pool.total if node_pool is not None else None
+                conflicts.append(
+                    f"{pages} free 1 GiB huge pages needed on NUMA node {node_id}, which has {free} free "
+                    f"(of {total}); free some, reserve more, or ask for less memory."
+                )
+        return
+    for node_id in nodes:
+        node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
+        total = node.mem_total_kib if node is not None else None
+        if total is not None and need_kib > total:
+            conflicts.append(
+                f"{need_kib // 1024} MiB of memory to bind to NUMA node {node_id}, which has {total // 1024} MiB."
+            )
+    host_kib = facts.memory.total_kib if facts.memory is not None else None
+    if not nodes and host_kib is not None and need_kib > host_kib:
+        conflicts.append(f"{spec.memory_mib} MiB of memory asked, the host has {host_kib // 1024} MiB.")
+
+
+def _layout(
+    spec: VmSpec, groups: Sequence[_Group], node_of: Mapping[str, int | None], nodes: Sequence[int]
+) -> tuple[tuple[ExpanderBus, ...], tuple[RootPort, ...]]:
+    """Controller indices, pcie.0 slots and guest buses, all explicit so the XML is stable."""
+    slots = iter(range(FIRST_PORT_SLOT, LAST_PORT_SLOT + 1))
+    index = 1
+    expanders: list[ExpanderBus] = []
+    parent_of: dict[int | None, int] = {}
+    if len(nodes) > 1:
+        for cell, node in enumerate(nodes):
+            expanders.append(ExpanderBus(index=index, bus_nr=PXB_BUS_STEP * (cell + 1), cell=cell, slot=next(slots)))
+            parent_of[node] = index
+            index += 1
+    ports: list[RootPort] = []
+    chassis = 1
+    for group in groups:
+        parent = parent_of.get(node_of[group.card.gpu.address], 0)
+        for device in group.devices:
+            # A pxb's own root ports sit on its bus, slot 0 upwards; pcie.0's take the next free slot.
+            slot = sum(1 for p in ports if p.bus == parent) if parent else next(slots)
+            multifunction = len(device) > 1
+            functions = tuple(
+                GuestFunction(host=f, guest_function=i, multifunction=multifunction and i == 0)
+                for i, f in enumerate(device)
+            )
+            ports.append(
+                RootPort(index, chassis, 0x10 + chassis - 1, parent, slot, f"GPU {device[0].address}", functions)
+            )
+            index += 1
+            chassis += 1
+    extras = (("disk", spec.has_disk), ("network", spec.network is not None), ("virtio-serial", True), ("rng", True))
+    for purpose, wanted in extras:
+        if wanted:
+            ports.append(RootPort(index, chassis, 0x10 + chassis - 1, 0, next(slots), purpose))
+            index += 1
+            chassis += 1
+    return tuple(expanders), tuple(ports)
+
+
+def _hole64_bytes(ports: Sequence[RootPort]) -> int:
+    """64-bit prefetchable BARs per root port, each window aligned to its largest BAR, summed and
+    rounded up to a power of two; at least QEMU's default."""
+    total = 0
+    for port in ports:
+        sizes = sorted(
+            (bar.size for f in port.functions for bar in f.host.bars if bar.is_64bit and bar.is_prefetchable),
+            reverse=True,
+        )
+        if sizes:
+            total += -(-sum(sizes) // sizes[0]) * sizes[0]
+    hole = HOLE64_MIN_BYTES
+    while hole < total:
+        hole <<= 1
+    return hole
+
+
+def templates_dir() -> Path:
+    """templates/ of the checkout, or of an install (<prefix>/share/gpuhost/templates)."""
+    import os
+    import sysconfig
+
+    override = os.environ.get(TEMPLATES_ENV)
+    candidates = [Path(override)] if override else []
+    candidates.append(Path(__file__).resolve().parents[2] / "templates")
+    for scheme in {sysconfig.get_path("data"), sysconfig.get_path("data", f"{os.name}_user")}:
+        if scheme:
+            candidates.append(Path(scheme) / "share" / "gpuhost" / "templates")
+    for candidate in candidates:
+        if (candidate / "domain.xml.j2").is_file():
+            return candidate
+    raise InputError(
+        f"templates/domain.xml.j2 was not found next to the package nor installed; set {TEMPLATES_ENV} "
+        "to a templates/ directory."
+    )
+
+
+def render_plan(plan: DomainPlan, template_dir: Path | None = None) -> str:
+    """The domain XML of a plan (templates/domain.xml.j2; every value XML-escaped)."""
+    try:
+        import jinja2
+    except ImportError as error:
+        from gpuhost.errors import MissingDependencyError
+
+        raise MissingDependencyError("jinja2", "controller", "Rendering domain XML") from error
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir or templates_dir())),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    return environment.get_template("domain.xml.j2").render(plan=plan, hex=_hex)
+
+
+def _hex(value: int, width: int = 2) -> str:
+    return f"0x{value:0{width}x}"
+
+
+def render_domain(
+    facts: HostFacts,
+    spec: VmSpec,
+    policy: HostPolicy,
+    *,
+    host: str,
+    taken: Mapping[str, str] | None = None,
+) -> str:
+    """Plan and render in one call: facts + VM spec + host policy -> domain XML."""
+    return render_plan(plan_domain(facts, spec, policy, host=host, taken=taken))

@@ -1,0 +1,495 @@
+"""`gpuhost render` as data: real host facts in, domain XML out, compared whole with golden files.
+
+Golden files live in tests/fixtures/render/. When the output changes on purpose, regenerate them
+with `GPUHOST_REGEN_GOLDEN=1 python3 -m pytest tests/test_render.py` and review the diff; without
+that variable any change to the XML fails the test. Schema checks by libvirt's own
+virt-xml-validate are marked `libvirt` (Debian: libvirt-clients + libxml2-utils); they skip when
+the tool is missing unless GPUHOST_REQUIRE_LIBVIRT=1 (CI sets it), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from gpuhost.facts.model import Bar, HostFacts, HugePagePool, MemInfo, NumaNode, PcieLink, PciFunction
+from gpuhost.render.domain import (
+    RenderRefused,
+    format_cpulist,
+    parse_cpulist,
+    plan_domain,
+    render_domain,
+)
+from gpuhost.render.spec import HostPolicy, parse_vm
+from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.selection import GpuSelector
+from tests.helpers import FIXTURES, snapshot_facts
+
+GOLDEN = FIXTURES / "render"
+REGENERATE = os.environ.get("GPUHOST_REGEN_GOLDEN") == "1"
+GIB_KIB = 1048576
+LAB_GPU = GpuSelector.parse(["1234:1111"], "test")  # the lab's stand-in GPU, as `gpuhost lab` writes it
+NVIDIA = GpuSelector.parse("all", "test")
+
+
+def require_validator() -> None:
+    if not validator_available():
+        if os.environ.get("GPUHOST_REQUIRE_LIBVIRT") == "1":
+            pytest.fail("virt-xml-validate is not installed (apt-get install libvirt-clients libxml2-utils)")
+        pytest.skip("virt-xml-validate is not installed (apt-get install libvirt-clients libxml2-utils)")
+
+
+# --- hosts built from recorded facts ----------------------------------------------------------
+
+
+def _with_1g_pages(facts: HostFacts, pages_per_node: int, free_per_node: int | None = None) -> HostFacts:
+    free = pages_per_node if free_per_node is None else free_per_node
+    nodes = tuple(
+        dataclasses.replace(
+            node,
+            hugepages=(
+                *(p for p in node.hugepages if p.size_kib != GIB_KIB),
+                HugePagePool(GIB_KIB, pages_per_node, free),
+            ),
+        )
+        for node in facts.numa_nodes
+    )
+    count = max(1, len(nodes))
+    pools = (
+        *(p for p in facts.hugepage_pools if p.size_kib != GIB_KIB),
+        HugePagePool(GIB_KIB, pages_per_node * count, free * count),
+    )
+    return dataclasses.replace(facts, numa_nodes=nodes, hugepage_pools=pools)
+
+
+def lab_gpu_pair_applied() -> HostFacts:
+    """The lab's gpu-pair host as captured before `gpuhost apply` (tests/fixtures/snapshots/
+    lab-gpu-pair-fresh), with what apply changes: both functions of the stand-in GPU on vfio-pci
+    and one 1 GiB huge page reserved (the lab host's `hugepages=1`)."""
+    facts = snapshot_facts("lab-gpu-pair-fresh")
+    pci = tuple(
+        dataclasses.replace(f, driver="vfio-pci") if f.address.startswith("0000:01:00.") else f for f in facts.pci
+    )
+    return _with_1g_pages(dataclasses.replace(facts, pci=pci), 1)
+
+
+def lab_two_gpus_applied() -> HostFacts:
+    """The lab's two-gpus topology (gpuhost.lab.topology): the recorded gpu-pair host plus a second,
+    identical pair behind the root port at 00:04.0, which the kernel numbers bus 02 and puts in
+    IOMMU group 7 — the recorded functions replicated at 0000:02:00.0/.1."""
+    facts = lab_gpu_pair_applied()
+    second = tuple(
+        dataclasses.replace(
+            f, address=f.address.replace("0000:01:", "0000:02:"), iommu_group=7, parents=("0000:00:04.0",)
+        )
+        for f in facts.pci
+        if f.address.startswith("0000:01:00.")
+    )
+    groups = {**facts.iommu.groups, 7: tuple(f.address for f in second)}
+    return dataclasses.replace(facts, pci=(*facts.pci, *second), iommu=dataclasses.replace(facts.iommu, groups=groups))
+
+
+HGX_NODE0 = ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0")
+HGX_NODE1 = ("0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0")
+NODE_CPUS = ("0-31,64-95", "32-63,96-127")
+
+
+def eight_gpu_two_socket_host(free_pages_per_node: int = 448) -> HostFacts:
+    """An 8-GPU, 2-socket host built from recorded facts.
+
+    The H100 function recorded in tests/fixtures/snapshots/h100-guest (10de:2330, its real BARs:
+    16 MiB + 128 GiB + 32 MiB, all 64-bit prefetchable; its real Gen5 x16 link) is replicated at the
+    eight bus addresses of an HGX H100 baseboard, four per socket, each in its own IOMMU group and
+    on vfio-pci (after `gpuhost apply`). The rest of the host is the recorded lab host (Intel, its
+    root complex and console display), with its CPU count, memory and NUMA layout replaced by two
+    nodes of 64 logical CPUs (HT siblings numbered n and n+64) and 512 GiB each, 448 of them
+    reserved as 1 GiB huge pages.
+    """
+    base = snapshot_facts("lab-gpu-pair-fresh")
+    (h100,) = (f for f in snapshot_facts("h100-guest").pci if f.vendor_device == "10de:2330")
+    assert h100.bars and all(bar.is_64bit for bar in h100.bars)
+    gpus = []
+    groups = {g: members for g, members in base.iommu.groups.items() if g != 6}
+    for index, address in enumerate(HGX_NODE0 + HGX_NODE1):
+        node = 0 if address in HGX_NODE0 else 1
+        group = 40 + index
+        gpus.append(
+            dataclasses.replace(
+                h100,
+                address=address,
+                driver="vfio-pci",
+                iommu_group=group,
+                numa_node=node,
+                local_cpulist=NODE_CPUS[node],
+                boot_vga=False,
+            )
+        )
+        groups[group] = (address,)
+    others = tuple(f for f in base.pci if not f.address.startswith("0000:01:"))
+    numa = tuple(NumaNode(n, 512 * GIB_KIB, NODE_CPUS[n], (HugePagePool(2048, 0, 0),)) for n in (0, 1))
+    assert base.cpu is not None and base.memory is not None
+    facts = dataclasses.replace(
+        base,
+        hostname="hgx-h100",
+        cpu=dataclasses.replace(base.cpu, logical_cpus=128),
+        memory=dataclasses.replace(base.memory, total_kib=1024 * GIB_KIB, available_kib=100 * GIB_KIB),
+        numa_nodes=numa,
+        pci=(*others, *gpus),
+        iommu=dataclasses.replace(base.iommu, groups=groups),
+    )
+    return _with_1g_pages(facts, 448, free_pages_per_node)
+
+
+def vm(**overrides: object):
+    entry: dict[str, object] = {"name": "train-1", "vcpus": 2, "memory": "1G", "gpus": ["gpu0"]}
+    entry.update(overrides)
+    return parse_vm(entry, "test")
+
+
+LAB_POLICY = HostPolicy(gpus=LAB_GPU)
+HGX_POLICY = HostPolicy(gpus=NVIDIA, reserved_cpus="0-1,32-33")
+
+# The nested-passthrough proof's guest: TCG inside the lab host, a busybox initramfs booted directly.
+NESTED = {
+    "name": "nested-proof",
+    "vcpus": 1,
+    "memory": "1G",
+    "gpus": ["gpu0"],
+    "domain_type": "qemu",
+    "network": "none",
+    "kernel": "/boot/vmlinuz",
+    "initrd": "/var/lib/gpuhost/busybox-initrd.gz",
+    "cmdline": "console=ttyS0 panic=-1",
+}
+
+CASES = {
+    "lab-gpu-pair": (lab_gpu_pair_applied, LAB_POLICY, NESTED),
+    "lab-two-gpus": (
+        lab_two_gpus_applied,
+        LAB_POLICY,
+        {
+            "name": "two-gpus",
+            "vcpus": 2,
+            "memory": "1G",
+            "gpus": "all",
+            "disk_size": "20G",
+            "base_image": "/var/lib/libvirt/images/base/debian-12-genericcloud-amd64.qcow2",
+        },
+    ),
+    "hgx-8gpu-all": (
+        eight_gpu_two_socket_host,
+        HGX_POLICY,
+        {
+            "name": "train-8",
+            "vcpus": 112,
+            "memory": "768G",
+            "gpus": "all",
+            "disk_size": "500G",
+            "base_image": "/var/lib/libvirt/images/base/ubuntu-24.04-server-cloudimg-amd64.img",
+            "cuda_version": "12.6",
+        },
+    ),
+    "hgx-4gpu-node1": (
+        eight_gpu_two_socket_host,
+        HGX_POLICY,
+        {
+            "name": "train-4",
+            "vcpus": 48,
+            "memory": "256G",
+            "gpus": ["gpu4", "gpu5", "0000:ba:00.0", "gpu7"],
+            "disk_size": "200G",
+        },
+    ),
+}
+
+
+def render_case(name: str) -> str:
+    build, policy, entry = CASES[name]
+    return render_domain(build(), parse_vm(entry, "test"), policy, host=name.split("-", 1)[0])
+
+
+# --- golden files -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name):
+    xml = render_case(name)
+    path = GOLDEN / f"{name}.xml"
+    if REGENERATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(xml, encoding="utf-8")
+    assert path.is_file(), f"{path} is missing: GPUHOST_REGEN_GOLDEN=1 python3 -m pytest {__file__}"
+    assert xml == path.read_text(encoding="utf-8"), f"{name}: output differs from {path} (see module docstring)"
+
+
+@pytest.mark.libvirt
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rendered_domains_pass_libvirts_schema(name):
+    require_validator()
+    result = validate_domain_xml(render_case(name))
+    assert result.ok and "validates" in result.output
+
+
+@pytest.mark.libvirt
+def test_the_validator_rejects_what_libvirt_rejects():
+    require_validator()
+    broken = render_case("lab-gpu-pair").replace("<vcpu placement='static'>", "<vcpu placement='everywhere'>")
+    result = validate_domain_xml(broken, check=False)
+    assert not result.ok and "domain.xml fails to validate" in result.output
+
+
+# --- what the XML says, read back as XML ------------------------------------------------------
+
+
+def parse(xml: str) -> ET.Element:
+    return ET.fromstring(xml)
+
+
+def hostdevs(domain: ET.Element) -> list[tuple[str, str, str | None]]:
+    """(host address, guest bus:slot.function, multifunction) of every hostdev."""
+    found = []
+    for hostdev in domain.iter("hostdev"):
+        source = hostdev.find("source/address")
+        guest = hostdev.find("address")
+        assert source is not None and guest is not None
+        host = "{}:{}:{}.{}".format(*(source.get(k, "")[2:] for k in ("domain", "bus", "slot", "function")))
+        where = "{}:{}.{}".format(*(guest.get(k, "")[2:] for k in ("bus", "slot", "function")))
+        found.append((host, where, guest.get("multifunction")))
+        assert hostdev.get("managed") == "yes" and hostdev.get("mode") == "subsystem" and hostdev.get("type") == "pci"
+    return found
+
+
+def controllers(domain: ET.Element, model: str) -> dict[str, ET.Element]:
+    return {c.get("index", ""): c for c in domain.iter("controller") if c.get("model") == model}
+
+
+def test_gpu_pair_functions_stay_one_multifunction_device_behind_its_own_root_port():
+    domain = parse(render_case("lab-gpu-pair"))
+    assert hostdevs(domain) == [("0000:01:00.0", "01:00.0", "on"), ("0000:01:00.1", "01:00.1", None)]
+    port = controllers(domain, "pcie-root-port")["1"]
+    address = port.find("address")
+    assert address is not None and address.get("bus") == "0x00"  # the port on pcie.0, the GPU behind it
+    assert domain.get("type") == "qemu"
+    assert domain.find("os/type").get("machine") == "q35"  # type: ignore[union-attr]
+    assert domain.find("cpu").get("mode") == "maximum"  # type: ignore[union-attr]  # TCG: no host-passthrough
+    assert domain.find("os/kernel").text == "/boot/vmlinuz"  # type: ignore[union-attr]
+    assert domain.find("devices/disk") is None and domain.find("devices/interface") is None
+    assert domain.find("os/loader").text == "/usr/share/OVMF/OVMF_CODE_4M.fd"  # type: ignore[union-attr]
+    assert domain.find("memoryBacking/hugepages/page").get("size") == "1048576"  # type: ignore[union-attr]
+    assert domain.find("memoryBacking/locked") is not None
+    assert domain.find("devices/serial/log") is not None and domain.find("devices/console") is not None
+    assert "qemu:commandline" not in render_case("lab-gpu-pair")
+
+
+def test_two_gpus_each_get_a_port_and_kvm_gets_host_passthrough():
+    domain = parse(render_case("lab-two-gpus"))
+    assert [h[:2] for h in hostdevs(domain)] == [
+        ("0000:01:00.0", "01:00.0"),
+        ("0000:01:00.1", "01:00.1"),
+        ("0000:02:00.0", "02:00.0"),
+        ("0000:02:00.1", "02:00.1"),
+    ]
+    cpu = domain.find("cpu")
+    assert cpu is not None and cpu.get("mode") == "host-passthrough" and cpu.find("maxphysaddr") is not None
+    assert domain.find("features/ioapic").get("driver") == "kvm"  # type: ignore[union-attr]
+    disk = domain.find("devices/disk")
+    assert disk is not None and disk.find("target").get("bus") == "virtio"  # type: ignore[union-attr]
+    assert disk.find("source").get("file") == "/var/lib/libvirt/images/two-gpus.qcow2"  # type: ignore[union-attr]
+    assert domain.find("devices/interface/model").get("type") == "virtio"  # type: ignore[union-attr]
+    # Two vCPUs on a two-CPU lab host: one to one, the emulator shares them.
+    pins = {p.get("vcpu"): p.get("cpuset") for p in domain.iter("vcpupin")}
+    assert pins == {"0": "0", "1": "1"}
+    assert domain.find("cputune/emulatorpin").get("cpuset") == "0-1"  # type: ignore[union-attr]
+
+
+def test_eight_gpus_on_two_sockets_get_two_guest_cells_with_their_gpus_on_their_node():
+    domain = parse(render_case("hgx-8gpu-all"))
+    cells = domain.findall("cpu/numa/cell")
+    assert [(c.get("id"), c.get("cpus"), c.get("memory")) for c in cells] == [
+        ("0", "0-55", str(384 * GIB_KIB)),
+        ("1", "56-111", str(384 * GIB_KIB)),
+    ]
+    memnodes = {m.get("cellid"): m.get("nodeset") for m in domain.iter("memnode")}
+    assert memnodes == {"0": "0", "1": "1"}
+    pins = {int(p.get("vcpu", "")): int(p.get("cpuset", "")) for p in domain.iter("vcpupin")}
+    node0 = set(parse_cpulist(NODE_CPUS[0])) - {0, 1}
+    node1 = set(parse_cpulist(NODE_CPUS[1])) - {32, 33}
+    assert len(pins) == 112 and len(set(pins.values())) == 112  # one to one, no CPU twice
+    assert all(pins[v] in node0 for v in range(56)) and all(pins[v] in node1 for v in range(56, 112))
+    assert not {0, 1, 32, 33} & set(pins.values())  # gpuhost_reserved_cpus stay with the host
+    # Each socket's GPUs behind a pxb-pcie that carries its guest cell.
+    pxbs = controllers(domain, "pcie-expander-bus")
+    assert {i: c.find("target/node").text for i, c in pxbs.items()} == {"1": "0", "2": "1"}  # type: ignore[union-attr]
+    ports = controllers(domain, "pcie-root-port")
+    bus_of_port = {i: int(c.find("address").get("bus", ""), 16) for i, c in ports.items()}  # type: ignore[union-attr]
+    for host, guest, _ in hostdevs(domain):
+        parent = bus_of_port[str(int(guest.split(":")[0], 16))]
+        assert parent == (1 if host in HGX_NODE0 else 2), host
+    # 8 x (128 GiB + 48 MiB, each window aligned to 128 GiB) = 2 TiB.
+    assert domain.find("devices/controller[@model='pcie-root']/pcihole64").text == "2048"  # type: ignore[union-attr]
+    assert domain.find("devices/controller[@model='pcie-root']/pcihole64").get("unit") == "GiB"  # type: ignore[union-attr]
+
+
+def test_four_gpus_of_one_socket_pin_to_that_socket_only():
+    plan = plan_domain(eight_gpu_two_socket_host(), parse_vm(CASES["hgx-4gpu-node1"][2], "t"), HGX_POLICY, host="hgx")
+    assert plan.cells == () and plan.host_nodes == (1,) and plan.expanders == ()
+    assert {cpu for _, cpu in plan.vcpu_pins} <= set(parse_cpulist(NODE_CPUS[1]))
+    assert plan.emulator_cpus == "114-127"  # node 1 minus reserved 32-33 minus the 48 pinned: 34-63, 96-113
+    assert plan.hole64_gib == 1024 and plan.hugepages and plan.memory_kib == 256 * GIB_KIB
+
+
+def test_cpulists_round_trip():
+    assert parse_cpulist("0-3,8,10-11") == (0, 1, 2, 3, 8, 10, 11)
+    assert format_cpulist((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
+    assert format_cpulist(()) == ""
+
+
+def test_no_hugepages_reserved_means_ordinary_memory_in_auto_mode():
+    facts = snapshot_facts("lab-gpu-pair-fresh")
+    facts = dataclasses.replace(facts, pci=tuple(dataclasses.replace(f, driver="vfio-pci") for f in facts.pci))
+    plan = plan_domain(facts, vm(), LAB_POLICY, host="lab-1")
+    assert not plan.hugepages and "memoryBacking" not in render_domain(facts, vm(), LAB_POLICY, host="lab-1")
+
+
+def test_values_are_escaped_not_interpreted():
+    # A path with XML-special characters cannot get in (refused); what gets in is escaped by the template.
+    plan = plan_domain(lab_gpu_pair_applied(), vm(cmdline="console=ttyS0 a=b,c"), LAB_POLICY, host="lab-1")
+    assert plan.cmdline == "console=ttyS0 a=b,c"
+
+
+# --- refusals, each naming its conflict -------------------------------------------------------
+
+
+def refusal(facts: HostFacts, spec, policy=LAB_POLICY, **kwargs) -> str:
+    with pytest.raises(RenderRefused) as caught:
+        render_domain(facts, spec, policy, host="h", **kwargs)
+    return str(caught.value)
+
+
+def test_refuses_a_gpu_not_on_vfio_pci_naming_its_driver():
+    message = refusal(snapshot_facts("lab-gpu-pair-fresh"), vm())
+    assert "0000:01:00.0 [1234:1111] is bound to bochs-drm, not vfio-pci" in message
+    assert "0000:01:00.1 [8086:293e] is bound to snd_hda_intel, not vfio-pci" in message
+    assert "gpuhost apply" in message
+
+
+def test_refuses_a_gpu_another_domain_has():
+    message = refusal(lab_gpu_pair_applied(), vm(), taken={"0000:01:00.1": "other-vm"})
+    assert "0000:01:00.1 [8086:293e] is already given to domain 'other-vm'" in message
+    # The same VM redefined is not a conflict.
+    render_domain(lab_gpu_pair_applied(), vm(), LAB_POLICY, host="h", taken={"0000:01:00.0": "train-1"})
+
+
+def test_refuses_more_huge_pages_than_free():
+    message = refusal(lab_gpu_pair_applied(), vm(memory="2G"))
+    assert "2 free 1 GiB huge pages needed on NUMA node 0, which has 1 free (of 1)" in message
+    busy = eight_gpu_two_socket_host(free_pages_per_node=100)
+    message = refusal(busy, parse_vm(CASES["hgx-4gpu-node1"][2], "t"), HGX_POLICY)
+    assert "256 free 1 GiB huge pages needed on NUMA node 1, which has 100 free (of 448)" in message
+
+
+def test_refuses_hugepages_on_when_none_are_reserved_and_memory_not_in_gib():
+    facts = dataclasses.replace(lab_gpu_pair_applied(), hugepage_pools=(HugePagePool(GIB_KIB, 0, 0),))
+    assert "no 1 GiB huge pages reserved" in refusal(facts, vm(hugepages=True))
+    assert "1536 MiB is not a whole number of GiB" in refusal(lab_gpu_pair_applied(), vm(memory="1536M"))
+
+
+def test_refuses_vcpus_beyond_the_host_and_beyond_the_node():
+    assert "3 vCPUs asked, but the host has 2 CPUs" in refusal(lab_gpu_pair_applied(), vm(vcpus=3))
+    message = refusal(eight_gpu_two_socket_host(), vm(vcpus=64, memory="64G", gpus=["gpu0"]), HGX_POLICY)
+    assert "64 vCPUs to pin on NUMA node 0 (CPUs 0-31,64-95 (4 reserved by gpuhost_reserved_cpus))" in message
+    assert "which has 62 usable CPUs" in message
+
+
+def test_refuses_unknown_gpu_names():
+    message = refusal(lab_gpu_pair_applied(), vm(gpus=["gpu1"]))
+    assert "unknown GPU 'gpu1': the host's passthrough GPUs are gpu0 (0000:01:00.0)" in message
+    message = refusal(lab_gpu_pair_applied(), vm(gpus=["0000:41:00.0"]))
+    assert "unknown GPU '0000:41:00.0': the host has no GPU at that address" in message
+
+
+def test_refuses_a_gpu_the_host_keeps():
+    kept = HostPolicy(gpus=GpuSelector.parse(["0000:02:00.0"], "t"))
+    message = refusal(lab_two_gpus_applied(), vm(gpus=["0000:01:00.0"]), kept)
+    assert "GPU 0000:01:00.0 is not one of the host's passthrough GPUs (0000:02:00.0): the host keeps it" in message
+
+
+def _shared_group(facts: HostFacts, extra: PciFunction) -> HostFacts:
+    groups = dict(facts.iommu.groups)
+    groups[6] = (*groups[6], extra.address)
+    return dataclasses.replace(facts, pci=(*facts.pci, extra), iommu=dataclasses.replace(facts.iommu, groups=groups))
+
+
+def _nic(address: str) -> PciFunction:
+    return PciFunction(
+        address=address,
+        vendor=0x8086,
+        device=0x100E,
+        subsystem_vendor=None,
+        subsystem_device=None,
+        class_code=0x020000,
+        revision=None,
+        driver="vfio-pci",
+        driver_override=None,
+        iommu_group=6,
+        numa_node=-1,
+        local_cpulist="0-1",
+        link=PcieLink(None, None, None, None),
+        reset_methods=None,
+        bars=(Bar(0, 0xFEB80000, 0xFEB9FFFF, 0x40200),),
+    )
+
+
+def test_refuses_an_intruder_in_the_group_unless_the_host_allows_it():
+    facts = _shared_group(lab_gpu_pair_applied(), _nic("0000:01:02.0"))
+    message = refusal(facts, vm())
+    assert "GPU 0000:01:00.0 shares IOMMU group 6 with 0000:01:02.0 [8086:100e]" in message
+    assert "gpuhost_allow_shared_group" in message
+    allowed = dataclasses.replace(LAB_POLICY, allow_shared_group=("0000:01:00.0",))
+    domain = parse(render_domain(facts, vm(), allowed, host="h"))
+    # The intruder is its own device behind its own port; the card stays one multifunction device.
+    assert [h[:2] for h in hostdevs(domain)] == [
+        ("0000:01:00.0", "01:00.0"),
+        ("0000:01:00.1", "01:00.1"),
+        ("0000:01:02.0", "02:00.0"),
+    ]
+
+
+def test_refuses_to_split_two_gpus_of_one_group():
+    facts = lab_two_gpus_applied()
+    second = [f for f in facts.pci if f.address.startswith("0000:02:")]
+    merged = tuple(dataclasses.replace(f, iommu_group=6) if f in second else f for f in facts.pci)
+    groups = {g: m for g, m in facts.iommu.groups.items() if g != 7}
+    groups[6] = (*groups[6], *(f.address for f in second))
+    facts = dataclasses.replace(facts, pci=merged, iommu=dataclasses.replace(facts.iommu, groups=groups))
+    message = refusal(facts, vm(gpus=["gpu0"]))
+    assert "GPU 0000:01:00.0 shares IOMMU group 6 with GPU 0000:02:00.0" in message
+    render_domain(facts, vm(gpus="all"), LAB_POLICY, host="h")
+
+
+def test_refuses_vcpus_or_memory_that_do_not_split_over_the_cells():
+    message = refusal(eight_gpu_two_socket_host(), vm(vcpus=7, memory="64G", gpus="all"), HGX_POLICY)
+    assert "7 vCPUs cannot be split evenly over 2 guest NUMA cells" in message
+    message = refusal(eight_gpu_two_socket_host(), vm(vcpus=8, memory="63G", gpus="all"), HGX_POLICY)
+    assert "cannot be split evenly over 2 guest NUMA cells in whole GiB" in message
+
+
+def test_every_conflict_is_listed_at_once():
+    message = refusal(snapshot_facts("lab-gpu-pair-fresh"), vm(vcpus=4, gpus=["gpu0", "gpu3"]))
+    assert message.count("\n  - ") >= 4
+
+
+def test_memory_beyond_the_node_without_huge_pages():
+    facts = dataclasses.replace(lab_gpu_pair_applied(), memory=MemInfo(4007140, None, 0, 0, 2048, 0))
+    message = refusal(facts, vm(memory="8G", hugepages="off"))
+    assert "8192 MiB of memory to bind to NUMA node 0, which has 3913 MiB" in message
+
+
+def test_golden_dir_holds_only_what_the_cases_write():
+    if REGENERATE:
+        pytest.skip("regenerating")
+    assert {p.stem for p in Path(GOLDEN).glob("*.xml")} == set(CASES)
