@@ -22,3 +22,12 @@ def test_example_inventory_validates(monkeypatch, tmp_path):
     assert targets["gpu01"].ssh.known_hosts_file == tmp_path / ".ssh/known_hosts"
     limited = inventory_targets(EXAMPLE, "gpu02", ConnectionDefaults())
     assert [t.name for t in limited] == ["gpu02"]
+
+
+def test_example_vms_validate():
+    from gpuhost.render.spec import parse_vms
+    from gpuhost.targets import load_inventory
+
+    variables = dict(load_inventory(EXAMPLE, "gpu01"))["gpu01"]
+    (vm,) = parse_vms(variables["gpuhost_vms"], "inventory host gpu01")
+    assert vm.name == "train-1" and vm.vcpus == 16
