@@ -360,7 +360,7 @@ class _Builder:
         kernel = kernels[-1]
         self._chroot(root, "systemctl", "enable", "systemd-networkd.service",
                      "gpuhost-lab-hostname.service")
-        self._chroot(root, "systemctl", "mask", "systemd-networkd-wait-online.service")
+        self._chroot(root, "systemctl", "mask", *self.recipe.masked_units)
         # Lets later grub-pc upgrades inside a host install GRUB without asking.
         self._chroot(root, "debconf-set-selections",
                      stdin="grub-pc grub-pc/install_devices multiselect /dev/vda\n")
