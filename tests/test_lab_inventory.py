@@ -11,8 +11,10 @@ from gpuhost.lab.inventory import InventoryHost, known_hosts_text, render_invent
 
 KEY = Path("/cache/lab/images/keys/lab_ed25519")
 KNOWN = Path("/cache/lab dir/known_hosts")
-HOSTS = [InventoryHost("lab-1", 40001, "gpu-pair", ("1234:1111",)),
-         InventoryHost("lab-2", 40002, "shared-group", ("1234:1111",))]
+HOSTS = [
+    InventoryHost("lab-1", 40001, "gpu-pair", ("1234:1111",)),
+    InventoryHost("lab-2", 40002, "shared-group", ("1234:1111",)),
+]
 
 
 def test_inventory_is_yaml_with_every_variable_per_host() -> None:
@@ -59,5 +61,4 @@ def test_inventory_is_read_by_gpuhost_as_ssh_targets(tmp_path: Path) -> None:
 
 def test_known_hosts_lines_pin_the_lab_host_key_per_port() -> None:
     text = known_hosts_text(HOSTS, "ssh-ed25519 AAAAC3Nza gpuhost-lab-host")
-    assert text == ("[127.0.0.1]:40001 ssh-ed25519 AAAAC3Nza\n"
-                    "[127.0.0.1]:40002 ssh-ed25519 AAAAC3Nza\n")
+    assert text == ("[127.0.0.1]:40001 ssh-ed25519 AAAAC3Nza\n[127.0.0.1]:40002 ssh-ed25519 AAAAC3Nza\n")

@@ -28,9 +28,17 @@ from gpuhost.lab.tools import require
 
 def record(**changes: object) -> VmRecord:
     values: dict[str, object] = {
-        "name": "lab-1", "topology": "gpu-pair", "pid": 4242, "start_ticks": 99, "ssh_port": 40001,
-        "overlay": "/lab/overlays/lab-1.qcow2", "serial_log": "/lab/logs/lab-1-serial.log",
-        "pidfile": "/lab/lab-1.pid", "memory_mib": 4096, "cpus": 2, "image": "/img/disk.qcow2",
+        "name": "lab-1",
+        "topology": "gpu-pair",
+        "pid": 4242,
+        "start_ticks": 99,
+        "ssh_port": 40001,
+        "overlay": "/lab/overlays/lab-1.qcow2",
+        "serial_log": "/lab/logs/lab-1-serial.log",
+        "pidfile": "/lab/lab-1.pid",
+        "memory_mib": 4096,
+        "cpus": 2,
+        "image": "/img/disk.qcow2",
         "argv": ("qemu-system-x86_64", "-pidfile", "/lab/lab-1.pid"),
     }
     values.update(changes)

@@ -105,16 +105,21 @@ def test_commas_in_paths_are_escaped_for_qemu() -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"name": "lab-1,process=x"}, {"name": "web-1"}, {"topology": "nope"}, {"ssh_port": 0},
-     {"memory_mib": 100}, {"cpus": 0}],
+    [
+        {"name": "lab-1,process=x"},
+        {"name": "web-1"},
+        {"topology": "nope"},
+        {"ssh_port": 0},
+        {"memory_mib": 100},
+        {"cpus": 0},
+    ],
 )
 def test_bad_specs_are_refused(changes: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         qemu_argv(spec(**changes))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("text", "mib"), [("4G", 4096), ("4g", 4096), ("2048M", 2048), ("1024", 1024),
-                                           ("2GiB", 2048)])
+@pytest.mark.parametrize(("text", "mib"), [("4G", 4096), ("4g", 4096), ("2048M", 2048), ("1024", 1024), ("2GiB", 2048)])
 def test_parse_memory(text: str, mib: int) -> None:
     assert parse_memory(text) == mib
 

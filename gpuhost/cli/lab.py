@@ -1,13 +1,13 @@
 """`gpuhost lab`: an emulated GPU-host fleet (Debian 12 under QEMU TCG) for rehearsals and CI.
 
-    gpuhost lab image [--variant base|nested]     build (or reuse) the cached base image (root)
-    gpuhost lab up --hosts 2 --topology gpu-pair  start hosts, wait for SSH, write the inventory
-    gpuhost lab status                            hosts, SSH ports, PIDs, serial logs, inventory
-    gpuhost lab ssh lab-1 [COMMAND...]            SSH into a host (key and host key of the lab)
-    gpuhost lab reboot lab-1                      reboot a host and wait until it is back
-    gpuhost lab fake-nvidia lab-1                 make a host look like it has NVIDIA's driver
-    gpuhost lab topologies                        what each topology looks like
-    gpuhost lab down                              stop every VM `lab up` started, remove overlays
+gpuhost lab image [--variant base|nested]     build (or reuse) the cached base image (root)
+gpuhost lab up --hosts 2 --topology gpu-pair  start hosts, wait for SSH, write the inventory
+gpuhost lab status                            hosts, SSH ports, PIDs, serial logs, inventory
+gpuhost lab ssh lab-1 [COMMAND...]            SSH into a host (key and host key of the lab)
+gpuhost lab reboot lab-1                      reboot a host and wait until it is back
+gpuhost lab fake-nvidia lab-1                 make a host look like it has NVIDIA's driver
+gpuhost lab topologies                        what each topology looks like
+gpuhost lab down                              stop every VM `lab up` started, remove overlays
 """
 
 from __future__ import annotations
@@ -38,17 +38,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "functions) reachable over SSH on 127.0.0.1, with an Ansible inventory."
     )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--lab-dir", type=Path, default=None,
-                        help=f"state, overlays, logs, inventory (default: ${LAB_DIR_ENV} or "
-                        "~/.cache/gpuhost/lab)")
-    common.add_argument("--image-dir", type=Path, default=None,
-                        help=f"cached images and the lab's SSH keys (default: ${IMAGE_DIR_ENV} or "
-                        "LAB_DIR/images)")
+    common.add_argument(
+        "--lab-dir",
+        type=Path,
+        default=None,
+        help=f"state, overlays, logs, inventory (default: ${LAB_DIR_ENV} or ~/.cache/gpuhost/lab)",
+    )
+    common.add_argument(
+        "--image-dir",
+        type=Path,
+        default=None,
+        help=f"cached images and the lab's SSH keys (default: ${IMAGE_DIR_ENV} or LAB_DIR/images)",
+    )
     sub = parser.add_subparsers(dest="lab_verb", metavar="SUBVERB", required=True)
 
     image = sub.add_parser("image", parents=[common], help="build or reuse the cached disk image (needs root)")
-    image.add_argument("--variant", choices=VARIANTS, default="base",
-                       help="nested: also carries qemu, libvirt and a tiny guest (slower build)")
+    image.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default="base",
+        help="nested: also carries qemu, libvirt and a tiny guest (slower build)",
+    )
     image.add_argument("--force", action="store_true", help="rebuild even if the cached image is current")
     image.add_argument("--mirror", default=None, help="Debian mirror (default: the one apt uses)")
 
@@ -58,8 +68,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--memory", default="4G", help="memory per host, e.g. 4G or 2048M (default 4G)")
     up.add_argument("--cpus", type=int, default=2, help="vCPUs per host (default 2)")
     up.add_argument("--variant", choices=VARIANTS, default="base", help="image variant to boot")
-    up.add_argument("--fake-nvidia", action="store_true",
-                    help="install the stand-in NVIDIA driver on every host once it is up")
+    up.add_argument(
+        "--fake-nvidia", action="store_true", help="install the stand-in NVIDIA driver on every host once it is up"
+    )
     up.add_argument("--no-wait", action="store_true", help="return without waiting for SSH")
     up.add_argument("--timeout", type=float, default=300, help="seconds to wait for SSH (default 300)")
 
@@ -68,16 +79,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     ssh = sub.add_parser("ssh", parents=[common], help="SSH into a lab host")
     ssh.add_argument("host", help="e.g. lab-1")
-    ssh.add_argument("remote", nargs=argparse.REMAINDER,
-                     help="command to run instead of a shell: one argument is a shell command line, "
-                     "several are one command and its arguments, each passed as is")
+    ssh.add_argument(
+        "remote",
+        nargs=argparse.REMAINDER,
+        help="command to run instead of a shell: one argument is a shell command line, "
+        "several are one command and its arguments, each passed as is",
+    )
 
     reboot = sub.add_parser("reboot", parents=[common], help="reboot a host and wait for SSH")
     reboot.add_argument("host")
     reboot.add_argument("--timeout", type=float, default=300)
 
-    fake = sub.add_parser("fake-nvidia", parents=[common],
-                          help="install a stand-in host NVIDIA driver (package, modprobe.d, nvidia-uninstall)")
+    fake = sub.add_parser(
+        "fake-nvidia",
+        parents=[common],
+        help="install a stand-in host NVIDIA driver (package, modprobe.d, nvidia-uninstall)",
+    )
     fake.add_argument("hosts", nargs="+", metavar="HOST")
 
     sub.add_parser("topologies", parents=[common], help="list the topologies")
@@ -108,14 +125,18 @@ def run(args: argparse.Namespace) -> int:
     if verb == "fake-nvidia":
         for host in args.hosts:
             done = fake_nvidia.install(paths, host)
-            print(f"{host}: installed {done.package} {done.version}; files: {', '.join(done.files)}; "
-                  f"nvidia-uninstall calls are recorded in {done.uninstall_calls_file}")
+            print(
+                f"{host}: installed {done.package} {done.version}; files: {', '.join(done.files)}; "
+                f"nvidia-uninstall calls are recorded in {done.uninstall_calls_file}"
+            )
         return EXIT_OK
     if verb == "topologies":
         for topology in TOPOLOGIES.values():
             iommu = "IOMMU" if topology.iommu else "no IOMMU"
-            print(f"{topology.name:13} {iommu:9} GPU functions {' '.join(topology.gpu_functions)}"
-                  + (f"; intruders {' '.join(topology.intruders)}" if topology.intruders else ""))
+            print(
+                f"{topology.name:13} {iommu:9} GPU functions {' '.join(topology.gpu_functions)}"
+                + (f"; intruders {' '.join(topology.intruders)}" if topology.intruders else "")
+            )
             print(f"{'':13} {topology.summary}")
         return EXIT_OK
     if verb == "down":
@@ -132,14 +153,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _image(paths: LabPaths, args: argparse.Namespace) -> int:
     started = time.monotonic()
-    image = lab_image.ensure_image(paths, args.variant, mirror=args.mirror, force=args.force,
-                                   progress=_progress)
+    image = lab_image.ensure_image(paths, args.variant, mirror=args.mirror, force=args.force, progress=_progress)
     if image.reused:
-        print(f"{image.disk}: current ({args.variant}, recipe {image.recipe_hash}, kernel {image.kernel}); "
-              f"reused in {time.monotonic() - started:.1f} s")
+        print(
+            f"{image.disk}: current ({args.variant}, recipe {image.recipe_hash}, kernel {image.kernel}); "
+            f"reused in {time.monotonic() - started:.1f} s"
+        )
     else:
-        print(f"{image.disk}: built ({args.variant}, recipe {image.recipe_hash}, kernel {image.kernel}) "
-              f"in {image.build_seconds:.0f} s")
+        print(
+            f"{image.disk}: built ({args.variant}, recipe {image.recipe_hash}, kernel {image.kernel}) "
+            f"in {image.build_seconds:.0f} s"
+        )
     return EXIT_OK
 
 
@@ -150,15 +174,25 @@ def _up(paths: LabPaths, args: argparse.Namespace) -> int:
         raise InputError(str(error)) from error
     if args.cpus < 1:
         raise InputError("--cpus must be at least 1")
-    result = fleet.up(paths, hosts=args.hosts, topology=args.topology, memory_mib=memory, cpus=args.cpus,
-                      variant=args.variant, wait=not args.no_wait, timeout=args.timeout, progress=_progress)
+    result = fleet.up(
+        paths,
+        hosts=args.hosts,
+        topology=args.topology,
+        memory_mib=memory,
+        cpus=args.cpus,
+        variant=args.variant,
+        wait=not args.no_wait,
+        timeout=args.timeout,
+        progress=_progress,
+    )
     if args.fake_nvidia and not args.no_wait:
         for record in result.hosts:
             fake_nvidia.install(paths, record.name)
             _progress(f"{record.name}: fake NVIDIA driver installed")
     for record in result.hosts:
-        _progress(f"{record.name}: PID {record.pid}, ssh -p {record.ssh_port} root@127.0.0.1, "
-                  f"serial log {record.serial_log}")
+        _progress(
+            f"{record.name}: PID {record.pid}, ssh -p {record.ssh_port} root@127.0.0.1, serial log {record.serial_log}"
+        )
     if not args.no_wait:
         _progress(f"{len(result.hosts)} host(s) up in {result.boot_seconds:.0f} s")
     _progress(f"inventory written to {result.inventory}; try: gpuhost audit -i {result.inventory}")
@@ -170,12 +204,18 @@ def _status(paths: LabPaths, as_json: bool) -> int:
     state, hosts = fleet.status(paths)
     crashed = [h for h in hosts if not h.running]
     if as_json:
-        print(json.dumps({
-            "lab_dir": str(paths.root),
-            "inventory": state.inventory if hosts else None,
-            "hosts": [{**asdict(h.record), "running": h.running, "serial_tail": list(h.serial_tail)}
-                      for h in hosts],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "lab_dir": str(paths.root),
+                    "inventory": state.inventory if hosts else None,
+                    "hosts": [
+                        {**asdict(h.record), "running": h.running, "serial_tail": list(h.serial_tail)} for h in hosts
+                    ],
+                },
+                indent=2,
+            )
+        )
         return EXIT_FINDINGS if crashed else EXIT_OK
     if not hosts:
         print(f"no lab hosts in {paths.root}")
@@ -183,8 +223,10 @@ def _status(paths: LabPaths, as_json: bool) -> int:
     print(f"{'HOST':8} {'STATE':8} {'TOPOLOGY':13} {'SSH':16} {'PID':>7}  SERIAL LOG")
     for host in hosts:
         record = host.record
-        print(f"{record.name:8} {'running' if host.running else 'CRASHED':8} {record.topology:13} "
-              f"127.0.0.1:{record.ssh_port:<6} {record.pid:>7}  {record.serial_log}")
+        print(
+            f"{record.name:8} {'running' if host.running else 'CRASHED':8} {record.topology:13} "
+            f"127.0.0.1:{record.ssh_port:<6} {record.pid:>7}  {record.serial_log}"
+        )
     print(f"inventory: {state.inventory}")
     for host in crashed:
         print(f"\n{host.record.name}: QEMU (PID {host.record.pid}) is gone; its serial log ends with:")

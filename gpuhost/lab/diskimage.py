@@ -26,9 +26,7 @@ def mbr_with_one_partition(disk_bytes: int, *, disk_id: int = 0x6C616231) -> byt
     count = sectors - FIRST_SECTOR
     if count > 0xFFFFFFFF:
         raise ValueError("disk too large for an MBR partition table")
-    entry = struct.pack(
-        "<B3sB3sII", 0x80, b"\xfe\xff\xff", 0x83, b"\xfe\xff\xff", FIRST_SECTOR, count
-    )
+    entry = struct.pack("<B3sB3sII", 0x80, b"\xfe\xff\xff", 0x83, b"\xfe\xff\xff", FIRST_SECTOR, count)
     mbr = bytearray(SECTOR)
     struct.pack_into("<I", mbr, 440, disk_id)
     mbr[446 : 446 + 16] = entry

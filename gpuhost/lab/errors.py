@@ -14,6 +14,5 @@ class ToolMissingError(LabError):
 
     def __init__(self, program: str, package: str, purpose: str) -> None:
         super().__init__(
-            f"{purpose} needs '{program}', which is not installed. "
-            f"Install it with: sudo apt-get install {package}"
+            f"{purpose} needs '{program}', which is not installed. Install it with: sudo apt-get install {package}"
         )

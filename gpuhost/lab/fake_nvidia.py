@@ -112,7 +112,11 @@ def install(paths: LabPaths, name: str) -> FakeNvidia:
     record = find_host(paths, name)
     result = run_on(paths, record, ["sh", "-s"], stdin=INSTALL_SCRIPT, timeout=300)
     if result.returncode != 0 or "install ok installed" not in result.stdout:
-        raise LabError(f"{name}: installing the fake NVIDIA driver failed: "
-                       f"{(result.stderr or result.stdout).strip()}")
-    return FakeNvidia(host=name, package=PACKAGE, version=VERSION, files=PACKAGE_FILES + RUNFILE_FILES,
-                      uninstall_calls_file=CALLS_FILE)
+        raise LabError(f"{name}: installing the fake NVIDIA driver failed: {(result.stderr or result.stdout).strip()}")
+    return FakeNvidia(
+        host=name,
+        package=PACKAGE,
+        version=VERSION,
+        files=PACKAGE_FILES + RUNFILE_FILES,
+        uninstall_calls_file=CALLS_FILE,
+    )

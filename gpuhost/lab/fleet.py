@@ -138,8 +138,9 @@ def find_host(paths: LabPaths, name: str) -> VmRecord:
 
 def host_ssh_argv(paths: LabPaths, record: VmRecord, command: Sequence[str] = (), tty: bool = False) -> list[str]:
     ssh = require(["ssh"], "reaching a lab host")["ssh"]
-    return ssh_argv(port=record.ssh_port, key=paths.client_key, known_hosts=paths.known_hosts,
-                    command=command, tty=tty, ssh=ssh)
+    return ssh_argv(
+        port=record.ssh_port, key=paths.client_key, known_hosts=paths.known_hosts, command=command, tty=tty, ssh=ssh
+    )
 
 
 def run_on(
@@ -152,8 +153,14 @@ def run_on(
 ) -> subprocess.CompletedProcess[str]:
     """Run a command on a lab host over SSH; the result is returned whatever its exit status."""
     try:
-        return subprocess.run(host_ssh_argv(paths, record, command), input=stdin, capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            host_ssh_argv(paths, record, command),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired as error:
         raise LabError(f"{record.name}: {' '.join(command)} did not finish within {timeout:.0f} s") from error
 
@@ -188,20 +195,26 @@ def wait_for_ssh(paths: LabPaths, records: Sequence[VmRecord], timeout: float = 
         for name, record in list(pending.items()):
             if not is_our_process(record):
                 tail = "\n".join(_tail(Path(record.serial_log)))
-                raise LabError(f"{name}: QEMU (PID {record.pid}) ended while booting; "
-                               f"serial log {record.serial_log} ends with:\n{tail}")
+                raise LabError(
+                    f"{name}: QEMU (PID {record.pid}) ended while booting; "
+                    f"serial log {record.serial_log} ends with:\n{tail}"
+                )
             panic = _panicked(record)
             if panic is not None:
-                raise LabError(f"{name}: the guest kernel panicked while booting: {panic} "
-                               f"(serial log {record.serial_log}; `gpuhost lab down` stops the hosts)")
+                raise LabError(
+                    f"{name}: the guest kernel panicked while booting: {panic} "
+                    f"(serial log {record.serial_log}; `gpuhost lab down` stops the hosts)"
+                )
             if _ssh_banner(record.ssh_port) and run_on(paths, record, ["true"], timeout=30).returncode == 0:
                 del pending[name]
         if not pending:
             break
         if time.monotonic() - started > timeout:
             names = ", ".join(sorted(pending))
-            raise LabError(f"{names}: no SSH within {timeout:.0f} s; see the serial logs in {paths.logs} "
-                           "(`gpuhost lab down` stops the hosts)")
+            raise LabError(
+                f"{names}: no SSH within {timeout:.0f} s; see the serial logs in {paths.logs} "
+                "(`gpuhost lab down` stops the hosts)"
+            )
         time.sleep(2)
     return time.monotonic() - started
 
@@ -212,19 +225,30 @@ def _start_vm(spec: VmSpec, qemu: str, stderr_log: Path) -> VmRecord:
     with stderr_log.open("w") as err:
         # -daemonize: the command returns once the VM runs, detached into its own session, so
         # it outlives this command; its PID comes from the pidfile.
-        result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                check=False, timeout=120)
+        result = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, check=False, timeout=120
+        )
     if result.returncode != 0:
         raise _QemuStartError(stderr_log.read_text(errors="replace").strip())
     pid = int(spec.pidfile.read_text().strip())
     ticks = process_start_ticks(pid)
     if ticks is None:
-        raise _QemuStartError(f"QEMU wrote PID {pid} but ended at once: "
-                              f"{stderr_log.read_text(errors='replace').strip()}")
+        raise _QemuStartError(
+            f"QEMU wrote PID {pid} but ended at once: {stderr_log.read_text(errors='replace').strip()}"
+        )
     return VmRecord(
-        name=spec.name, topology=spec.topology, pid=pid, start_ticks=ticks, ssh_port=spec.ssh_port,
-        overlay=str(spec.disk), serial_log=str(spec.serial_log), pidfile=str(spec.pidfile),
-        memory_mib=spec.memory_mib, cpus=spec.cpus, image="", argv=tuple(argv),
+        name=spec.name,
+        topology=spec.topology,
+        pid=pid,
+        start_ticks=ticks,
+        ssh_port=spec.ssh_port,
+        overlay=str(spec.disk),
+        serial_log=str(spec.serial_log),
+        pidfile=str(spec.pidfile),
+        memory_mib=spec.memory_mib,
+        cpus=spec.cpus,
+        image="",
+        argv=tuple(argv),
     )
 
 
@@ -252,15 +276,18 @@ def up(
         state = load_state(paths.state_file)
         running = [r.name for r in state.hosts if is_our_process(r)]
         if running:
-            raise LabError(f"the lab in {paths.root} already runs {', '.join(running)}; "
-                           "stop it with `gpuhost lab down` first (or use another --lab-dir)")
+            raise LabError(
+                f"the lab in {paths.root} already runs {', '.join(running)}; "
+                "stop it with `gpuhost lab down` first (or use another --lab-dir)"
+            )
         _forget(paths, state.hosts)
         image = lab_image.find_image(paths, variant)
         if image is None:
             if os.geteuid() != 0:
-                raise LabError(f"no lab image ({variant}) for the current recipe in {paths.images}; "
-                               "build it first with: sudo gpuhost lab image"
-                               + (" --variant nested" if variant == "nested" else ""))
+                raise LabError(
+                    f"no lab image ({variant}) for the current recipe in {paths.images}; "
+                    "build it first with: sudo gpuhost lab image" + (" --variant nested" if variant == "nested" else "")
+                )
             progress(f"building the {variant} image (once; cached in {paths.images})")
             image = lab_image.ensure_image(paths, variant, progress=progress)
         check_memory(hosts, memory_mib, mem_available_mib(Path("/proc/meminfo").read_text()))
@@ -272,16 +299,32 @@ def up(
             for name in names:
                 overlay = paths.overlays / f"{name}.qcow2"
                 overlay.unlink(missing_ok=True)
-                subprocess.run([tools["qemu-img"], "create", "-q", "-f", "qcow2", "-F", "qcow2",
-                                "-b", str(image.disk), str(overlay)], check=True, capture_output=True)
-                records.append(_start_with_free_port(paths, name, topology, memory_mib, cpus, overlay,
-                                                     tools["qemu-system-x86_64"], image))
+                subprocess.run(
+                    [
+                        tools["qemu-img"],
+                        "create",
+                        "-q",
+                        "-f",
+                        "qcow2",
+                        "-F",
+                        "qcow2",
+                        "-b",
+                        str(image.disk),
+                        str(overlay),
+                    ],
+                    check=True,
+                    capture_output=True,
+                )
+                records.append(
+                    _start_with_free_port(
+                        paths, name, topology, memory_mib, cpus, overlay, tools["qemu-system-x86_64"], image
+                    )
+                )
                 progress(f"{name}: QEMU PID {records[-1].pid}, SSH on 127.0.0.1:{records[-1].ssh_port}")
         finally:
             # Whatever happened, remember what runs so that `lab down` can stop it.
             save_state(paths.state_file, LabState(hosts=tuple(records), inventory=str(paths.inventory)))
-        inventory_hosts = [InventoryHost(r.name, r.ssh_port, r.topology, TOPOLOGIES[r.topology].gpus)
-                           for r in records]
+        inventory_hosts = [InventoryHost(r.name, r.ssh_port, r.topology, TOPOLOGIES[r.topology].gpus) for r in records]
         paths.known_hosts.write_text(known_hosts_text(inventory_hosts, image.host_public_key))
         text = render_inventory(inventory_hosts, paths.client_key, paths.known_hosts)
         paths.inventory.write_text(text)
@@ -290,20 +333,39 @@ def up(
         progress(f"waiting for SSH on {len(records)} host(s) (about a minute under TCG)")
         boot_seconds = wait_for_ssh(paths, records, timeout)
         boot_seconds = time.monotonic() - started
-    return UpResult(hosts=tuple(records), inventory=paths.inventory, inventory_text=text,
-                    known_hosts=paths.known_hosts, image=image, boot_seconds=boot_seconds)
+    return UpResult(
+        hosts=tuple(records),
+        inventory=paths.inventory,
+        inventory_text=text,
+        known_hosts=paths.known_hosts,
+        image=image,
+        boot_seconds=boot_seconds,
+    )
 
 
 def _start_with_free_port(
-    paths: LabPaths, name: str, topology: str, memory_mib: int, cpus: int, overlay: Path, qemu: str,
+    paths: LabPaths,
+    name: str,
+    topology: str,
+    memory_mib: int,
+    cpus: int,
+    overlay: Path,
+    qemu: str,
     image: lab_image.Image,
 ) -> VmRecord:
     # The port is free when chosen but could be taken before QEMU binds it: retry then.
     error = ""
     for _ in range(PORT_ATTEMPTS):
-        spec = VmSpec(name=name, topology=topology, memory_mib=memory_mib, cpus=cpus, ssh_port=free_port(),
-                      disk=overlay, serial_log=paths.logs / f"{name}-serial.log",
-                      pidfile=paths.root / f"{name}.pid")
+        spec = VmSpec(
+            name=name,
+            topology=topology,
+            memory_mib=memory_mib,
+            cpus=cpus,
+            ssh_port=free_port(),
+            disk=overlay,
+            serial_log=paths.logs / f"{name}-serial.log",
+            pidfile=paths.root / f"{name}.pid",
+        )
         try:
             record = _start_vm(spec, qemu, paths.logs / f"{name}-qemu.log")
         except _QemuStartError as failure:

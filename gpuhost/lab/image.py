@@ -172,16 +172,13 @@ class _Builder:
     def _run(self, argv: Sequence[str], *, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
         with self.log.open("a") as log:
             log.write(f"$ {' '.join(argv)}\n")
-        result = subprocess.run(
-            list(argv), input=stdin, capture_output=True, text=True, env=env, check=False
-        )
+        result = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, env=env, check=False)
         with self.log.open("a") as log:
             log.write(result.stdout + result.stderr)
         if result.returncode != 0:
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
             raise LabError(
-                f"image build step failed (exit {result.returncode}): {' '.join(argv)}\n{tail}\n"
-                f"full log: {self.log}"
+                f"image build step failed (exit {result.returncode}): {' '.join(argv)}\n{tail}\nfull log: {self.log}"
             )
         return result.stdout
 
@@ -205,8 +202,16 @@ class _Builder:
         try:
             kernel = self._build_disk(keys)
             self.progress("converting to qcow2")
-            self._run([self.tools["qemu-img"], "convert", "-O", "qcow2", str(self.work / "disk.raw"),
-                       str(self.work / "disk.qcow2")])
+            self._run(
+                [
+                    self.tools["qemu-img"],
+                    "convert",
+                    "-O",
+                    "qcow2",
+                    str(self.work / "disk.raw"),
+                    str(self.work / "disk.qcow2"),
+                ]
+            )
             (self.work / "disk.raw").unlink()
             seconds = round(time.monotonic() - started, 1)
             manifest = {
@@ -260,24 +265,46 @@ class _Builder:
         with contextlib.ExitStack() as stack:
             loop_disk = self._run([self.tools["losetup"], "-f", "--show", str(raw)]).strip()
             stack.callback(self._quiet, [self.tools["losetup"], "-d", loop_disk])
-            loop_part = self._run([
-                self.tools["losetup"], "-f", "--show", "-o", str(diskimage.PARTITION_OFFSET),
-                "--sizelimit", str(size - diskimage.PARTITION_OFFSET), str(raw),
-            ]).strip()
+            loop_part = self._run(
+                [
+                    self.tools["losetup"],
+                    "-f",
+                    "--show",
+                    "-o",
+                    str(diskimage.PARTITION_OFFSET),
+                    "--sizelimit",
+                    str(size - diskimage.PARTITION_OFFSET),
+                    str(raw),
+                ]
+            ).strip()
             stack.callback(self._quiet, [self.tools["losetup"], "-d", loop_part])
             # Initialise inode tables now: lazy init would run in every VM, under TCG.
-            self._run([self.tools["mkfs.ext4"], "-q", "-F", "-U", root_uuid, "-L", "gpuhost-lab",
-                       "-E", "lazy_itable_init=0,lazy_journal_init=0", loop_part])
+            self._run(
+                [
+                    self.tools["mkfs.ext4"],
+                    "-q",
+                    "-F",
+                    "-U",
+                    root_uuid,
+                    "-L",
+                    "gpuhost-lab",
+                    "-E",
+                    "lazy_itable_init=0,lazy_journal_init=0",
+                    loop_part,
+                ]
+            )
             self._run([self.tools["mount"], loop_part, str(root)])
             stack.callback(self._umount, root)
             self.progress(f"debootstrap {self.recipe.suite} from {self.mirror}")
             self._debootstrap(root)
             self.progress("configuring the image")
             self._write_files(root, root_uuid, keys)
-            for source, target, kind in (("proc", "proc", "proc"), ("sysfs", "sys", "sysfs"),
-                                         ("/dev", "dev", None)):
-                argv = [self.tools["mount"], "--bind", source, str(root / target)] if kind is None else \
-                    [self.tools["mount"], "-t", kind, source, str(root / target)]
+            for source, target, kind in (("proc", "proc", "proc"), ("sysfs", "sys", "sysfs"), ("/dev", "dev", None)):
+                argv = (
+                    [self.tools["mount"], "--bind", source, str(root / target)]
+                    if kind is None
+                    else [self.tools["mount"], "-t", kind, source, str(root / target)]
+                )
                 self._run(argv)
                 stack.callback(self._umount, root / target)
             if self.recipe.apt_packages:
@@ -290,12 +317,18 @@ class _Builder:
 
     def _debootstrap(self, root: Path) -> None:
         try:
-            self._run([
-                self.tools["debootstrap"], "--variant=minbase", "--components=main",
-                f"--include={','.join(self.recipe.packages)}",
-                f"--cache-dir={self.paths.package_cache}",
-                self.recipe.suite, str(root), self.mirror,
-            ])
+            self._run(
+                [
+                    self.tools["debootstrap"],
+                    "--variant=minbase",
+                    "--components=main",
+                    f"--include={','.join(self.recipe.packages)}",
+                    f"--cache-dir={self.paths.package_cache}",
+                    self.recipe.suite,
+                    str(root),
+                    self.mirror,
+                ]
+            )
         except LabError:
             # debootstrap's own log names the package that failed; keep it for the failed log.
             with contextlib.suppress(OSError):
@@ -316,8 +349,7 @@ class _Builder:
         policy.chmod(0o755)
         try:
             self._chroot(root, "apt-get", "update", "-q")
-            self._chroot(root, "apt-get", "install", "-y", "-q", "--no-install-recommends",
-                         *self.recipe.apt_packages)
+            self._chroot(root, "apt-get", "install", "-y", "-q", "--no-install-recommends", *self.recipe.apt_packages)
         finally:
             policy.unlink()
             self._umount(archives)
@@ -358,17 +390,16 @@ class _Builder:
         if not kernels:
             raise LabError(f"debootstrap installed no kernel in {root}/boot; see {self.log}")
         kernel = kernels[-1]
-        self._chroot(root, "systemctl", "enable", "systemd-networkd.service",
-                     "gpuhost-lab-hostname.service")
+        self._chroot(root, "systemctl", "enable", "systemd-networkd.service", "gpuhost-lab-hostname.service")
         self._chroot(root, "systemctl", "mask", *self.recipe.masked_units)
         # Lets later grub-pc upgrades inside a host install GRUB without asking.
-        self._chroot(root, "debconf-set-selections",
-                     stdin="grub-pc grub-pc/install_devices multiselect /dev/vda\n")
+        self._chroot(root, "debconf-set-selections", stdin="grub-pc grub-pc/install_devices multiselect /dev/vda\n")
         self.progress("first initramfs")
         self._first_initramfs(root, kernel)
         self.progress("installing GRUB")
-        self._chroot(root, "grub-install", "--target=i386-pc", "--modules=part_msdos ext2",
-                     "--boot-directory=/boot", loop_disk)
+        self._chroot(
+            root, "grub-install", "--target=i386-pc", "--modules=part_msdos ext2", "--boot-directory=/boot", loop_disk
+        )
         (root / "boot/grub/grub.cfg").write_text(self._grub_cfg(kernel, root_uuid))
         if self.recipe.variant == "nested":
             self._nested_guest(root, kernel)
@@ -383,8 +414,7 @@ class _Builder:
         (conf / "conf.d/gpuhost-lab.conf").write_text("MODULES=list\nCOMPRESS=zstd\nCOMPRESSLEVEL=1\n")
         with (conf / "modules").open("a") as modules:
             modules.write("\n".join(self.recipe.first_initramfs_modules) + "\n")
-        self._chroot(root, "mkinitramfs", "-d", "/tmp/gpuhost-initramfs", "-o",
-                     f"/boot/initrd.img-{kernel}", kernel)
+        self._chroot(root, "mkinitramfs", "-d", "/tmp/gpuhost-initramfs", "-o", f"/boot/initrd.img-{kernel}", kernel)
         shutil.rmtree(conf)
 
     def _grub_cfg(self, kernel: str, root_uuid: str) -> str:

@@ -38,9 +38,7 @@ def inventory_data(hosts: Sequence[InventoryHost], client_key: Path, known_hosts
             "ansible_user": "root",
             "ansible_ssh_private_key_file": str(client_key),
             "ansible_python_interpreter": "/usr/bin/python3",
-            "ansible_ssh_common_args": (
-                f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
-            ),
+            "ansible_ssh_common_args": (f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"),
             "gpuhost_known_hosts_file": str(known_hosts),
             # The stand-in GPU has QEMU's IDs, not NVIDIA's: name it, since gpuhost selects
             # NVIDIA GPUs by default.

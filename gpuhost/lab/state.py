@@ -48,9 +48,7 @@ def state_from_json(text: str) -> LabState:
         data = json.loads(text)
         if data.get("version") != STATE_VERSION:
             raise LabError(f"lab state file has version {data.get('version')!r}, expected {STATE_VERSION}")
-        hosts = tuple(
-            VmRecord(**{**host, "argv": tuple(host["argv"])}) for host in data.get("hosts", [])
-        )
+        hosts = tuple(VmRecord(**{**host, "argv": tuple(host["argv"])}) for host in data.get("hosts", []))
         return LabState(
             hosts=hosts,
             inventory=data.get("inventory"),

@@ -137,14 +137,20 @@ def qemu_argv(spec: VmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
     machine = "q35,kernel-irqchip=split" if topology.iommu else "q35"
     argv = [
         qemu,
-        "-name", f"{spec.name},process=gpuhost-{spec.name}",
-        "-machine", machine,
-        "-accel", "tcg,thread=multi",
+        "-name",
+        f"{spec.name},process=gpuhost-{spec.name}",
+        "-machine",
+        machine,
+        "-accel",
+        "tcg,thread=multi",
         # -cpu max offers pdpe1gb, so the host can reserve 1 GiB huge pages. Under TCG it says
         # AuthenticAMD; an Intel IOMMU belongs with an Intel CPU (intel_iommu=, not amd_iommu=).
-        "-cpu", "max,vendor=GenuineIntel",
-        "-smp", str(spec.cpus),
-        "-m", str(spec.memory_mib),
+        "-cpu",
+        "max,vendor=GenuineIntel",
+        "-smp",
+        str(spec.cpus),
+        "-m",
+        str(spec.memory_mib),
         "-nodefaults",
         "-no-user-config",
     ]
@@ -156,19 +162,28 @@ def qemu_argv(spec: VmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         argv += ["-device", device]
     argv += [
         # restrict=on: the guest reaches nothing beyond its forwarded SSH port on 127.0.0.1.
-        "-netdev", f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22",
-        "-device", f"virtio-net-pci,netdev=net0,bus=pcie.0,addr={SLOT_NIC:#x}",
+        "-netdev",
+        f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22",
+        "-device",
+        f"virtio-net-pci,netdev=net0,bus=pcie.0,addr={SLOT_NIC:#x}",
         # cache=unsafe: guest flushes are not forced to disk; a lab overlay is disposable and
         # fsync under TCG would only slow package and initramfs work down.
-        "-drive", f"file={_opt_value(spec.disk)},if=none,id=disk0,format=qcow2,cache=unsafe",
-        "-device", f"virtio-blk-pci,drive=disk0,bus=pcie.0,addr={SLOT_DISK:#x},bootindex=1",
+        "-drive",
+        f"file={_opt_value(spec.disk)},if=none,id=disk0,format=qcow2,cache=unsafe",
+        "-device",
+        f"virtio-blk-pci,drive=disk0,bus=pcie.0,addr={SLOT_DISK:#x},bootindex=1",
         # The guest names itself after this serial number (gpuhost-lab-hostname.service).
-        "-smbios", f"type=1,serial={spec.name}",
-        "-serial", f"file:{_opt_value(spec.serial_log)}",
-        "-monitor", "none",
-        "-display", "none",
+        "-smbios",
+        f"type=1,serial={spec.name}",
+        "-serial",
+        f"file:{_opt_value(spec.serial_log)}",
+        "-monitor",
+        "none",
+        "-display",
+        "none",
         "-daemonize",
-        "-pidfile", str(spec.pidfile),
+        "-pidfile",
+        str(spec.pidfile),
     ]
     return argv
 

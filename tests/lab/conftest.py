@@ -88,12 +88,16 @@ def lab_hosts(
         for name, paths in labs.items():
             fleet.up(paths, hosts=1, topology=name, memory_mib=MEMORY_MIB, cpus=CPUS, wait=False)
         with ThreadPoolExecutor(len(labs)) as pool:
-            waits = {name: pool.submit(fleet.wait_for_ssh, paths, fleet.status(paths)[0].hosts, 400)
-                     for name, paths in labs.items()}
+            waits = {
+                name: pool.submit(fleet.wait_for_ssh, paths, fleet.status(paths)[0].hosts, 400)
+                for name, paths in labs.items()
+            }
             for name, future in waits.items():
                 future.result()
-                _timing(f"{name}: SSH up {time.monotonic() - started:.1f} s after start "
-                        f"({len(labs)} hosts booting in parallel)")
+                _timing(
+                    f"{name}: SSH up {time.monotonic() - started:.1f} s after start "
+                    f"({len(labs)} hosts booting in parallel)"
+                )
         yield {name: LabHost(name, paths, fleet.status(paths)[0].hosts[0]) for name, paths in labs.items()}
     finally:
         for paths in labs.values():

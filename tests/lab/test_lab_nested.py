@@ -20,8 +20,10 @@ from gpuhost.lab.state import VmRecord
 
 pytestmark = [
     pytest.mark.lab,
-    pytest.mark.skipif(os.environ.get("GPUHOST_LAB_NESTED") != "1",
-                       reason="set GPUHOST_LAB_NESTED=1 to build the nested image and boot a nested guest"),
+    pytest.mark.skipif(
+        os.environ.get("GPUHOST_LAB_NESTED") != "1",
+        reason="set GPUHOST_LAB_NESTED=1 to build the nested image and boot a nested guest",
+    ),
 ]
 
 # Runtime binding (driver_override) is enough to prove the guest path; binding at boot is
@@ -59,13 +61,22 @@ def test_nested_guest_sees_the_gpu_through_vfio(nested_host: tuple[LabPaths, VmR
     assert bound.returncode == 0 and bound.stdout.split() == ["vfio-pci", "vfio-pci"], bound.stderr
     started = time.monotonic()
     guest = fleet.run_on(
-        paths, record,
-        ["timeout", "900", "gpuhost-nested-guest",
-         "-device", "vfio-pci,host=0000:01:00.0", "-device", "vfio-pci,host=0000:01:00.1"],
+        paths,
+        record,
+        [
+            "timeout",
+            "900",
+            "gpuhost-nested-guest",
+            "-device",
+            "vfio-pci,host=0000:01:00.0",
+            "-device",
+            "vfio-pci,host=0000:01:00.1",
+        ],
         timeout=960,
     )
-    print(f"[lab timing] nested guest with two VFIO functions booted and listed PCI in "
-          f"{time.monotonic() - started:.0f} s")
+    print(
+        f"[lab timing] nested guest with two VFIO functions booted and listed PCI in {time.monotonic() - started:.0f} s"
+    )
     out = guest.stdout
     assert "GPUHOST-GUEST-PCI-BEGIN" in out and "GPUHOST-GUEST-PCI-END" in out, guest.stderr + out[-2000:]
     listing = out.split("GPUHOST-GUEST-PCI-BEGIN", 1)[1].split("GPUHOST-GUEST-PCI-END", 1)[0]

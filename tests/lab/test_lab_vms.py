@@ -66,7 +66,10 @@ def pci_devices(host: LabHost) -> dict[str, tuple[str, str, str]]:
 def audit(host: LabHost) -> tuple[int, list[dict[str, Any]]]:
     result = subprocess.run(
         [sys.executable, "-m", "gpuhost", "audit", "-i", str(host.paths.inventory), "--json"],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     assert lines, f"audit printed nothing (exit {result.returncode}): {result.stderr}"
