@@ -56,7 +56,8 @@ def test_fresh_lab_host_plan():
         ("0000:01:00.0", "1234:1111"),
         ("0000:01:00.1", "8086:293e"),
     ]
-    assert result.bind_by == "ids" and result.override_script is None
+    assert result.bind_by == "ids" and result.override_addresses == ()
+    assert "modprobe -q vfio-pci" in result.initramfs_script and "driver_override" not in result.initramfs_script
     assert result.kernel_options == (
         "vfio-pci.ids=1234:1111,8086:293e",
         "modprobe.blacklist=nouveau,nvidia,nvidiafb",
@@ -235,7 +236,8 @@ def test_keeping_one_of_identical_gpus_binds_by_address_with_driver_override():
         "0000:81:00.0",
         "0000:81:00.1",
     ]
-    assert "0000:c1:00.0" not in result.override_script and "0000:41:00.1" in result.override_script
+    assert "0000:c1:00.0" not in result.initramfs_script and "0000:41:00.1" in result.initramfs_script
+    assert "driver_override" in result.initramfs_script
     assert "0000:c1:00.0" in result.notes[0]
     refused = plan(facts, gpuhost_gpus=keep_one, gpuhost_hugepages=0, gpuhost_bind_by="ids")
     assert refusal_codes(refused) == ["vfio_ids.captures_kept"]

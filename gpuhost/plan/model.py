@@ -13,7 +13,7 @@ from gpuhost.errors import GpuhostError
 
 GRUB_DROPIN_PATH = "/etc/default/grub.d/gpuhost.cfg"
 INITRAMFS_MODULES_PATH = "/etc/initramfs-tools/modules"
-OVERRIDE_SCRIPT_PATH = "/etc/initramfs-tools/scripts/init-top/gpuhost-vfio-override"
+INITRAMFS_SCRIPT_PATH = "/etc/initramfs-tools/scripts/init-top/gpuhost-vfio"
 APT_PIN_PATH = "/etc/apt/preferences.d/gpuhost-no-nvidia-driver"
 BIND_BY_IDS = "ids"
 BIND_BY_ADDRESS = "address"
@@ -79,7 +79,7 @@ class HostPlan:
     functions: tuple[BoundFunction, ...]  # every function vfio-pci must own
     bind_by: str  # BIND_BY_IDS or BIND_BY_ADDRESS
     vfio_ids: tuple[str, ...]  # vendor:device for vfio-pci.ids (empty when binding by address only)
-    override_addresses: tuple[str, ...]  # functions bound through driver_override in the initramfs
+    override_addresses: tuple[str, ...]  # functions bound through driver_override in the initramfs script
     kernel_options: tuple[str, ...]  # what gpuhost adds, in order
     owned_keys: tuple[str, ...]  # option names gpuhost removes from the earlier GRUB lines
     owned_tokens: tuple[str, ...]  # exact tokens gpuhost removes (its own blacklist, optional flags)
@@ -88,7 +88,7 @@ class HostPlan:
     desired_grub_line: str  # the same after gpuhost's drop-in
     grub_dropin: str  # content of GRUB_DROPIN_PATH
     initramfs_modules: tuple[str, ...]  # lines of INITRAMFS_MODULES_PATH
-    override_script: str | None  # content of OVERRIDE_SCRIPT_PATH (None: the file must not exist)
+    initramfs_script: str | None  # content of INITRAMFS_SCRIPT_PATH (None: the file must not exist)
     hugepages: HugePagePlan
     driver_removal: DriverRemoval
     reboot_needed: bool
@@ -115,7 +115,7 @@ class HostPlan:
         data["paths"] = {
             "grub_dropin": GRUB_DROPIN_PATH,
             "initramfs_modules": INITRAMFS_MODULES_PATH,
-            "override_script": OVERRIDE_SCRIPT_PATH,
+            "initramfs_script": INITRAMFS_SCRIPT_PATH,
             "apt_pin": APT_PIN_PATH,
         }
         plain: dict[str, Any] = _plain(data)

@@ -98,8 +98,11 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     dropin = _render(
         "grub/gpuhost.cfg.j2", description=described, patterns=_patterns(owned_keys, owned_tokens), options=options
     )
-    override_script = _render("initramfs/gpuhost-vfio-override.j2", addresses=override) if override else None
     modules = _initramfs_modules(facts)
+    # vfio-pci loaded before udev, whenever it is a module (or the functions are bound by address).
+    initramfs_script = (
+        _render("initramfs/gpuhost-vfio.j2", addresses=override) if override or facts.vfio_pci == VFIO_MODULE else None
+    )
     removal = _driver_removal(facts, settings, selection)
     reasons = _reboot_reasons(facts, desired, tuple(options), owned_keys, owned_tokens, functions, removal)
     if not refusals and facts.vfio_pci == VFIO_MODULE and not modules:
@@ -119,7 +122,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         desired_grub_line=str(desired),
         grub_dropin=dropin,
         initramfs_modules=modules,
-        override_script=override_script,
+        initramfs_script=initramfs_script,
         hugepages=pages,
         driver_removal=removal,
         reboot_needed=bool(reasons),
