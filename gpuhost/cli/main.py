@@ -21,6 +21,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "audit": ("gpuhost.cli.audit", "read-only passthrough readiness audit of hosts"),
     "snapshot": ("gpuhost.cli.snapshot", "capture what the audit reads from a host into a directory"),
     "lab": ("gpuhost.cli.lab", "emulated GPU hosts under QEMU (TCG) with SSH on 127.0.0.1, for rehearsals and CI"),
+    "plan": ("gpuhost.cli.plan", "what gpuhost apply would change on each host, and why; changes nothing"),
+    "apply": ("gpuhost.cli.apply", "configure hosts for VFIO passthrough with the playbooks: rolling reboot, verified"),
     "smoke-test": ("gpuhost.cli.smoke_test", "inside a guest: benchmark the GPU and judge it against its datasheet"),
     "render": ("gpuhost.cli.render", "libvirt domain XML of an inventory VM with its GPUs passed through, validated"),
 }

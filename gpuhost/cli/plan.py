@@ -1,0 +1,113 @@
+"""`gpuhost plan`: what `gpuhost apply` would change on each host, and why. Changes nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+from gpuhost.audit import audit_fleet
+from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError
+from gpuhost.plan import HostPlan, PlanSettings, plan_host
+from gpuhost.plan.model import GRUB_DROPIN_PATH, INITRAMFS_MODULES_PATH, INITRAMFS_SCRIPT_PATH
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_target_options(parser, snapshots=True)
+    parser.add_argument("--json", action="store_true", help="print the plans as JSON (schema gpuhost.plan/1)")
+    parser.add_argument("--forks", type=int, default=10, help="hosts read in parallel (default 10)")
+    parser.add_argument("--show-files", action="store_true", help="print the full content of the files written")
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    host: str
+    plan: HostPlan | None
+    error: str | None  # unreachable, or a bad inventory value
+
+
+def plan_targets(args: argparse.Namespace) -> list[PlanOutcome]:
+    """Read every host with the audit's gatherer and plan it; values are validated before connecting."""
+    targets = resolve_targets(args)
+    settings = {}
+    for target in targets:
+        settings[target.name] = PlanSettings.from_variables(target.variables, f"host {target.name}", gpus=args.gpus)
+    outcomes = []
+    for audit in audit_fleet(targets, args.forks):
+        name = audit.target.name
+        if audit.facts is None:
+            outcomes.append(PlanOutcome(name, None, audit.error or "could not be read"))
+            continue
+        try:
+            outcomes.append(PlanOutcome(name, plan_host(name, audit.facts, settings[name]), None))
+        except GpuhostError as error:
+            outcomes.append(PlanOutcome(name, None, str(error)))
+    return outcomes
+
+
+def exit_code(outcomes: list[PlanOutcome]) -> int:
+    if any(outcome.plan is None for outcome in outcomes):
+        return EXIT_UNUSABLE
+    return EXIT_FINDINGS if any(outcome.plan and outcome.plan.refusals for outcome in outcomes) else EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    outcomes = plan_targets(args)
+    if args.json:
+        data = [
+            outcome.plan.to_json() if outcome.plan else {"host": outcome.host, "error": outcome.error}
+            for outcome in outcomes
+        ]
+        json.dump(data, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_plans(outcomes, show_files=args.show_files)
+    return exit_code(outcomes)
+
+
+def print_plans(outcomes: list[PlanOutcome], show_files: bool = False) -> None:
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=True)
+    for outcome in outcomes:
+        plan = outcome.plan
+        if plan is None:
+            console.print(f"[bold]{outcome.host}[/]: [red]cannot plan[/]: {outcome.error}")
+            continue
+        for line in describe_plan(plan, show_files=show_files):
+            console.print(line, markup=False) if not line.startswith("[") else console.print(line)
+        console.print()
+
+
+def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:
+    """The plan as lines of text (rich markup only at the start of headline lines)."""
+    if plan.refusals:
+        lines = [f"[bold]{plan.host}[/]: [red]refused[/], nothing will be written"]
+        lines += [f"  - {r.message}\n    fix: {r.fix}" for r in plan.refusals]
+        return lines
+    lines = [f"[bold]{plan.host}[/]: " + ("[yellow]reboot needed[/]" if plan.reboot_needed else "[green]no reboot[/]")]
+    for function in plan.functions:
+        lines.append(f"  vfio-pci <- {function.address} [{function.vendor_device}] (now: {function.driver or 'none'})")
+    how = "vfio-pci.ids=" + ",".join(plan.vfio_ids) if plan.vfio_ids else "driver_override by address"
+    lines.append(f"  binding: {how}")
+    lines.append(f"  {GRUB_DROPIN_PATH}: adds {' '.join(plan.kernel_options)}")
+    lines.append(f"    GRUB line now: {plan.current_grub_line or '(empty)'}")
+    lines.append(f"    GRUB line then: {plan.desired_grub_line}")
+    if plan.initramfs_modules:
+        lines.append(f"  {INITRAMFS_MODULES_PATH}: {' '.join(plan.initramfs_modules)}; update-initramfs -u -k all")
+    if plan.initramfs_script:
+        early = f"driver_override for {' '.join(plan.override_addresses)}, " if plan.override_addresses else ""
+        lines.append(f"  {INITRAMFS_SCRIPT_PATH}: {early}vfio-pci loaded before udev")
+    lines.append(f"  huge pages: {plan.hugepages.pages} x 1 GiB ({plan.hugepages.rule})")
+    lines.append(f"  host driver: {plan.driver_removal.note}")
+    lines.extend(f"  reboot: {reason}" for reason in plan.reboot_reasons)
+    lines.extend(f"  note: {note}" for note in plan.notes)
+    if show_files:
+        lines.append(f"  --- {GRUB_DROPIN_PATH}")
+        lines.extend("  | " + line for line in plan.grub_dropin.splitlines())
+        if plan.initramfs_script:
+            lines.append(f"  --- {INITRAMFS_SCRIPT_PATH}")
+            lines.extend("  | " + line for line in plan.initramfs_script.splitlines())
+    return lines
