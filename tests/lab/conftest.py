@@ -28,17 +28,6 @@ MEMORY_MIB = 2048
 CPUS = 2
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Lab tests boot VMs for minutes: they run only when asked for (-m lab, or GPUHOST_LAB_TESTS=1)."""
-    expression = str(config.getoption("markexpr") or "")
-    if ("lab" in expression and "not lab" not in expression) or os.environ.get("GPUHOST_LAB_TESTS") == "1":
-        return
-    skip = pytest.mark.skip(reason="boots VMs under QEMU for minutes: select with `pytest -m lab tests/lab`")
-    for item in items:
-        if "lab" in item.keywords:
-            item.add_marker(skip)
-
-
 def _timing(message: str) -> None:
     # Printed in the -s/-rA output so CI logs show the measured times.
     print(f"[lab timing] {message}", flush=True)
