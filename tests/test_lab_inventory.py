@@ -26,7 +26,8 @@ def test_inventory_is_yaml_with_every_variable_per_host() -> None:
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(KEY),
         "ansible_python_interpreter": "/usr/bin/python3",
-        "ansible_ssh_common_args": f"-o UserKnownHostsFile={KNOWN} -o StrictHostKeyChecking=yes",
+        # The path holds a space: quoted, since Ansible splits these arguments with shlex.
+        "ansible_ssh_common_args": "-o UserKnownHostsFile='/cache/lab dir/known_hosts' -o StrictHostKeyChecking=yes",
         "gpuhost_known_hosts_file": str(KNOWN),
         "gpuhost_gpus": ["1234:1111"],
         "gpuhost_lab_topology": "gpu-pair",

@@ -8,6 +8,7 @@ resolve group variables.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,10 @@ def inventory_data(hosts: Sequence[InventoryHost], client_key: Path, known_hosts
             "ansible_user": "root",
             "ansible_ssh_private_key_file": str(client_key),
             "ansible_python_interpreter": "/usr/bin/python3",
-            "ansible_ssh_common_args": (f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"),
+            # Ansible splits this with shlex: quote the path in case it holds spaces.
+            "ansible_ssh_common_args": (
+                f"-o UserKnownHostsFile={shlex.quote(str(known_hosts))} -o StrictHostKeyChecking=yes"
+            ),
             "gpuhost_known_hosts_file": str(known_hosts),
             # The stand-in GPU has QEMU's IDs, not NVIDIA's: name it, since gpuhost selects
             # NVIDIA GPUs by default.
