@@ -181,6 +181,9 @@ def test_hugepages_that_the_host_cannot_hold_are_refused_before_anything_is_writ
     assert refusal_codes(result) == ["hugepages.too_many"]
     assert "does not boot" in result.refusals[0].message and "at most 1" in result.refusals[0].fix
     assert refusal_codes(plan(facts, gpuhost_hugepages="2G")) == ["hugepages.too_many"]
+    small = dataclasses.replace(facts, memory=dataclasses.replace(facts.memory, total_kib=2 * GIB))
+    tiny = plan(small)
+    assert refusal_codes(tiny) == ["hugepages.too_many"] and "gpuhost_hugepages: 0" in tiny.refusals[0].fix
     no_1g = dataclasses.replace(facts, cpu=dataclasses.replace(facts.cpu, flags=facts.cpu.flags - {"pdpe1gb"}))
     assert refusal_codes(plan(no_1g)) == ["hugepages.unsupported"]
     zero = plan(facts, gpuhost_hugepages=0)

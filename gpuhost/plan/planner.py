@@ -316,7 +316,9 @@ def _hugepages(facts: HostFacts, settings: PlanSettings, refuse: _Refuse) -> Hug
             f"{pages} 1 GiB huge pages ({rule}) would leave the host {max(keeps, 0) / GIB_KIB:.1f} GiB of its "
             f"{total / GIB_KIB:.1f} GiB; it needs at least {minimum / GIB_KIB:.1f} GiB, and with too many pages "
             "the machine does not boot.",
-            f"Lower gpuhost_hugepages to at most {(total - minimum) // GIB_KIB}.",
+            f"Lower gpuhost_hugepages to at most {(total - minimum) // GIB_KIB}."
+            if total - minimum >= GIB_KIB
+            else "Set gpuhost_hugepages: 0: this host is too small to give up any 1 GiB page.",
         )
     elif pages:
         nodes = {node.node_id: node for node in facts.numa_nodes}
