@@ -164,3 +164,11 @@ def test_down_of_a_crashed_host_signals_nothing_and_cleans_up(tmp_path: Path, mo
     result = fleet.down(paths)
     assert killed == [] and result.not_running == ("lab-1",) and result.stopped == ()
     assert not overlay.exists() and load_state(paths.state_file) == LabState()
+
+
+def test_commands_on_a_lab_dir_find_the_keys_of_the_images_it_was_started_from(tmp_path: Path) -> None:
+    started = LabPaths(root=tmp_path / "lab", images=tmp_path / "shared-images")
+    save_state(started.state_file, LabState(hosts=(record(),), extra={"image_dir": str(started.images)}))
+    later = LabPaths.resolve(tmp_path / "lab", environ={})
+    assert later.client_key != started.client_key
+    assert fleet.with_recorded_images(later).client_key == started.client_key

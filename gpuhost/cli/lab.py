@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -102,8 +103,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    paths = LabPaths.resolve(args.lab_dir, args.image_dir)
     verb: str = args.lab_verb
+    paths = LabPaths.resolve(args.lab_dir, args.image_dir)
+    if verb in ("ssh", "reboot", "fake-nvidia") and args.image_dir is None and not os.environ.get(IMAGE_DIR_ENV):
+        # Reach running hosts with the keys of the images they were started from.
+        paths = fleet.with_recorded_images(paths)
     if verb == "image":
         return _image(paths, args)
     if verb == "up":

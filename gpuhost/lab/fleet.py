@@ -127,6 +127,12 @@ def status(paths: LabPaths) -> tuple[LabState, list[HostStatus]]:
     return state, report
 
 
+def with_recorded_images(paths: LabPaths) -> LabPaths:
+    """`paths` with the image directory (and so the SSH keys) that `lab up` used in this lab dir."""
+    recorded = load_state(paths.state_file).extra.get("image_dir")
+    return LabPaths(root=paths.root, images=Path(recorded)) if recorded else paths
+
+
 def find_host(paths: LabPaths, name: str) -> VmRecord:
     state = load_state(paths.state_file)
     for record in state.hosts:
@@ -323,7 +329,10 @@ def up(
                 progress(f"{name}: QEMU PID {records[-1].pid}, SSH on 127.0.0.1:{records[-1].ssh_port}")
         finally:
             # Whatever happened, remember what runs so that `lab down` can stop it.
-            save_state(paths.state_file, LabState(hosts=tuple(records), inventory=str(paths.inventory)))
+            save_state(
+                paths.state_file,
+                LabState(hosts=tuple(records), inventory=str(paths.inventory), extra={"image_dir": str(paths.images)}),
+            )
         inventory_hosts = [InventoryHost(r.name, r.ssh_port, r.topology, TOPOLOGIES[r.topology].gpus) for r in records]
         paths.known_hosts.write_text(known_hosts_text(inventory_hosts, image.host_public_key))
         text = render_inventory(inventory_hosts, paths.client_key, paths.known_hosts)
