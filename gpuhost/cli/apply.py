@@ -62,7 +62,7 @@ def _serial(text: str) -> list[int | str]:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     serial = _serial(args.serial)
     if not 0 <= args.max_fail_percentage <= 100:
         raise InputError("--max-fail-percentage must be from 0 to 100.")
@@ -141,6 +141,9 @@ def run_playbook(
         detail = result.get("msg", "") if kind != "runner_on_ok" or any(k in task for k in _KEY_TASKS) else ""
         elapsed = time.monotonic() - started
         console.print(f"{elapsed:6.0f}s  [bold]{host}[/]  {status}  {task}" + (f": {detail}" if detail else ""))
+        if result.get("changed") and result.get("diff"):
+            for line in _diff_lines(result["diff"]):
+                console.print(f"        {line}", markup=False)
         return True
 
     report.unlink(missing_ok=True)
@@ -164,7 +167,8 @@ def run_playbook(
             private_data_dir=private,
             playbook=str(PLAYBOOK),
             inventory=str(inventory),
-            limit=limit,
+            # The report play runs on the controller: a --limit must not leave it out.
+            limit=f"{limit},localhost" if limit else None,
             extravars=extravars,
             cmdline=cmdline,
             envvars=env,
@@ -176,12 +180,40 @@ def run_playbook(
     data: dict[str, Any] = {"schema": "gpuhost.apply/1", "hosts": {}}
     if report.is_file():
         data = json.loads(report.read_text())
+    if not data.get("hosts"):
+        # The report play did not run (the rollout was stopped): say what Ansible's recap knows.
+        failed = {**stats.get("failures", {}), **stats.get("dark", {})}
+        seen = set(stats.get("ok", {})) | set(failed)
+        data["hosts"] = {
+            host: {"status": "failed" if host in failed else "not-reported"} for host in sorted(seen - {"localhost"})
+        }
     data["ansible_stats"] = stats
     data["ansible_rc"] = runner.rc
     data["ansible_status"] = runner.status
     data["seconds"] = round(time.monotonic() - started, 1)
     report.write_text(json.dumps(data, indent=2) + "\n")
     return data
+
+
+def _diff_lines(diffs: Any) -> list[str]:
+    """Ansible's --diff result (before/after texts) as unified diff lines."""
+    import difflib
+
+    lines: list[str] = []
+    for diff in diffs if isinstance(diffs, list) else [diffs]:
+        if not isinstance(diff, dict) or not isinstance(diff.get("after"), str):
+            continue
+        before = diff["before"] if isinstance(diff.get("before"), str) else ""
+        lines.extend(
+            line.rstrip("\n")
+            for line in difflib.unified_diff(
+                before.splitlines(keepends=True),
+                diff["after"].splitlines(keepends=True),
+                fromfile=str(diff.get("before_header", "before")),
+                tofile=str(diff.get("after_header", "after")),
+            )
+        )
+    return lines
 
 
 def _pythonpath() -> str:

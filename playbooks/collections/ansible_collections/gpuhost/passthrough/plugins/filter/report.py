@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def report_entry(hostvars: Mapping[str, Any]) -> dict[str, Any]:
+def report_entry(hostvars: Mapping[str, Any], check_mode: bool = False) -> dict[str, Any]:
     planned = hostvars.get("gpuhost_plan_result") or {}
     plan = planned.get("plan") or {}
     verified = (hostvars.get("gpuhost_verify_result") or {}).get("verification")
@@ -27,7 +27,7 @@ def report_entry(hostvars: Mapping[str, Any]) -> dict[str, Any]:
         "refusals": plan.get("refusals", []),
         "reboot_needed": plan.get("reboot_needed"),
         "reboot_reasons": plan.get("reboot_reasons", []),
-        "rebooted": bool(reboot.get("rebooted")),
+        "rebooted": bool(reboot.get("rebooted")) and not check_mode,  # check mode only says it would
         "reboot_seconds": reboot.get("elapsed"),
         "kernel_options": plan.get("kernel_options", []),
         "functions": [f.get("address") for f in plan.get("functions", [])],
