@@ -195,6 +195,25 @@ Best run_variants(const std::vector<Variant>& variants, float* out, size_t n, si
     return best;
 }
 
+// The result of an elementwise bandwidth benchmark from its best verified variant: GB/s over
+// the bytes one run moves, with every variant tried listed beside it.
+Result best_variant_result(const char* name, const Best& best, size_t n, size_t bytes, const std::string& failure,
+                           const char* check_passed, const char* counted) {
+    Result r;
+    r.name = name;
+    r.unit = "GB/s";
+    r.timing = best.timing;
+    r.value = best.timing.samples_ms.empty() ? NAN : static_cast<double>(bytes) / (best.timing.median_ms() * 1e6);
+    r.verified = failure.empty() && !best.timing.samples_ms.empty();
+    r.error = failure.empty() ? 0.0 : 1.0;
+    r.check_detail = failure.empty() ? check_passed : failure;
+    r.params.integer("bytes_per_buffer", static_cast<long long>(n * sizeof(float)))
+        .integer("bytes_moved", static_cast<long long>(bytes))
+        .str("counted", counted);
+    r.extra.str("best_variant", best.name).raw("variants", json_array(best.all));
+    return r;
+}
+
 size_t memory_elements(const Options& options) {
     // 1 GiB per buffer (256 MiB quick): 20x (5x) the H100's 50 MB L2, and at most 1/16 of
     // device memory so that five buffers fit on small cards.
@@ -232,19 +251,8 @@ void bench_memory(const Options& options, const Emit& emit) {
         Best best = run_variants(
             variants, out.ptr, n, bytes, [&] { return check_elementwise(out.ptr, n, Check::Copy, sa, 0, 0); }, reps,
             failure);
-        Result r;
-        r.name = "copy";
-        r.unit = "GB/s";
-        r.timing = best.timing;
-        r.value = best.timing.samples_ms.empty() ? NAN : static_cast<double>(bytes) / (best.timing.median_ms() * 1e6);
-        r.verified = failure.empty() && !best.timing.samples_ms.empty();
-        r.error = failure.empty() ? 0.0 : 1.0;
-        r.check_detail = failure.empty() ? "every element equals its regenerated source value" : failure;
-        r.params.integer("bytes_per_buffer", static_cast<long long>(n * sizeof(float)))
-            .integer("bytes_moved", static_cast<long long>(bytes))
-            .str("counted", "bytes read + bytes written");
-        r.extra.str("best_variant", best.name).raw("variants", json_array(best.all));
-        emit(std::move(r));
+        emit(best_variant_result("copy", best, n, bytes, failure,
+                                 "every element equals its regenerated source value", "bytes read + bytes written"));
     }
 
     // ---- triad / fused A*B+C: three reads and one write per element
@@ -264,19 +272,9 @@ void bench_memory(const Options& options, const Emit& emit) {
             variants, out.ptr, n, bytes,
             [&] { return check_elementwise(out.ptr, n, Check::FusedTriad, sa, sb, sc); }, reps, failure);
         fused_timing = best.timing;
-        Result r;
-        r.name = "triad";
-        r.unit = "GB/s";
-        r.timing = best.timing;
-        r.value = best.timing.samples_ms.empty() ? NAN : static_cast<double>(bytes) / (best.timing.median_ms() * 1e6);
-        r.verified = failure.empty() && !best.timing.samples_ms.empty();
-        r.error = failure.empty() ? 0.0 : 1.0;
-        r.check_detail = failure.empty() ? "every element equals fmaf(a, b, c) of regenerated inputs" : failure;
-        r.params.integer("bytes_per_buffer", static_cast<long long>(n * sizeof(float)))
-            .integer("bytes_moved", static_cast<long long>(bytes))
-            .str("counted", "3 reads + 1 write per element");
-        r.extra.str("best_variant", best.name).raw("variants", json_array(best.all));
-        emit(std::move(r));
+        emit(best_variant_result("triad", best, n, bytes, failure,
+                                 "every element equals fmaf(a, b, c) of regenerated inputs",
+                                 "3 reads + 1 write per element"));
     }
 
     // ---- unfused A*B+C: multiply kernel (2 reads, 1 write) then add kernel (2 reads, 1 write)
