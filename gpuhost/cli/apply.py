@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuhost.cli.plan import describe_plan, plan_targets
+from gpuhost.cli.plan import describe_plan, plan_targets, playbook_path
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError, MissingDependencyError
 
-PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "site.yml"
 _SERIAL = re.compile(r"^(?:\d{1,4}%?)(?:,\d{1,4}%?)*$")
 # Steps worth a progress line even when nothing changed.
 _KEY_TASKS = ("planner", "Reboot", "Verify")
@@ -117,6 +116,7 @@ def run_playbook(
         import ansible_runner
     except ImportError as error:
         raise MissingDependencyError("ansible-runner", "controller", "gpuhost apply") from error
+    playbook = playbook_path()
     started = time.monotonic()
     current_task = {"name": ""}
 
@@ -157,9 +157,6 @@ def run_playbook(
         "ANSIBLE_PIPELINING": "True",
         "ANSIBLE_FORCE_COLOR": "False",
         "PYTHONPATH": _pythonpath(),
-        # ansible-playbook is installed beside this interpreter (a venv run as .venv/bin/gpuhost
-        # without activating it has no ansible-playbook on PATH).
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
         # A short ControlPersist: the master inherits the runner's pty, which ends only when it exits.
         # ServerAlive: a session to a host that rebooted under it ends instead of hanging.
         "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=5s -o ServerAliveInterval=5 "
@@ -168,7 +165,7 @@ def run_playbook(
     with tempfile.TemporaryDirectory(prefix="gpuhost-apply-") as private:
         runner = ansible_runner.run(
             private_data_dir=private,
-            playbook=str(PLAYBOOK),
+            playbook=str(playbook),
             inventory=str(inventory),
             # The report play runs on the controller: a --limit must not leave it out.
             limit=f"{limit},localhost" if limit else None,

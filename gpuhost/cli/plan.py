@@ -6,12 +6,17 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpuhost.audit import audit_fleet
 from gpuhost.cli.common import add_target_options, resolve_targets
-from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError
+from gpuhost.datafiles import require_data_dir
+from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError, InputError
 from gpuhost.plan import HostPlan, PlanSettings, plan_host
 from gpuhost.plan.model import GRUB_DROPIN_PATH, INITRAMFS_MODULES_PATH, INITRAMFS_SCRIPT_PATH
+
+# A playbooks/ directory to run instead of the checkout's or the installed one.
+PLAYBOOKS_ENV = "GPUHOST_PLAYBOOKS"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +35,8 @@ class PlanOutcome:
 
 def plan_targets(args: argparse.Namespace) -> list[PlanOutcome]:
     """Read every host with the audit's gatherer and plan it; values are validated before connecting."""
+    if args.inventory is not None:
+        validate_inventory_settings(args.inventory, args.limit)
     targets = resolve_targets(args)
     settings = {}
     for target in targets:
@@ -45,6 +52,14 @@ def plan_targets(args: argparse.Namespace) -> list[PlanOutcome]:
         except GpuhostError as error:
             outcomes.append(PlanOutcome(name, None, str(error)))
     return outcomes
+
+
+def validate_inventory_settings(inventory: Path, limit: str | None) -> None:
+    """Every inventory host's gpuhost_* values, checked before anything connects (InputError naming them)."""
+    from gpuhost.targets import load_inventory
+
+    for name, variables in load_inventory(inventory, limit):
+        PlanSettings.from_variables(variables, f"inventory host {name}")
 
 
 def exit_code(outcomes: list[PlanOutcome]) -> int:
@@ -64,7 +79,18 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print_plans(outcomes, show_files=args.show_files)
+        try:
+            playbook = playbook_path()
+        except InputError as error:
+            print(f"note: gpuhost apply cannot run: {error}")
+        else:
+            print(f"gpuhost apply runs {playbook}; without the CLI: ansible-playbook -i INVENTORY {playbook}")
     return exit_code(outcomes)
+
+
+def playbook_path() -> Path:
+    """site.yml of the checkout's playbooks/, or of a wheel install's <prefix>/share/gpuhost/playbooks."""
+    return require_data_dir("playbooks", "site.yml", env_var=PLAYBOOKS_ENV) / "site.yml"
 
 
 def print_plans(outcomes: list[PlanOutcome], show_files: bool = False) -> None:

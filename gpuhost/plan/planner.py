@@ -9,7 +9,6 @@ import re
 import shlex
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 
 from gpuhost.facts.model import (
     BOOTLOADER_GRUB,
@@ -40,7 +39,6 @@ NVIDIA_MODULES = ("nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nouve
 OWNED_KEYS = ("vfio-pci.ids", "iommu", "hugepages", "hugepagesz", "default_hugepagesz")
 _SUPPORTED_OS = re.compile(r"\b(debian|ubuntu)\b", re.IGNORECASE)
 _Refuse = Callable[[str, str, str, str], None]  # plan_host's `refuse(code, subject, message, fix)`
-_TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 
 
 def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
@@ -431,8 +429,11 @@ def _verify_command(options: tuple[str, ...], functions: tuple[BoundFunction, ..
 def _environment() -> object:
     import jinja2
 
+    from gpuhost.datafiles import require_data_dir
+
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+        # templates/ of the checkout, or of a wheel install (<prefix>/share/gpuhost/templates).
+        loader=jinja2.FileSystemLoader(str(require_data_dir("templates", "grub/gpuhost.cfg.j2"))),
         autoescape=False,  # noqa: S701 - shell and GRUB files, not HTML; every value is validated
         trim_blocks=True,
         lstrip_blocks=True,
