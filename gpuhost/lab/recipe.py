@@ -50,7 +50,43 @@ NESTED_PACKAGES: tuple[str, ...] = (
     "busybox-static",
 )
 
-VARIANTS = ("base", "nested")
+# What a `gpuhost guest` test guest needs beyond the base: cloud-init reads the NoCloud seed
+# (user, keys, host keys), python3-venv holds gpuhost in the guest, sudo runs provisioning as the
+# cloud-init user. Baked in so that the lifecycle test installs nothing from a mirror under TCG.
+GUEST_PACKAGES: tuple[str, ...] = (
+    "cloud-init",
+    "python3-venv",
+    "sudo",
+    "ca-certificates",
+)
+
+# cloud-init on a guest image: only the NoCloud seed (no metadata-service probes, each of which
+# times out under TCG), no network rendering (systemd-networkd's DHCP file covers it), and only
+# the modules a gpuhost seed uses: each costs seconds of Python under TCG, and some fail on a
+# minbase system (locale: no locales package).
+CLOUD_INIT_CONF = """\
+# gpuhost guest image: the seed is a NoCloud CD-ROM; the network is DHCP by systemd-networkd.
+datasource_list: [NoCloud, None]
+network:
+  config: disabled
+cloud_init_modules:
+  - seed_random
+  - bootcmd
+  - write_files
+  - set_hostname
+  - update_hostname
+  - update_etc_hosts
+  - users_groups
+  - ssh
+cloud_config_modules:
+  - runcmd
+cloud_final_modules:
+  - package_update_upgrade_install
+  - scripts_user
+  - final_message
+"""
+
+VARIANTS = ("base", "nested", "guest")
 
 # Units that only cost CPU on a lab host (measured under TCG: e2scrub_reap ~17 s, getty-static
 # ~11 s of a loaded boot) or would start background work in the middle of a test.
@@ -203,6 +239,9 @@ def recipe_for(variant: str) -> Recipe:
             (f"{NESTED_GUEST_DIR}/init", 0o755, NESTED_GUEST_INIT),
             ("/usr/local/bin/gpuhost-nested-guest", 0o755, NESTED_GUEST_RUNNER),
         ]
+    if variant == "guest":
+        apt_packages = GUEST_PACKAGES
+        files.append(("/etc/cloud/cloud.cfg.d/90-gpuhost.cfg", 0o644, CLOUD_INIT_CONF))
     return Recipe(
         variant=variant,
         suite=SUITE,

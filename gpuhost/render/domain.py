@@ -118,6 +118,9 @@ class DomainPlan:
     network: str | None
     serial_log: str
     notes: tuple[str, ...]  # facts worth a comment in the XML
+    # The cloud-init NoCloud seed (an ISO on the host) attached as a read-only SATA CD-ROM; only
+    # `gpuhost guest up` sets it, once it has created the seed: `gpuhost render` output has none.
+    seed_path: str | None = None
 
     @property
     def gpu_ports(self) -> tuple[RootPort, ...]:
@@ -250,6 +253,8 @@ def plan_domain(
 
 def _resolve_gpus(facts: HostFacts, spec: VmSpec, policy: HostPolicy, conflicts: list[str]) -> tuple[GpuCard, ...]:
     available = passthrough_gpus(facts, policy)
+    if not spec.gpus:  # gpus: none, asked for explicitly
+        return ()
     if spec.gpus == ("all",):
         if not available:
             conflicts.append(f"the host has no passthrough GPU ({policy.gpus.describe()}).")

@@ -71,7 +71,7 @@ class VmSpec:
     name: str
     vcpus: int
     memory_mib: int
-    gpus: tuple[str, ...]  # 'all', 'gpuN' aliases or PCI addresses (normalised to 0000:bb:dd.f)
+    gpus: tuple[str, ...]  # 'all', 'gpuN' aliases or PCI addresses (normalised to 0000:bb:dd.f); () for 'none'
     base_image: str | None = None  # path on the host of the cloud image the disk is created from
     disk_size_gib: int | None = None
     ssh_key: str | None = None  # public key text ('ssh-ed25519 AAAA... comment') or a path on the controller
@@ -297,9 +297,13 @@ def _network(value: object, where: str) -> str | None:
 
 def validate_gpus(value: object, where: str) -> tuple[str, ...]:
     """'all', or a list of 'gpuN' aliases (the host's passthrough GPUs in PCI address order) and
-    PCI addresses. Whether they exist on the host is decided at render time, against its facts."""
+    PCI addresses. Whether they exist on the host is decided at render time, against its facts.
+    'none' (said explicitly, never by omission) is a guest without a GPU: the lifecycle rehearsed
+    on a machine that has none, as CI does."""
     if value == "all":
         return ("all",)
+    if value == "none":
+        return ()
     items: list[object]
     if isinstance(value, str):
         items = [item.strip() for item in value.split(",") if item.strip()]
@@ -308,7 +312,9 @@ def validate_gpus(value: object, where: str) -> tuple[str, ...]:
     else:
         raise InputError(f"{where}: 'all' or a list of GPUs (gpu0, gpu1, or PCI addresses) is required.")
     if not items:
-        raise InputError(f"{where}: the list is empty; a gpuhost VM gets at least one GPU.")
+        raise InputError(
+            f"{where}: the list is empty; a gpuhost VM gets at least one GPU (write gpus: none for a VM without one)."
+        )
     names: list[str] = []
     for item in items:
         text = str(item).strip()

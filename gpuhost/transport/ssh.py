@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,10 @@ class SshOptions:
     accept_new_host_keys: bool = False
     connect_timeout: float = 15.0
     become: bool = True  # use sudo -n when the user is not root
+    # An already open stream to the server instead of a TCP connection, e.g. a jump host's
+    # direct-tcpip channel (`SshTransport.open_tunnel`). The host key is still verified, under
+    # `host` (and `port`) as named in known_hosts.
+    sock: Any = field(default=None, compare=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -96,6 +100,7 @@ class SshTransport:
                 timeout=options.connect_timeout,
                 banner_timeout=options.connect_timeout,
                 auth_timeout=options.connect_timeout,
+                sock=options.sock,
             )
         except ssh_lib.BadHostKeyException as error:
             client.close()
@@ -158,6 +163,25 @@ class SshTransport:
                 f"{self.options.user} passwordless sudo.",
             )
         return CommandResult(status, stdout, stderr)
+
+    def open_tunnel(self, host: str, port: int) -> paramiko.Channel:
+        """A direct-tcpip channel from this server to host:port (OpenSSH's ProxyJump), to pass as
+        `SshOptions.sock` of the next hop. The server must allow TCP forwarding."""
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise TransportError("unreachable", f"{self.options.url}: the SSH connection closed")
+        ssh_lib = _import_paramiko()
+        try:
+            channel: paramiko.Channel = transport.open_channel(
+                "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=self.options.connect_timeout
+            )
+        except ssh_lib.ChannelException as error:
+            raise TransportError(
+                "unreachable", f"{self.options.url}: cannot reach {host}:{port} through this host: {error.text}"
+            ) from error
+        except ssh_lib.SSHException as error:
+            raise TransportError("unreachable", f"{self.options.url}: no tunnel to {host}:{port}: {error}") from error
+        return channel
 
     def close(self) -> None:
         self._client.close()

@@ -1,0 +1,516 @@
+"""`gpuhost guest up/status/logs/down` as library functions: each lifecycle step is timed, has a
+timeout, and fails with a GuestStepError that names it. Nothing here prints; progress goes to a
+callback the CLI gives.
+
+up: connect (libvirt) -> facts (audit, for the render) -> wheels -> disk (qcow2 on the base
+image) -> seed (cloud-init NoCloud ISO) -> define (rendered, schema-checked) -> start -> address
+(DHCP lease) -> ssh (pinned host key; through the host as a jump unless the host is this
+machine) -> cloud-init -> cuda (unless skipped) -> install (wheels, no index) -> smoke-test ->
+report (copied to the controller).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpuhost.audit import audit_target, open_transport
+from gpuhost.errors import GpuhostError, InputError
+from gpuhost.guest import libvirt_host, provision
+from gpuhost.guest.errors import GuestStepError
+from gpuhost.guest.keys import generate_ed25519
+from gpuhost.guest.seed import GUEST_USER, SeedConfig, build_seed_iso
+from gpuhost.guest.state import GuestDir
+from gpuhost.guest.wheels import GUEST_PROJECTS, Wheel, prepare_wheels, select_wheels
+from gpuhost.render.domain import plan_domain, render_plan
+from gpuhost.render.spec import HostPolicy, VmSpec
+from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.targets import LOCAL, Target
+from gpuhost.transport import CommandResult, Transport, TransportError
+from gpuhost.transport.ssh import SshOptions
+
+T = TypeVar("T")
+Progress = Callable[[str], None]
+SERIAL_TAIL_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds per step; generous, since a TCG guest on a busy machine is slow."""
+
+    connect: float = 120.0
+    facts: float = 300.0
+    wheels: float = 600.0
+    disk: float = 120.0
+    seed: float = 120.0
+    define: float = 60.0
+    start: float = 120.0
+    address: float = 300.0
+    ssh: float = 600.0
+    cloud_init: float = 900.0
+    cuda: float = 3600.0
+    install: float = 900.0
+    smoke_test: float = 1800.0
+    report: float = 120.0
+    down: float = 120.0
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    state: GuestDir
+    libvirt_uri: str | None = None
+    skip_cuda: bool = False
+    wheel_dir: Path | None = None  # prebuilt wheels; default: build gpuhost's, fetch nvidia-ml-py
+    wheel_cache: Path | None = None  # where the fetched/built wheels are kept
+    cuda_repo_base: str = provision.CUDA_REPO_BASE
+    quick: bool = False  # smoke-test --quick
+    timeouts: Timeouts = Timeouts()
+
+
+@dataclass(frozen=True)
+class StepTime:
+    step: str
+    seconds: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class UpResult:
+    host: str
+    vm: str
+    uri: str
+    address: str
+    disk: str
+    seed: str
+    steps: tuple[StepTime, ...]
+    smoke: provision.SmokeTestRun
+    report_dir: Path
+
+
+@dataclass(frozen=True)
+class GuestStatus:
+    host: str
+    vm: str
+    uri: str
+    state: str
+    addresses: tuple[str, ...]
+    last_report: str | None
+    last_verdict: str | None
+
+
+@dataclass(frozen=True)
+class DownResult:
+    host: str
+    vm: str
+    destroyed: bool
+    undefined: bool
+    removed_volumes: tuple[str, ...]
+
+
+class _Steps:
+    """Runs each step on a worker thread so that a hung libvirt or SSH call still ends in a
+    timeout error naming the step; records the time of each."""
+
+    def __init__(self, vm: str, host: str, progress: Progress) -> None:
+        self.vm, self.host, self.progress = vm, host, progress
+        self.times: list[StepTime] = []
+        self.created = False  # once something exists on the host, a failure says how to remove it
+
+    def run(self, step: str, timeout: float, action: Callable[[], T], detail: Callable[[T], str] | None = None) -> T:
+        self.progress(f"{step} ...")
+        started = time.monotonic()
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["value"] = action()
+            except BaseException as error:  # handed to the caller's thread
+                box["error"] = error
+
+        worker = threading.Thread(target=work, name=f"gpuhost-guest-{step}", daemon=True)
+        worker.start()
+        # The action's own timeouts come first; this one is the backstop for calls that have none.
+        worker.join(timeout + 30.0)
+        seconds = time.monotonic() - started
+        hint = (
+            "\n(what was created stays for inspection, e.g. `gpuhost guest logs`; `gpuhost guest down` removes it)"
+            if self.created
+            else ""
+        )
+        if worker.is_alive():
+            raise GuestStepError(step, self.vm, self.host, f"did not finish within {timeout:g} s{hint}")
+        error = box.get("error")
+        if error is not None:
+            raise GuestStepError(step, self.vm, self.host, _describe(error) + hint) from error
+        value: T = box["value"]
+        text = detail(value) if detail is not None else ""
+        self.times.append(StepTime(step, seconds, text))
+        self.progress(f"{step}: {seconds:.1f} s{f' ({text})' if text else ''}")
+        return value
+
+    def skipped(self, step: str, why: str) -> None:
+        self.times.append(StepTime(step, 0.0, f"skipped: {why}"))
+        self.progress(f"{step}: skipped ({why})")
+
+
+def _describe(error: BaseException) -> str:
+    libvirt = _libvirt_or_none()
+    if libvirt is not None and isinstance(error, libvirt.libvirtError):
+        return f"libvirt: {error.get_error_message()}"
+    if isinstance(error, TimeoutError):
+        return str(error) or "timed out"
+    return str(error) or type(error).__name__
+
+
+def _libvirt_or_none() -> Any:
+    try:
+        import libvirt
+    except ImportError:
+        return None
+    return libvirt
+
+
+def volume_names(vm: str) -> tuple[str, str]:
+    """(disk, seed) volume names in the host's images pool; `down` removes exactly these."""
+    return f"{vm}.qcow2", f"{vm}-seed.iso"
+
+
+def _known_hosts(target: Target) -> Path | None:
+    if target.kind == LOCAL or target.ssh is None:
+        return None
+    return (target.ssh.known_hosts_file or Path("~/.ssh/known_hosts")).expanduser()
+
+
+def libvirt_uri(target: Target, state: GuestDir, override: str | None) -> str:
+    if override:
+        return libvirt_host.validate_uri(override)
+    if target.kind != LOCAL:
+        assert target.ssh is not None
+        known_hosts = _known_hosts(target)
+        assert known_hosts is not None
+        state.make()
+        state.write_private(state.ssh_wrapper, libvirt_host.ssh_wrapper_script(target.ssh, known_hosts))
+        state.ssh_wrapper.chmod(0o700)
+        return libvirt_host.host_uri(target, wrapper=state.ssh_wrapper)
+    return libvirt_host.host_uri(target, wrapper=None)
+
+
+class _ProvisionLog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+
+    def __call__(self, argv: list[str], result: CommandResult) -> None:
+        with self.lock, self.path.open("a") as log:
+            log.write(f"\n$ {' '.join(argv)}   # exit {result.exit_status}\n")
+            log.write(result.stdout.decode(errors="replace")[-20000:])
+            log.write(result.stderr.decode(errors="replace")[-20000:])
+
+    def note(self, text: str) -> None:
+        with self.lock, self.path.open("a") as log:
+            log.write(f"\n# {time.strftime('%H:%M:%S')} {text}\n")
+
+
+def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, progress: Progress) -> UpResult:
+    host, vm = target.name, spec.name
+    if spec.base_image is None:
+        raise InputError(
+            f"inventory host {host}: VM {vm} has no base_image; `gpuhost guest up` creates its disk from one."
+        )
+    if spec.network is None:
+        raise InputError(f"inventory host {host}: VM {vm} has network: none; the guest is provisioned over SSH.")
+    if not options.skip_cuda and spec.cuda_version is None:
+        raise InputError(
+            f"inventory host {host}: VM {vm} has no cuda_version; set one (e.g. 12.4), or pass --skip-cuda."
+        )
+    timeouts = options.timeouts
+    state = options.state
+    state.make()
+    steps = _Steps(vm, host, progress)
+    uri = libvirt_uri(target, state, options.libvirt_uri)
+    disk_name, seed_name = volume_names(vm)
+    conn = steps.run("connect", timeouts.connect, lambda: _connect_and_check(uri, vm, policy, target), lambda _: uri)
+    facts = steps.run("facts", timeouts.facts, lambda: _facts(target))
+    wheels = steps.run(
+        "wheels",
+        timeouts.wheels,
+        lambda: _wheels(options),
+        lambda chosen: ", ".join(wheel.filename for wheel in chosen),
+    )
+    taken = libvirt_host.hostdevs_taken(conn)
+    plan = plan_domain(facts, spec, policy, host=host, taken=taken)
+    pool = libvirt_host.find_pool(conn, policy.images_dir, create=True)
+    base_image: str = spec.base_image
+
+    def make_disk() -> str:
+        capacity = spec.disk_size_gib * 1024**3 if spec.disk_size_gib else libvirt_host.base_capacity(conn, base_image)
+        if capacity is None:
+            raise InputError(
+                f"the size of base image {base_image} is unknown to libvirt (it is in no storage pool); "
+                f"set disk_size for VM {vm}."
+            )
+        return libvirt_host.create_disk(pool, disk_name, capacity, base_image)
+
+    steps.created = True  # from here on, even a failed step may leave a volume behind
+    disk = steps.run("disk", timeouts.disk, make_disk, lambda path: f"{path} backed by {base_image}")
+    host_key = generate_ed25519(f"gpuhost-guest-{vm}")
+    client_key = generate_ed25519(f"gpuhost@controller-for-{vm}")
+    state.write_private(state.client_key, client_key.private_openssh)
+    authorized = tuple(k for k in (client_key.public_openssh, _user_key(spec.ssh_key, host, vm)) if k)
+    seed_config = SeedConfig(
+        hostname=vm,
+        instance_id=f"{vm}-{uuid.uuid4().hex[:12]}",
+        authorized_keys=authorized,
+        host_key=host_key,
+    )
+    seed = steps.run(
+        "seed", timeouts.seed, lambda: libvirt_host.upload_volume(conn, pool, seed_name, build_seed_iso(seed_config))
+    )
+    xml = render_plan(dataclasses.replace(plan, disk_path=disk, seed_path=seed))
+
+    def define() -> Any:
+        if validator_available():
+            validate_domain_xml(xml)
+        (state.root / "domain.xml").write_text(xml)
+        return conn.defineXML(xml)
+
+    domain = steps.run("define", timeouts.define, define)
+    state.update_info(host=host, vm=vm, uri=uri, disk=disk, seed=seed, address=None)
+    steps.run("start", timeouts.start, lambda: domain.create())
+    address = steps.run(
+        "address",
+        timeouts.address,
+        lambda: libvirt_host.wait_for_address(domain, timeouts.address, still_running=lambda: bool(domain.isActive())),
+    )
+    state.update_info(address=address)
+    state.write_private(state.known_hosts, f"{address} {host_key.public_blob}\n")
+    log = _ProvisionLog(state.provision_log)
+    log.note(f"guest {vm} on {host} at {address}")
+    host_transport: list[Transport] = []
+
+    def connect_guest() -> Transport:
+        return _guest_transport(target, state, address, options.timeouts.connect, host_transport)
+
+    guest = steps.run("ssh", timeouts.ssh, lambda: provision.wait_for_ssh(connect_guest, timeouts.ssh))
+    try:
+        steps.run(
+            "cloud-init",
+            timeouts.cloud_init,
+            lambda: provision.wait_for_cloud_init(guest, log=log, timeout=timeouts.cloud_init),
+        )
+        if options.skip_cuda:
+            steps.skipped("cuda", "--skip-cuda")
+        else:
+            assert spec.cuda_version is not None
+            cuda_version: str = spec.cuda_version
+            steps.run(
+                "cuda",
+                timeouts.cuda,
+                lambda: provision.install_cuda(
+                    guest, cuda_version, log=log, timeout=timeouts.cuda, repo_base=options.cuda_repo_base
+                ),
+                lambda repo: f"CUDA {cuda_version} from {repo}",
+            )
+        steps.run(
+            "install",
+            timeouts.install,
+            lambda: provision.install_gpuhost(guest, wheels, log=log, timeout=timeouts.install),
+        )
+        smoke = steps.run(
+            "smoke-test",
+            timeouts.smoke_test,
+            lambda: provision.run_smoke_test(guest, log=log, timeout=timeouts.smoke_test, quick=options.quick),
+            lambda run: f"exit {run.exit_status}, {run.verdict}",
+        )
+    finally:
+        guest.close()
+        for transport in host_transport:
+            transport.close()
+        conn.close()
+    report_dir = steps.run(
+        "report", timeouts.report, lambda: _write_report(state, host, vm, address, smoke, steps.times)
+    )
+    state.update_info(last_report=str(report_dir), last_verdict=smoke.verdict)
+    return UpResult(host, vm, uri, address, disk, seed, tuple(steps.times), smoke, report_dir)
+
+
+def _connect_and_check(uri: str, vm: str, policy: HostPolicy, target: Target) -> Any:
+    conn = libvirt_host.connect(uri, known_hosts=_known_hosts(target))
+    if libvirt_host.lookup(conn, vm) is not None:
+        conn.close()
+        raise InputError(f"a domain named {vm} is already defined there; `gpuhost guest down` removes it first.")
+    pool = libvirt_host.find_pool(conn, policy.images_dir, create=False)
+    if pool is not None:
+        present = [name for name in volume_names(vm) if libvirt_host.volume(pool, name) is not None]
+        if present:
+            conn.close()
+            raise InputError(
+                f"volume(s) {', '.join(present)} already exist in {policy.images_dir}; `gpuhost guest down` removes "
+                "them (or remove them by hand if they are not a gpuhost guest's)."
+            )
+    return conn
+
+
+def _facts(target: Target) -> Any:
+    audit = audit_target(target)
+    if audit.error is not None or audit.facts is None:
+        raise GpuhostError(f"could not audit {target.name} for its facts: {audit.error}")
+    return audit.facts
+
+
+def _wheels(options: UpOptions) -> tuple[Wheel, ...]:
+    if options.wheel_dir is not None:
+        return select_wheels(options.wheel_dir.glob("*.whl"), GUEST_PROJECTS)
+    cache = options.wheel_cache or options.state.root.parent.parent / "wheels"
+    return prepare_wheels(cache)
+
+
+def _user_key(value: str | None, host: str, vm: str) -> str | None:
+    """The VM's ssh_key: the key text itself, or read from the .pub file it names."""
+    if value is None:
+        return None
+    if " " in value:
+        return value
+    path = Path(value).expanduser()
+    try:
+        text = path.read_text().strip()
+    except OSError as error:
+        raise InputError(
+            f"inventory host {host}: VM {vm}: ssh_key {value}: cannot read it ({error.strerror})."
+        ) from error
+    from gpuhost.render.spec import validate_ssh_key
+
+    key = validate_ssh_key(text.splitlines()[0] if text else "", f"inventory host {host}: VM {vm}: ssh_key {value}")
+    if " " not in key:
+        raise InputError(f"inventory host {host}: VM {vm}: ssh_key {value} does not hold an OpenSSH public key.")
+    return key
+
+
+def _guest_options(state: GuestDir, address: str, timeout: float, sock: Any = None) -> SshOptions:
+    return SshOptions(
+        host=address,
+        port=22,
+        user=GUEST_USER,
+        key_file=state.client_key,
+        known_hosts_file=state.known_hosts,
+        accept_new_host_keys=False,
+        connect_timeout=min(timeout, 30.0),
+        become=True,
+        sock=sock,
+    )
+
+
+def _guest_transport(
+    target: Target, state: GuestDir, address: str, timeout: float, host_transport: list[Transport]
+) -> Transport:
+    """SSH to the guest: directly when the host is this machine, else through the host (jump)."""
+    from gpuhost.transport.ssh import SshTransport
+
+    if target.kind == LOCAL:
+        return SshTransport(_guest_options(state, address, timeout))
+    if not host_transport:
+        host_transport.append(open_transport(target))
+    jump = host_transport[0]
+    assert isinstance(jump, SshTransport)
+    try:
+        channel = jump.open_tunnel(address, 22)
+    except TransportError:
+        jump.close()
+        host_transport.clear()
+        raise
+    return SshTransport(_guest_options(state, address, timeout, sock=channel))
+
+
+def _write_report(
+    state: GuestDir, host: str, vm: str, address: str, smoke: provision.SmokeTestRun, steps: list[StepTime]
+) -> Path:
+    directory = state.report_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "smoke-test.out").write_text(smoke.output)
+    if smoke.report_json is not None:
+        (directory / "smoke-test.json").write_bytes(smoke.report_json)
+    summary = {
+        "schema": "gpuhost.guest-report/1",
+        "host": host,
+        "vm": vm,
+        "address": address,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "smoke_test": {
+            "exit_status": smoke.exit_status,
+            "verdict": smoke.verdict,
+            "json": "smoke-test.json" if smoke.report_json is not None else None,
+            "output": "smoke-test.out",
+        },
+        "steps": [{"step": s.step, "seconds": round(s.seconds, 1), "detail": s.detail} for s in steps],
+    }
+    (directory / "guest-report.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return directory
+
+
+def status(target: Target, vm: str, state: GuestDir, override: str | None) -> GuestStatus:
+    uri = libvirt_uri(target, state, override)
+    conn = libvirt_host.connect(uri, known_hosts=_known_hosts(target))
+    try:
+        current = libvirt_host.domain_state(conn, vm)
+    finally:
+        conn.close()
+    info = state.read_info()
+    report = info.get("last_report")
+    verdict = info.get("last_verdict")
+    return GuestStatus(
+        target.name,
+        vm,
+        uri,
+        current.state,
+        current.addresses,
+        str(report) if report else None,
+        str(verdict) if verdict else None,
+    )
+
+
+def serial_log(target: Target, spec: VmSpec, policy: HostPolicy) -> str:
+    """The tail of the guest's serial console log on the host (the path the domain XML logs to)."""
+    path = f"{policy.serial_log_dir.rstrip('/')}/{spec.name}-serial.log"
+    transport = open_transport(target)
+    try:
+        result = transport.run(["tail", "-c", str(SERIAL_TAIL_BYTES), path], timeout=60)
+    finally:
+        transport.close()
+    if result.exit_status != 0:
+        raise GuestStepError(
+            "logs", spec.name, target.name, f"cannot read {path}: {result.stderr.decode(errors='replace').strip()}"
+        )
+    return result.stdout.decode(errors="replace")
+
+
+def down(target: Target, spec: VmSpec, policy: HostPolicy, state: GuestDir, override: str | None) -> DownResult:
+    """Destroy and undefine the domain, delete its disk and seed volumes; nothing else."""
+    libvirt = libvirt_host.import_libvirt()
+    uri = libvirt_uri(target, state, override)
+    conn = libvirt_host.connect(uri, known_hosts=_known_hosts(target))
+    destroyed = undefined = False
+    removed: list[str] = []
+    try:
+        domain = libvirt_host.lookup(conn, spec.name)
+        if domain is not None:
+            if domain.isActive():
+                domain.destroy()
+                destroyed = True
+            flags = libvirt.VIR_DOMAIN_UNDEFINE_NVRAM if spec.firmware == "uefi" else 0
+            domain.undefineFlags(flags)
+            undefined = True
+        pool = libvirt_host.find_pool(conn, policy.images_dir, create=True)
+        removed.extend(name for name in volume_names(spec.name) if libvirt_host.delete_volume(pool, name))
+    except libvirt.libvirtError as error:
+        raise GuestStepError("down", spec.name, target.name, f"libvirt: {error.get_error_message()}") from error
+    finally:
+        conn.close()
+    state.update_info(address=None)
+    return DownResult(target.name, spec.name, destroyed, undefined, tuple(removed))

@@ -1,0 +1,245 @@
+"""`gpuhost guest up/status/logs/down` end to end against a real libvirtd on this machine.
+
+One guest for the whole module: a `type='qemu'` (TCG) domain, BIOS, no GPU (`gpus: none`), its
+disk copy-on-write on the lab's `guest` image (Debian 12 + cloud-init + python3-venv), booted on
+libvirt's default NAT network. `up --skip-cuda` provisions it over SSH with the pinned host key,
+installs gpuhost from wheels without an index and runs `gpuhost smoke-test`, which must find no
+GPU and say so with exit 2. Then status and logs, and `down`, which must remove the domain, the
+disk and the seed and nothing else in the pool.
+
+libvirtd: there is no systemd on the CI machine, so `libvirt_daemon` below starts `virtlogd -d`
+and `libvirtd -d` when they are not running and starts the `default` network (dnsmasq); Debian's
+libvirt-daemon-system and dnsmasq-base provide them. Needs root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sshd import Sshd
+
+from gpuhost.lab import image as lab_image
+from gpuhost.lab.paths import LabPaths
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400)]
+
+URI = "qemu:///system"
+LIBVIRT_SOCKET = Path("/run/libvirt/libvirt-sock")
+
+
+def _timing(message: str) -> None:
+    print(f"[guest timing] {message}", flush=True)
+
+
+def _virsh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["virsh", "-c", URI, *args], capture_output=True, text=True, timeout=120, check=check)
+
+
+def _running(pidfile: str) -> bool:
+    try:
+        pid = int(Path(pidfile).read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def libvirt_daemon() -> None:
+    """virtlogd, libvirtd and the default network, started here when not already running."""
+    if os.geteuid() != 0:
+        pytest.skip("the guest lifecycle test drives the system libvirtd and needs root")
+    for program in ("libvirtd", "virtlogd", "virsh", "dnsmasq", "qemu-system-x86_64"):
+        if shutil.which(program) is None and not Path(f"/usr/sbin/{program}").exists():
+            pytest.skip(f"{program} is missing (apt-get install libvirt-daemon-system dnsmasq-base)")
+    pytest.importorskip("libvirt")
+    pytest.importorskip("pycdlib")
+    for daemon, pidfile in (("virtlogd", "/run/virtlogd.pid"), ("libvirtd", "/run/libvirtd.pid")):
+        if not _running(pidfile):
+            subprocess.run([daemon, "-d"], check=True, timeout=60)
+    deadline = time.monotonic() + 60
+    while _virsh("version", check=False).returncode != 0:
+        assert time.monotonic() < deadline, "libvirtd did not answer within 60 s"
+        time.sleep(0.5)
+    if _virsh("net-info", "default", check=False).returncode != 0:
+        _virsh("net-define", "/usr/share/libvirt/networks/default.xml")
+    if "Active:         yes" not in _virsh("net-info", "default").stdout:
+        _virsh("net-start", "default")
+
+
+@dataclass(frozen=True)
+class Pool:
+    directory: Path
+    base: Path
+    bystander: Path  # a volume that is not the guest's: `down` must leave it
+
+
+@pytest.fixture(scope="module")
+def pool(libvirt_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """A pool directory QEMU (user libvirt-qemu) can read, holding a copy of the guest image."""
+    image_dir = Path(os.environ.get("GPUHOST_LAB_IMAGE_DIR", str(Path("~/.cache/gpuhost/lab/images").expanduser())))
+    paths = LabPaths(root=tmp_path_factory.mktemp("lab-image"), images=image_dir)
+    started = time.monotonic()
+    image = lab_image.ensure_image(paths, "guest")
+    _timing(f"guest image {'reused' if image.reused else 'built'} in {time.monotonic() - started:.1f} s")
+    # pytest's tmp dirs are private to root; QEMU runs as libvirt-qemu and must read the base image.
+    directory = Path(tempfile.mkdtemp(prefix="gpuhost-guest-test-", dir="/var/tmp"))
+    directory.chmod(0o755)
+    started = time.monotonic()
+    base = directory / "guest-base.qcow2"
+    subprocess.run(["cp", "--reflink=auto", str(image.disk), str(base)], check=True, timeout=600)
+    base.chmod(0o644)
+    bystander = directory / "someone-elses.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(bystander), "1G"], check=True, timeout=60)
+    _timing(f"base image copied into the pool in {time.monotonic() - started:.1f} s")
+    try:
+        yield Pool(directory, base, bystander)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Guest:
+    inventory: Path
+    state: Path
+    vm: str
+    pool: Pool
+    up: subprocess.CompletedProcess[str]
+
+    def gpuhost(self, action: str, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "gpuhost", "guest", action, "-i", str(self.inventory), "--host", "here"]
+        argv += ["--vm", self.vm, "--state-dir", str(self.state), *extra]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def guest(pool: Pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guest]:
+    """`gpuhost guest up --skip-cuda` once; `down` at the end whatever happened."""
+    root = tmp_path_factory.mktemp("guest")
+    vm = f"gpuhost-test-{os.getpid()}"
+    inventory = root / "inventory.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    here:\n      ansible_connection: local\n"
+        f"      gpuhost_images_dir: {pool.directory}\n"
+        "      gpuhost_vms:\n"
+        f"        - name: {vm}\n          vcpus: 2\n          memory: 1536M\n          gpus: none\n"
+        f"          base_image: {pool.base}\n          domain_type: qemu\n          firmware: bios\n"
+        "          hugepages: off\n"
+    )
+    incomplete = Guest(inventory, root / "state", vm, pool, subprocess.CompletedProcess([], 0))
+    started = time.monotonic()
+    up = incomplete.gpuhost("up", "--skip-cuda", timeout=2000)
+    _timing(f"gpuhost guest up (whole command): {time.monotonic() - started:.1f} s, exit {up.returncode}")
+    for step, seconds in re.findall(r"(?m)^gpuhost guest \S+: ([a-z-]+): ([0-9.]+) s", up.stdout):
+        _timing(f"up step {step}: {seconds} s")
+    try:
+        yield Guest(inventory, root / "state", vm, pool, up)
+    finally:
+        # A failed test (or up) must not leave a domain behind; `down` of a removed guest is a no-op.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            incomplete.gpuhost("down")
+
+
+def test_up_provisions_and_the_smoke_test_says_there_is_no_gpu(guest: Guest) -> None:
+    output = guest.up.stdout + guest.up.stderr
+    assert guest.up.returncode == 2, output  # the smoke-test's own "cannot run"
+    for step in ("connect", "facts", "wheels", "disk", "seed", "define", "start", "address", "ssh", "cloud-init"):
+        assert f": {step}: " in guest.up.stdout, f"step {step} missing:\n{output}"
+    assert "cuda: skipped (--skip-cuda)" in guest.up.stdout
+    assert "install: " in guest.up.stdout and "smoke-test: " in guest.up.stdout
+    assert "no NVIDIA driver in this machine" in guest.up.stdout  # the smoke-test's message, from the guest
+    assert "smoke-test CANNOT RUN (exit 2)" in guest.up.stdout
+
+
+def test_the_report_comes_back_to_the_controller(guest: Guest) -> None:
+    match = re.search(r"(?m)^report: (.+)$", guest.up.stdout)
+    assert match, guest.up.stdout + guest.up.stderr
+    report = Path(match.group(1))
+    summary = json.loads((report / "guest-report.json").read_text())
+    assert summary["schema"] == "gpuhost.guest-report/1" and summary["vm"] == guest.vm
+    assert summary["smoke_test"]["exit_status"] == 2 and summary["smoke_test"]["verdict"] == "CANNOT RUN"
+    assert "no NVIDIA driver" in (report / "smoke-test.out").read_text()
+    assert [step["step"] for step in summary["steps"]][-2:] == ["install", "smoke-test"]
+
+
+def test_status_shows_the_running_domain_its_address_and_last_report(guest: Guest) -> None:
+    status = guest.gpuhost("status")
+    assert status.returncode == 0, status.stderr
+    assert f"{guest.vm} on here (qemu:///system): running" in status.stdout
+    assert re.search(r"address: 192\.168\.122\.[0-9]+", status.stdout), status.stdout
+    assert "(CANNOT RUN)" in status.stdout
+
+
+def test_logs_show_the_serial_console_and_the_provisioning(guest: Guest) -> None:
+    logs = guest.gpuhost("logs")
+    assert logs.returncode == 0, logs.stderr
+    serial, _, provisioning = logs.stdout.partition("== provisioning log")
+    assert "Linux version" in serial and "cloud-init" in serial  # the guest's own boot, from the host's log
+    assert "pip install" in provisioning and "smoke-test --json" in provisioning
+
+
+def test_down_removes_the_domain_disk_and_seed_and_nothing_else(guest: Guest) -> None:
+    volumes_before = set(_virsh("vol-list", "--pool", _pool_name(guest.pool.directory)).stdout.split())
+    assert f"{guest.vm}.qcow2" in volumes_before and f"{guest.vm}-seed.iso" in volumes_before
+    started = time.monotonic()
+    down = guest.gpuhost("down")
+    _timing(f"gpuhost guest down: {time.monotonic() - started:.1f} s")
+    assert down.returncode == 0, down.stderr
+    assert f"removed {guest.vm}.qcow2, {guest.vm}-seed.iso" in down.stdout
+    assert _virsh("dominfo", guest.vm, check=False).returncode != 0  # no such domain
+    assert sorted(path.name for path in guest.pool.directory.iterdir()) == sorted(
+        [guest.pool.base.name, guest.pool.bystander.name]
+    )
+    again = guest.gpuhost("down")
+    assert again.returncode == 0 and "nothing to remove" in again.stdout
+
+
+def _pool_name(directory: Path) -> str:
+    for name in _virsh("pool-list", "--all", "--name").stdout.split():
+        if f"<path>{directory}</path>" in _virsh("pool-dumpxml", name).stdout:
+            return name
+    raise AssertionError(f"no libvirt pool for {directory}")
+
+
+def _ssh_inventory(path: Path, server: Sshd, known_hosts: Path) -> Path:
+    path.write_text(
+        "all:\n  hosts:\n    viassh:\n"
+        f"      ansible_host: 127.0.0.1\n      ansible_port: {server.port}\n      ansible_user: root\n"
+        f"      ansible_ssh_private_key_file: {server.client_key}\n      gpuhost_known_hosts_file: {known_hosts}\n"
+        "      gpuhost_vms:\n        - {name: nobody-here, vcpus: 1, memory: 512M, gpus: none}\n"
+    )
+    return path
+
+
+@pytest.mark.ssh
+def test_qemu_ssh_uri_verifies_the_host_key(libvirt_daemon: None, sshd_server: Sshd, tmp_path: Path) -> None:
+    """libvirt over qemu+ssh:// through OpenSSH with gpuhost's wrapper: the real key is accepted,
+    a different one refused (this sshd fronts this machine's own libvirtd)."""
+
+    def status(known_hosts: Path) -> subprocess.CompletedProcess[str]:
+        inventory = _ssh_inventory(tmp_path / f"{known_hosts.name}.yml", sshd_server, known_hosts)
+        argv = [sys.executable, "-m", "gpuhost", "guest", "status", "-i", str(inventory), "--host", "viassh"]
+        argv += ["--vm", "nobody-here", "--state-dir", str(tmp_path / "state")]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+    good = status(sshd_server.write_known_hosts(tmp_path / "known_hosts"))
+    assert good.returncode == 0, good.stderr
+    assert f"nobody-here on viassh (qemu+ssh://root@127.0.0.1:{sshd_server.port}/system?" in good.stdout
+    assert ": not defined" in good.stdout
+    sessions = sshd_server.sessions()
+    wrong = status(sshd_server.write_wrong_known_hosts(tmp_path / "known_hosts.wrong"))
+    assert wrong.returncode == 2
+    assert "cannot connect to libvirt" in wrong.stderr and "known_hosts.wrong" in wrong.stderr, wrong.stderr
+    assert sshd_server.sessions() == sessions  # refused before any command ran on the host

@@ -1,0 +1,328 @@
+"""`gpuhost guest`'s pure parts on real inputs: the cloud-init seed (read back from the ISO
+pycdlib wrote), hostile inventory and option values, wheel selection, the CUDA install plan, the
+libvirt URI and ssh wrapper, hostdev parsing of rendered XML, and the SSH jump through a real
+sshd. The lifecycle itself runs against a real libvirtd in tests/lab/test_guest_lifecycle.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from sshd import SSHD, Sshd, free_port, generate_key, is_listening, sshd_config
+
+from gpuhost.errors import InputError
+from gpuhost.guest import libvirt_host, provision
+from gpuhost.guest.keys import generate_ed25519
+from gpuhost.guest.seed import GUEST_USER, SeedConfig, build_seed_iso, read_seed_iso, user_data, validate_packages
+from gpuhost.guest.wheels import parse_wheel_name, select_wheels
+from gpuhost.render.domain import plan_domain, render_plan
+from gpuhost.render.spec import HostPolicy, parse_vm
+from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.selection import GpuSelector
+from gpuhost.targets import LOCAL, SSH, Target
+from gpuhost.transport import TransportError
+from gpuhost.transport.ssh import SshOptions, SshTransport
+from tests.helpers import FIXTURES, snapshot_facts
+
+ANY = GpuSelector.parse("all", "test")
+
+
+def seed_config(**overrides: object) -> SeedConfig:
+    values: dict[str, object] = {
+        "hostname": "train-1",
+        "instance_id": "train-1-0001",
+        "authorized_keys": (generate_ed25519("controller").public_openssh,),
+        "host_key": generate_ed25519("guest-host"),
+        "packages": ("python3-venv",),
+    }
+    values.update(overrides)
+    return SeedConfig(**values)  # type: ignore[arg-type]
+
+
+# --- the seed ---------------------------------------------------------------------------------
+
+
+def test_seed_iso_holds_the_user_the_pinned_host_key_and_packages() -> None:
+    config = seed_config()
+    files = read_seed_iso(build_seed_iso(config))
+    assert files[":label"] == "cidata"  # what cloud-init's NoCloud looks for
+    assert files["meta-data"] == "instance-id: train-1-0001\nlocal-hostname: train-1\n"
+    assert files["user-data"].startswith("#cloud-config\n")
+    document = yaml.safe_load(files["user-data"])
+    (user,) = document["users"]
+    assert user["name"] == GUEST_USER and user["sudo"] == "ALL=(ALL) NOPASSWD:ALL" and user["lock_passwd"] is True
+    assert user["ssh_authorized_keys"] == list(config.authorized_keys)
+    assert document["ssh_pwauth"] is False and document["disable_root"] is True
+    assert document["ssh_deletekeys"] is True
+    assert document["ssh_keys"]["ed25519_private"] == config.host_key.private_openssh
+    assert document["ssh_keys"]["ed25519_public"] == config.host_key.public_openssh
+    assert document["packages"] == ["python3-venv"]
+
+
+def test_seed_without_packages_has_no_package_step() -> None:
+    # A packages entry makes cloud-init run apt-get update, minutes under TCG.
+    assert "packages" not in yaml.safe_load(user_data(seed_config(packages=())))
+
+
+def test_generated_keys_are_openssh_ed25519() -> None:
+    pair = generate_ed25519("a comment")
+    assert pair.private_openssh.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert pair.public_openssh.startswith("ssh-ed25519 ") and pair.public_openssh.endswith(" a comment")
+    assert pair.public_blob == " ".join(pair.public_openssh.split()[:2])
+    assert generate_ed25519("x").public_blob != pair.public_blob
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"hostname": "vm;reboot"},
+        {"hostname": "../etc"},
+        {"authorized_keys": ("ssh-ed25519 AAAA x\nruncmd: [reboot]",)},
+        {"authorized_keys": ("not a key",)},
+    ],
+)
+def test_seed_refuses_hostile_values(overrides: dict[str, object]) -> None:
+    with pytest.raises(InputError):
+        user_data(seed_config(**overrides))
+
+
+@pytest.mark.parametrize("package", ["vim;reboot", "Vim", "-o", "a b", "$(id)", ""])
+def test_package_names_are_validated(package: str) -> None:
+    with pytest.raises(InputError, match="package"):
+        validate_packages([package], "VM train-1: packages")
+    assert validate_packages(["python3-venv", "g++", "libc6.1"], "x") == ("python3-venv", "g++", "libc6.1")
+
+
+# --- inventory: a VM without a GPU, and the seed in the domain --------------------------------
+
+
+def test_gpus_none_is_explicit_and_an_empty_list_is_refused() -> None:
+    vm = parse_vm({"name": "ci", "vcpus": 2, "memory": "1G", "gpus": "none"}, "test")
+    assert vm.gpus == ()
+    with pytest.raises(InputError, match="gpus: none"):
+        parse_vm({"name": "ci", "vcpus": 2, "memory": "1G", "gpus": []}, "test")
+
+
+def test_a_gpu_less_guest_with_a_seed_renders_valid_xml() -> None:
+    facts = snapshot_facts("dev-vm")
+    vm = parse_vm(
+        {
+            "name": "ci-guest",
+            "vcpus": 2,
+            "memory": "1536M",
+            "gpus": "none",
+            "base_image": "/var/lib/libvirt/images/base.qcow2",
+            "domain_type": "qemu",
+            "firmware": "bios",
+            "hugepages": "off",
+        },
+        "test",
+    )
+    plan = plan_domain(facts, vm, HostPolicy(gpus=ANY), host="dev-vm")
+    plain = render_plan(plan)
+    assert "<hostdev" not in plain and "device='cdrom'" not in plain  # `gpuhost render` never adds a seed
+    xml = render_plan(dataclasses.replace(plan, seed_path="/var/lib/libvirt/images/ci-guest-seed.iso"))
+    assert "<source file='/var/lib/libvirt/images/ci-guest-seed.iso'/>" in xml
+    assert "<target dev='sda' bus='sata'/>" in xml and "<readonly/>" in xml
+    if validator_available():
+        validate_domain_xml(xml)
+
+
+def test_hostdev_addresses_of_a_rendered_domain() -> None:
+    xml = (FIXTURES / "render" / "lab-gpu-pair.xml").read_text()
+    assert libvirt_host.hostdev_addresses(xml) == ("0000:01:00.0", "0000:01:00.1")
+    assert len(libvirt_host.hostdev_addresses((FIXTURES / "render" / "hgx-8gpu-all.xml").read_text())) >= 8
+
+
+# --- wheels -----------------------------------------------------------------------------------
+
+
+def test_wheel_names_are_parsed() -> None:
+    wheel = parse_wheel_name(Path("nvidia_ml_py-13.615.71-py3-none-any.whl"))
+    assert wheel is not None and wheel.project == "nvidia-ml-py" and wheel.version == "13.615.71" and wheel.pure
+    platform = parse_wheel_name(Path("PyYAML-6.0.2-cp311-cp311-manylinux_2_17_x86_64.whl"))
+    assert platform is not None and platform.project == "pyyaml" and not platform.pure
+    assert parse_wheel_name(Path("gpuhost-0.1.0.tar.gz")) is None
+
+
+def test_the_newest_pure_wheel_of_each_project_is_chosen() -> None:
+    files = [
+        Path("nvidia_ml_py-12.535.133-py3-none-any.whl"),
+        Path("nvidia_ml_py-13.615.71-py3-none-any.whl"),
+        Path("nvidia_ml_py-13.9.1-py3-none-any.whl"),  # 9 < 615 as numbers, not as text
+        Path("gpuhost-0.1.0-py3-none-any.whl"),
+        Path("gpuhost-0.2.0-py3-none-any.whl"),
+        Path("README.txt"),
+    ]
+    chosen = select_wheels(files, ["gpuhost", "nvidia-ml-py"], pinned={"gpuhost": "0.1.0"})
+    assert [wheel.filename for wheel in chosen] == [
+        "gpuhost-0.1.0-py3-none-any.whl",
+        "nvidia_ml_py-13.615.71-py3-none-any.whl",
+    ]
+
+
+def test_platform_only_and_missing_wheels_are_refused() -> None:
+    with pytest.raises(InputError, match="platform-specific"):
+        select_wheels([Path("numpy-2.0.0-cp311-cp311-manylinux_2_17_x86_64.whl")], ["numpy"])
+    with pytest.raises(InputError, match="no wheel of nvidia-ml-py"):
+        select_wheels([Path("gpuhost-0.1.0-py3-none-any.whl")], ["gpuhost", "nvidia-ml-py"])
+    with pytest.raises(InputError, match=r"gpuhost 0\.3\.0"):
+        select_wheels([Path("gpuhost-0.1.0-py3-none-any.whl")], ["gpuhost"], pinned={"gpuhost": "0.3.0"})
+
+
+# --- CUDA -------------------------------------------------------------------------------------
+
+
+def test_os_release_of_this_machine_picks_nvidias_repository() -> None:
+    release = provision.parse_os_release(Path("/etc/os-release").read_text())
+    if (release.get("ID"), release.get("VERSION_ID")) not in provision.CUDA_REPOS:
+        pytest.skip(f"this machine runs {release.get('ID')} {release.get('VERSION_ID')}")
+    assert provision.cuda_repo(release) in provision.CUDA_REPOS.values()
+
+
+def test_cuda_install_plan_for_ubuntu() -> None:
+    # /etc/os-release of Ubuntu 22.04's cloud image, verbatim.
+    text = (
+        'PRETTY_NAME="Ubuntu 22.04.4 LTS"\nNAME="Ubuntu"\nVERSION_ID="22.04"\n'
+        'VERSION="22.04.4 LTS (Jammy Jellyfish)"\nVERSION_CODENAME=jammy\nID=ubuntu\nID_LIKE=debian\n'
+        'HOME_URL="https://www.ubuntu.com/"\nUBUNTU_CODENAME=jammy\n'
+    )
+    repo = provision.cuda_repo(provision.parse_os_release(text))
+    assert repo == "ubuntu2204"
+    commands = provision.cuda_commands(repo, "12.4.1")
+    assert commands[0][-1] == (
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/cuda-keyring_1.1-1_all.deb"
+    )
+    assert ["dpkg", "-i", "/tmp/cuda-keyring_1.1-1_all.deb"] in commands
+    install = next(argv for argv in commands if "install" in argv)
+    assert "cuda-toolkit-12-4" in install and "nvidia-open" in install
+    with pytest.raises(InputError, match="CUDA repository"):
+        provision.cuda_repo(provision.parse_os_release('ID=fedora\nVERSION_ID="40"\n'))
+
+
+# --- libvirt URIs and the ssh wrapper ---------------------------------------------------------
+
+
+def ssh_target(**options: object) -> Target:
+    values: dict[str, object] = {"host": "10.0.0.5", "port": 2222, "user": "admin"}
+    values.update(options)
+    return Target(name="gpu01", kind=SSH, policy=None, ssh=SshOptions(**values))  # type: ignore[arg-type]
+
+
+def test_uris_for_local_and_ssh_hosts() -> None:
+    assert libvirt_host.host_uri(Target(name="here", kind=LOCAL, policy=None), wrapper=None) == "qemu:///system"  # type: ignore[arg-type]
+    uri = libvirt_host.host_uri(ssh_target(key_file=Path("/home/op/.ssh/id_ed25519")), wrapper=Path("/s/ssh-wrapper"))
+    assert uri == (
+        "qemu+ssh://admin@10.0.0.5:2222/system?no_tty=1&keyfile=/home/op/.ssh/id_ed25519&command=/s/ssh-wrapper"
+    )
+    assert libvirt_host.host_uri(ssh_target(host="fd00::5"), wrapper=None).startswith(
+        "qemu+ssh://admin@[fd00::5]:2222/"
+    )
+
+
+@pytest.mark.parametrize("uri", ["qemu:///system;reboot", "qemu+ssh://h/system?command=$(id)", "xen:///", "qemu:// x"])
+def test_hostile_libvirt_uris_are_refused(uri: str) -> None:
+    with pytest.raises(InputError, match="libvirt-uri"):
+        libvirt_host.validate_uri(uri)
+
+
+def test_ssh_wrapper_verifies_host_keys_and_forwards_nothing() -> None:
+    script = libvirt_host.ssh_wrapper_script(SshOptions(host="gpu01"), Path("/home/op/.ssh/known_hosts"))
+    assert "StrictHostKeyChecking=yes" in script and "'UserKnownHostsFile=/home/op/.ssh/known_hosts'" in script
+    assert "ForwardAgent=no" in script and "BatchMode=yes" in script and script.rstrip().endswith('"$@"')
+    accept = libvirt_host.ssh_wrapper_script(SshOptions(host="gpu01", accept_new_host_keys=True), Path("/k"))
+    assert "StrictHostKeyChecking=accept-new" in accept
+    with pytest.raises(InputError):
+        libvirt_host.ssh_wrapper_script(SshOptions(host="gpu01"), Path("/tmp/it's"))
+
+
+def test_disk_volume_is_copy_on_write_on_the_base_image() -> None:
+    xml = libvirt_host.disk_volume_xml("train-1.qcow2", 20 << 30, "/var/lib/libvirt/images/jammy.qcow2")
+    assert "<backingStore><path>/var/lib/libvirt/images/jammy.qcow2</path><format type='qcow2'/>" in xml
+    assert "<capacity unit='bytes'>21474836480</capacity>" in xml and "<format type='qcow2'/>" in xml
+
+
+# --- the SSH jump, through a real sshd --------------------------------------------------------
+
+
+def _forwarding_sshd(directory: Path) -> tuple[subprocess.Popen[bytes], int, Path, Path]:
+    """An sshd like tests/sshd.py's, but one that allows direct-tcpip (a jump host)."""
+    directory.mkdir(parents=True)
+    host_key = generate_key(directory / "host_ed25519")
+    client_key = generate_key(directory / "client_ed25519")
+    (directory / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
+    port = free_port()
+    config = sshd_config(directory, port, host_key, directory / "authorized_keys", directory / "sshd.pid")
+    (directory / "sshd_config").write_text(config.replace("AllowTcpForwarding no", "AllowTcpForwarding local"))
+    process = subprocess.Popen(
+        [str(SSHD), "-D", "-e", "-f", str(directory / "sshd_config")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while not is_listening(port) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    known = directory / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {' '.join(Path(f'{host_key}.pub').read_text().split()[:2])}\n")
+    return process, port, client_key, known
+
+
+@pytest.mark.ssh
+def test_jump_reaches_the_next_hop_and_still_verifies_its_key(tmp_path: Path) -> None:
+    process, port, key, known = _forwarding_sshd(tmp_path / "jump")
+    try:
+        options = SshOptions(host="127.0.0.1", port=port, key_file=key, known_hosts_file=known)
+        with_jump = SshTransport(options)
+        try:
+            # The next hop is the same server, reached through the jump's direct-tcpip channel.
+            channel = with_jump.open_tunnel("127.0.0.1", port)
+            hop = SshTransport(dataclasses.replace(options, sock=channel))
+            assert hop.run(["echo", "through the jump"]).stdout == b"through the jump\n"
+            hop.close()
+            wrong = tmp_path / "wrong_known_hosts"
+            wrong.write_text(f"[127.0.0.1]:{port} {generate_ed25519('other').public_blob}\n")
+            channel = with_jump.open_tunnel("127.0.0.1", port)
+            with pytest.raises(TransportError) as refused:
+                SshTransport(dataclasses.replace(options, known_hosts_file=wrong, sock=channel))
+            assert refused.value.kind == "host-key-changed"
+        finally:
+            with_jump.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.mark.ssh
+def test_a_host_that_forbids_forwarding_is_named(sshd_server: Sshd, sshd_known_hosts: Path) -> None:
+    options = SshOptions(host="127.0.0.1", port=sshd_server.port, key_file=sshd_server.client_key)
+    transport = SshTransport(dataclasses.replace(options, known_hosts_file=sshd_known_hosts))
+    try:
+        with pytest.raises(TransportError, match=r"cannot reach 192\.168\.122\.9:22 through this host") as refused:
+            transport.open_tunnel("192.168.122.9", 22)
+        assert refused.value.kind == "unreachable"
+    finally:
+        transport.close()
+
+
+# --- the lab's guest image variant ------------------------------------------------------------
+
+
+def test_guest_image_variant_adds_cloud_init_and_leaves_the_others_alone() -> None:
+    from gpuhost.lab.recipe import BASE_PACKAGES, GUEST_PACKAGES, VARIANTS, recipe_for, recipe_hash
+
+    guest, base, nested = recipe_for("guest"), recipe_for("base"), recipe_for("nested")
+    assert "guest" in VARIANTS and guest.packages == BASE_PACKAGES and guest.apt_packages == GUEST_PACKAGES
+    assert {"cloud-init", "python3-venv", "sudo"} <= set(GUEST_PACKAGES)
+    files = {path: content for path, _, content in guest.files}
+    conf = yaml.safe_load(files["/etc/cloud/cloud.cfg.d/90-gpuhost.cfg"])
+    assert conf["datasource_list"] == ["NoCloud", "None"] and conf["network"] == {"config": "disabled"}
+    assert {"users_groups", "ssh", "update_etc_hosts"} <= set(conf["cloud_init_modules"])
+    assert "package_update_upgrade_install" in conf["cloud_final_modules"]
+    # The other variants' recipes (and so their cached images) do not see the guest's additions.
+    assert not {path for path, _, _ in (*base.files, *nested.files)} & {"/etc/cloud/cloud.cfg.d/90-gpuhost.cfg"}
+    assert len({recipe_hash(guest), recipe_hash(base), recipe_hash(nested)}) == 3
