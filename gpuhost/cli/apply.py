@@ -155,6 +155,8 @@ def run_playbook(
     }
     env = {
         "ANSIBLE_PIPELINING": "True",
+        # ansible-runner turns host key checking off unless told otherwise: gpuhost never does.
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_FORCE_COLOR": "False",
         "PYTHONPATH": _pythonpath(),
         # A short ControlPersist: the master inherits the runner's pty, which ends only when it exits.
