@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.gpuhost.passthrough.plugins.plugin_utils.host import HostReadError, read_host
 
 
 class ActionModule(ActionBase):
@@ -13,28 +14,13 @@ class ActionModule(ActionBase):
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result: dict[str, Any] = super().run(tmp, task_vars)
-        task_vars = task_vars or {}
-        host = str(task_vars.get("inventory_hostname", "host"))
         try:
-            from ansible_collections.gpuhost.passthrough.plugins.plugin_utils.gather import (
-                gather_facts,
-                gpuhost_variables,
-            )
-
-            from gpuhost.errors import GpuhostError
-            from gpuhost.plan import PlanSettings, plan_host
-            from gpuhost.transport import TransportError
-        except ImportError as error:
-            from ansible_collections.gpuhost.passthrough.plugins.plugin_utils.gather import MISSING_GPUHOST
-
-            return {**result, "failed": True, "msg": f"{MISSING_GPUHOST} ({error})"}
-        variables = gpuhost_variables(self, task_vars)
-        try:
-            settings = PlanSettings.from_variables(variables, f"inventory host {host}")
-            facts = gather_facts(self, host)
-        except (GpuhostError, TransportError) as error:
+            reading = read_host(self, task_vars or {})
+        except HostReadError as error:
             return {**result, "failed": True, "msg": str(error)}
-        plan = plan_host(host, facts, settings).to_json()
+        from gpuhost.plan import plan_host
+
+        plan = plan_host(reading.host, reading.facts, reading.settings).to_json()
         result.update(changed=False, plan=plan, ansible_facts={"gpuhost_plan": plan})
         if plan["refusals"]:
             result["failed"] = True
