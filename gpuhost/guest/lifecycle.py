@@ -50,7 +50,7 @@ class Timeouts:
     wheels: float = 600.0
     disk: float = 120.0
     seed: float = 120.0
-    define: float = 60.0
+    define: float = 300.0  # the first define makes libvirtd probe QEMU: 90 s on a busy 2-core machine
     start: float = 120.0
     address: float = 300.0
     ssh: float = 600.0

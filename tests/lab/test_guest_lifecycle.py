@@ -107,6 +107,9 @@ def pool(libvirt_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         yield Pool(directory, base, bystander)
     finally:
+        # `guest up` made a transient pool for the directory (none existed): stopping it removes it.
+        with contextlib.suppress(AssertionError, subprocess.SubprocessError):
+            _virsh("pool-destroy", _pool_name(directory))
         shutil.rmtree(directory, ignore_errors=True)
 
 
