@@ -100,6 +100,15 @@ def test_package_names_are_validated(package: str) -> None:
 # --- inventory: a VM without a GPU, and the seed in the domain --------------------------------
 
 
+def test_vm_packages_reach_the_seed_and_hostile_names_are_refused() -> None:
+    vm = parse_vm({"name": "t", "vcpus": 1, "memory": "1G", "gpus": "none", "packages": ["python3-venv"]}, "x")
+    assert vm.packages == ("python3-venv",)
+    assert parse_vm({"name": "t", "vcpus": 1, "memory": "1G", "gpus": "none"}, "x").packages == ()
+    for hostile in (["vim; reboot"], ["$(id)"], "python3-venv", [["nested"]]):
+        with pytest.raises(InputError, match="packages"):
+            parse_vm({"name": "t", "vcpus": 1, "memory": "1G", "gpus": "none", "packages": hostile}, "x")
+
+
 def test_gpus_none_is_explicit_and_an_empty_list_is_refused() -> None:
     vm = parse_vm({"name": "ci", "vcpus": 2, "memory": "1G", "gpus": "none"}, "test")
     assert vm.gpus == ()

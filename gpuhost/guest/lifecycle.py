@@ -269,6 +269,7 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
         instance_id=f"{vm}-{uuid.uuid4().hex[:12]}",
         authorized_keys=authorized,
         host_key=host_key,
+        packages=tuple(str(package) for package in spec.packages),
     )
     seed = steps.run(
         "seed", timeouts.seed, lambda: libvirt_host.upload_volume(conn, pool, seed_name, build_seed_iso(seed_config))

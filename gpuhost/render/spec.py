@@ -60,8 +60,11 @@ _VM_KEYS = frozenset(
         "kernel",
         "initrd",
         "cmdline",
+        "packages",
     }
 )
+# Debian/Ubuntu package names (for the guest's cloud-init seed).
+PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,99}$")
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class VmSpec:
     kernel: str | None = None  # direct kernel boot (tests): paths on the host
     initrd: str | None = None
     cmdline: str | None = None
+    # Installed by cloud-init at first boot (`gpuhost guest up`); an Ubuntu cloud image needs
+    # python3-venv here. Each entry makes cloud-init run apt-get update first.
+    packages: tuple[str, ...] = ()
 
     @property
     def has_disk(self) -> bool:
@@ -173,7 +179,17 @@ def parse_vm(entry: object, where: str) -> VmSpec:
         kernel=_optional(entry, "kernel", where, validate_path),
         initrd=_optional(entry, "initrd", where, validate_path),
         cmdline=_optional(entry, "cmdline", where, validate_cmdline),
+        packages=_packages(entry.get("packages", []), f"{where}: packages"),
     )
+
+
+def _packages(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise InputError(f"{where}: a list of Debian package names is required, not {value!r}.")
+    for item in value:
+        if not isinstance(item, str) or not PACKAGE.match(item):
+            raise InputError(f"{where}: {item!r} is not a Debian package name (lower case, digits, '+', '-', '.').")
+    return tuple(value)
 
 
 def _optional(entry: Mapping[Any, Any], key: str, where: str, validate: Any) -> Any:
