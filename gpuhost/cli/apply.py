@@ -159,6 +159,9 @@ def run_playbook(
         "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_FORCE_COLOR": "False",
         "PYTHONPATH": _pythonpath(),
+        # ansible-playbook is installed beside this interpreter (a venv run as .venv/bin/gpuhost
+        # without activating it has no ansible-playbook on PATH).
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
         # A short ControlPersist: the master inherits the runner's pty, which ends only when it exits.
         # ServerAlive: a session to a host that rebooted under it ends instead of hanging.
         "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=5s -o ServerAliveInterval=5 "
