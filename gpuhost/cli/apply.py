@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuhost.cli.plan import describe_plan, plan_targets, playbook_path
+from gpuhost.cli.plan import describe_plan, plan_targets, playbook_path, validate_inventory_settings
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError, MissingDependencyError
 
 _SERIAL = re.compile(r"^(?:\d{1,4}%?)(?:,\d{1,4}%?)*$")
@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             console.print("nothing changed")
             return EXIT_OK
+    validate_inventory(args.inventory, args.limit)  # before Ansible connects anywhere
     report = run_playbook(
         inventory=args.inventory.resolve(),
         limit=args.limit,
@@ -99,6 +100,14 @@ def run(args: argparse.Namespace) -> int:
         console=console,
     )
     return print_report(report, console)
+
+
+def validate_inventory(inventory: Path, limit: str | None) -> None:
+    """Every host's connection and gpuhost_* values, checked before anything connects (InputError)."""
+    from gpuhost.targets import ConnectionDefaults, inventory_targets
+
+    validate_inventory_settings(inventory, limit)
+    inventory_targets(inventory, limit, ConnectionDefaults())  # the connection values
 
 
 def run_playbook(

@@ -35,6 +35,8 @@ class PlanOutcome:
 
 def plan_targets(args: argparse.Namespace) -> list[PlanOutcome]:
     """Read every host with the audit's gatherer and plan it; values are validated before connecting."""
+    if args.inventory is not None:
+        validate_inventory_settings(args.inventory, args.limit)
     targets = resolve_targets(args)
     settings = {}
     for target in targets:
@@ -50,6 +52,14 @@ def plan_targets(args: argparse.Namespace) -> list[PlanOutcome]:
         except GpuhostError as error:
             outcomes.append(PlanOutcome(name, None, str(error)))
     return outcomes
+
+
+def validate_inventory_settings(inventory: Path, limit: str | None) -> None:
+    """Every inventory host's gpuhost_* values, checked before anything connects (InputError naming them)."""
+    from gpuhost.targets import load_inventory
+
+    for name, variables in load_inventory(inventory, limit):
+        PlanSettings.from_variables(variables, f"inventory host {name}")
 
 
 def exit_code(outcomes: list[PlanOutcome]) -> int:

@@ -18,6 +18,9 @@ HUGEPAGES_AUTO = "auto"
 BIND_AUTO = "auto"
 _HUGEPAGES = re.compile(r"^(?:auto|\d{1,6}|\d{1,7}(?:[GT]i?B?|[gt]))$")
 _MOUNT_POINT = re.compile(r"^/[A-Za-z0-9_./-]{0,200}$")
+_REBOOT_TIMEOUT = re.compile(r"^\d{1,5}$")
+# The reboot command runs through the host's shell: words of safe characters only.
+_REBOOT_COMMAND = re.compile(r"^[A-Za-z0-9_./=-]+(?: [A-Za-z0-9_./=-]+){0,8}$")
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0", ""}
 
@@ -59,7 +62,10 @@ class PlanSettings:
             shared = [shared]
         if not isinstance(shared, list):
             raise InputError(f"{where}: gpuhost_allow_shared_group must be a list of GPU PCI addresses.")
-        allowed = GpuSelector.parse(shared, where).addresses if shared else ()
+        try:
+            allowed = GpuSelector.parse(shared, where).addresses if shared else ()
+        except InputError as error:
+            raise InputError(str(error).replace("gpuhost_gpus", "gpuhost_allow_shared_group")) from None
         hugepages = str(get("gpuhost_hugepages")).strip()
         if not _HUGEPAGES.match(hugepages):
             raise InputError(
@@ -75,6 +81,7 @@ class PlanSettings:
         bind_by = str(get("gpuhost_bind_by"))
         if bind_by not in (BIND_AUTO, "ids", "address"):
             raise InputError(f"{where}: gpuhost_bind_by {bind_by!r} must be auto, ids or address.")
+        _check_reboot_variables(variables, where)
         return cls(
             gpus=GpuSelector.parse(gpus if gpus is not None else variables.get("gpuhost_gpus"), where),
             allow_shared_group=allowed,
@@ -87,6 +94,24 @@ class PlanSettings:
             bind_by=bind_by,
             remove_nvidia_driver=_flag(variables, "gpuhost_remove_nvidia_driver", where),
         )
+
+
+def _check_reboot_variables(variables: Mapping[str, Any], where: str) -> None:
+    """The gpuhost_verify role's variables reach the host too (its reboot command and timeout)."""
+    if "gpuhost_verify_reboot_timeout" in variables:
+        timeout = str(variables["gpuhost_verify_reboot_timeout"]).strip()
+        if not _REBOOT_TIMEOUT.match(timeout) or not 30 <= int(timeout) <= 86400:
+            raise InputError(
+                f"{where}: gpuhost_verify_reboot_timeout {variables['gpuhost_verify_reboot_timeout']!r} must be a "
+                "whole number of seconds from 30 to 86400."
+            )
+    if "gpuhost_verify_reboot_command" in variables:
+        command = str(variables["gpuhost_verify_reboot_command"])
+        if not _REBOOT_COMMAND.match(command) or ".." in command:
+            raise InputError(
+                f"{where}: gpuhost_verify_reboot_command {command!r} must be a plain command of words of letters, "
+                "digits and '_./=-' (e.g. 'systemctl --no-block reboot'): it runs in the host's shell."
+            )
 
 
 def _flag(variables: Mapping[str, Any], name: str, where: str) -> bool:
