@@ -8,12 +8,10 @@ toolkit or GPU rebuilds and an unchanged one costs nothing.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import importlib.util
 import os
 import shutil
 import subprocess
-import sysconfig
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -21,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhost.datafiles import candidate_dirs
 from gpuhost.errors import GpuhostError
 
 BINARY_NAME = "gpuhost-kernels"
@@ -75,21 +74,6 @@ def _complete(directory: Path) -> bool:
     return all((directory / name).is_file() for name in (*SOURCE_NAMES, *HEADER_NAMES))
 
 
-def _installed_kernel_dirs() -> Iterable[Path]:
-    """Where a wheel install put kernels/ (pyproject's data-files: <prefix>/share/gpuhost/kernels)."""
-    try:
-        distribution = importlib.metadata.distribution("gpuhost")
-    except importlib.metadata.PackageNotFoundError:
-        distribution = None
-    if distribution is not None:
-        for entry in distribution.files or ():
-            if entry.name == "main.cu" and entry.parent.name == "kernels":
-                yield Path(str(distribution.locate_file(entry))).resolve().parent
-    for scheme_path in {sysconfig.get_path("data"), sysconfig.get_path("data", f"{os.name}_user")}:
-        if scheme_path:
-            yield Path(scheme_path) / "share" / "gpuhost" / "kernels"
-
-
 def find_kernel_sources(environ: dict[str, str] | None = None) -> KernelSources:
     env = os.environ if environ is None else environ
     override = env.get(KERNELS_ENV)
@@ -98,12 +82,9 @@ def find_kernel_sources(environ: dict[str, str] | None = None) -> KernelSources:
         if not _complete(directory):
             raise KernelBuildError(f"{KERNELS_ENV}={override} does not hold the kernel sources {SOURCE_NAMES}")
         return KernelSources(directory, "environment")
-    checkout = Path(__file__).resolve().parents[2] / "kernels"
-    if _complete(checkout):
-        return KernelSources(checkout, "checkout")
-    for directory in _installed_kernel_dirs():
+    for directory, origin in candidate_dirs("kernels", "main.cu"):
         if _complete(directory):
-            return KernelSources(directory, "installed")
+            return KernelSources(directory, origin)
     raise KernelBuildError(
         "the CUDA kernel sources (kernels/*.cu) were not found next to the package nor in the installed "
         f"data files; reinstall gpuhost, or point {KERNELS_ENV} at a kernels/ directory"

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import InputError
 from gpuhost.facts.model import HostFacts, PciFunction
 from gpuhost.render.spec import HostPolicy, VmSpec
@@ -491,22 +492,7 @@ def _hole64_bytes(ports: Sequence[RootPort]) -> int:
 
 def templates_dir() -> Path:
     """templates/ of the checkout, or of an install (<prefix>/share/gpuhost/templates)."""
-    import os
-    import sysconfig
-
-    override = os.environ.get(TEMPLATES_ENV)
-    candidates = [Path(override)] if override else []
-    candidates.append(Path(__file__).resolve().parents[2] / "templates")
-    for scheme in {sysconfig.get_path("data"), sysconfig.get_path("data", f"{os.name}_user")}:
-        if scheme:
-            candidates.append(Path(scheme) / "share" / "gpuhost" / "templates")
-    for candidate in candidates:
-        if (candidate / "domain.xml.j2").is_file():
-            return candidate
-    raise InputError(
-        f"templates/domain.xml.j2 was not found next to the package nor installed; set {TEMPLATES_ENV} "
-        "to a templates/ directory."
-    )
+    return require_data_dir("templates", "domain.xml.j2", env_var=TEMPLATES_ENV)
 
 
 def render_plan(plan: DomainPlan, template_dir: Path | None = None) -> str:
