@@ -6,7 +6,9 @@ One place for this logic: the audit's checks and the planner (apply) both call i
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpuhost.errors import InputError
 from gpuhost.facts.model import (
@@ -30,7 +32,7 @@ class GpuSelector:
     vendor_devices: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, value: object, where: str) -> GpuSelector:
+    def parse(cls, value: object, where: str, variable: str = "gpuhost_gpus") -> GpuSelector:
         """Validate an inventory or command-line value; `where` names it in the error."""
         if value is None or value == "all":
             return cls(select_all_nvidia=True)
@@ -41,7 +43,7 @@ class GpuSelector:
             items = list(value)
         else:
             raise InputError(
-                f"{where}: gpuhost_gpus must be 'all' or a list of PCI addresses or vendor:device IDs, not {value!r}"
+                f"{where}: {variable} must be 'all' or a list of PCI addresses or vendor:device IDs, not {value!r}"
             )
         addresses, ids = [], []
         for item in items:
@@ -52,11 +54,11 @@ class GpuSelector:
                 ids.append(text.lower())
             else:
                 raise InputError(
-                    f"{where}: gpuhost_gpus entry {text!r} is neither a PCI address (0000:41:00.0) "
+                    f"{where}: {variable} entry {text!r} is neither a PCI address (0000:41:00.0) "
                     "nor a vendor:device ID (10de:2330). Fix the inventory value."
                 )
         if not addresses and not ids:
-            raise InputError(f"{where}: gpuhost_gpus is an empty list; use 'all' or name the GPUs.")
+            raise InputError(f"{where}: {variable} is an empty list; use 'all' or name the GPUs.")
         return cls(select_all_nvidia=False, addresses=tuple(addresses), vendor_devices=tuple(ids))
 
     def describe(self) -> str:
@@ -131,3 +133,13 @@ def functions_to_bind(facts: HostFacts, card: GpuCard) -> tuple[PciFunction, ...
     its IOMMU group (the card's own functions; an intruder too, which the checks refuse)."""
     members = group_members(facts, card.gpu)
     return tuple(member for member in members if not member.is_bridge)
+
+
+def allowed_shared_groups(variables: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """gpuhost_allow_shared_group: GPU addresses whose shared IOMMU group the operator accepts."""
+    shared = variables.get("gpuhost_allow_shared_group", [])
+    if isinstance(shared, str):
+        shared = [shared]
+    if not isinstance(shared, list):
+        raise InputError(f"{where}: gpuhost_allow_shared_group must be a list of GPU PCI addresses.")
+    return GpuSelector.parse(shared, where, "gpuhost_allow_shared_group").addresses if shared else ()

@@ -16,7 +16,7 @@ from typing import Any
 from gpuhost.checks.base import ROLES, AuditPolicy
 from gpuhost.errors import InputError, MissingDependencyError
 from gpuhost.facts.snapshot import SnapshotTree
-from gpuhost.selection import GpuSelector
+from gpuhost.selection import GpuSelector, allowed_shared_groups
 from gpuhost.transport.ssh import SshOptions
 
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
@@ -110,12 +110,7 @@ def _policy(variables: Mapping[str, Any], defaults: ConnectionDefaults, where: s
     role = str(variables.get("gpuhost_role", defaults.role))
     if role not in ROLES:
         raise InputError(f"{where}: gpuhost_role {role!r} is not one of {', '.join(ROLES)}.")
-    shared = variables.get("gpuhost_allow_shared_group", [])
-    if isinstance(shared, str):
-        shared = [shared]
-    if not isinstance(shared, list):
-        raise InputError(f"{where}: gpuhost_allow_shared_group must be a list of GPU PCI addresses.")
-    allowed = GpuSelector.parse(shared, where).addresses if shared else ()
+    allowed = allowed_shared_groups(variables, where)
     return AuditPolicy(gpus=GpuSelector.parse(gpus_value, where), role=role, allow_shared_group=allowed)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost.errors import InputError
-from gpuhost.selection import GpuSelector
+from gpuhost.selection import GpuSelector, allowed_shared_groups
 
 HUGEPAGES_AUTO = "auto"
 BIND_AUTO = "auto"
@@ -57,15 +57,7 @@ class PlanSettings:
         def get(name: str) -> Any:
             return variables.get(name, DEFAULTS[name])
 
-        shared = variables.get("gpuhost_allow_shared_group", [])
-        if isinstance(shared, str):
-            shared = [shared]
-        if not isinstance(shared, list):
-            raise InputError(f"{where}: gpuhost_allow_shared_group must be a list of GPU PCI addresses.")
-        try:
-            allowed = GpuSelector.parse(shared, where).addresses if shared else ()
-        except InputError as error:
-            raise InputError(str(error).replace("gpuhost_gpus", "gpuhost_allow_shared_group")) from None
+        allowed = allowed_shared_groups(variables, where)
         hugepages = str(get("gpuhost_hugepages")).strip()
         if not _HUGEPAGES.match(hugepages):
             raise InputError(
