@@ -1,6 +1,6 @@
 # Everything gpuhost's playbooks may write on a host, and the boot_id: identical output before and
 # after a run proves it changed no file and did not reboot (check mode; a refused host).
-# The same list as HASH_SCRIPT in tests/lab/test_apply_lab.py.
+# tests/lab/test_apply_lab.py reads this file too.
 for f in /etc/default/grub /etc/default/grub.d/* /boot/grub/grub.cfg /boot/initrd.img-* \
          /etc/initramfs-tools/modules /etc/initramfs-tools/scripts/init-top/* /etc/modprobe.d/* \
          /lib/modprobe.d/* /usr/lib/modprobe.d/* /etc/apt/preferences.d/* /var/lib/dpkg/status /etc/fstab \
