@@ -162,20 +162,7 @@ def run_playbook(
         "gpuhost_max_fail_percentage": max_fail_percentage,
         "gpuhost_report_path": str(report),
     }
-    env = {
-        "ANSIBLE_PIPELINING": "True",
-        # ansible-runner turns host key checking off unless told otherwise: gpuhost never does.
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-        "ANSIBLE_FORCE_COLOR": "False",
-        "PYTHONPATH": _pythonpath(),
-        # ansible-playbook is installed beside this interpreter (a venv run as .venv/bin/gpuhost
-        # without activating it has no ansible-playbook on PATH).
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
-        # A short ControlPersist: the master inherits the runner's pty, which ends only when it exits.
-        # ServerAlive: a session to a host that rebooted under it ends instead of hanging.
-        "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=5s -o ServerAliveInterval=5 "
-        "-o ServerAliveCountMax=6",
-    }
+    env = ansible_environment()
     with tempfile.TemporaryDirectory(prefix="gpuhost-apply-") as private:
         runner = ansible_runner.run(
             private_data_dir=private,
@@ -207,6 +194,24 @@ def run_playbook(
     data["seconds"] = round(time.monotonic() - started, 1)
     report.write_text(json.dumps(data, indent=2) + "\n")
     return data
+
+
+def ansible_environment() -> dict[str, str]:
+    """Environment of the ansible-playbook runs of apply."""
+    return {
+        "ANSIBLE_PIPELINING": "True",
+        # ansible-runner turns host key checking off unless told otherwise: gpuhost never does.
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_FORCE_COLOR": "False",
+        "PYTHONPATH": _pythonpath(),
+        # ansible-playbook is installed beside this interpreter (a venv run as .venv/bin/gpuhost
+        # without activating it has no ansible-playbook on PATH).
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
+        # A short ControlPersist: the master inherits the runner's pty, which ends only when it exits.
+        # ServerAlive: a session to a host that rebooted under it ends instead of hanging.
+        "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=5s -o ServerAliveInterval=5 "
+        "-o ServerAliveCountMax=6",
+    }
 
 
 def _diff_lines(diffs: Any) -> list[str]:
