@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuhost.errors import InputError
 from gpuhost.targets import (
+    SNAPSHOT,
     ConnectionDefaults,
     Target,
     adhoc_target,
@@ -14,6 +16,9 @@ from gpuhost.targets import (
     local_target,
     snapshot_target,
 )
+
+if TYPE_CHECKING:
+    from gpuhost.render.spec import HostPolicy, VmSpec
 
 
 def add_target_options(parser: argparse.ArgumentParser, *, snapshots: bool) -> None:
@@ -79,3 +84,27 @@ def resolve_targets(args: argparse.Namespace) -> list[Target]:
     if not targets:
         targets.append(local_target(defaults))
     return targets
+
+
+def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, HostPolicy]:
+    """The inventory host of --host, its VM --vm from gpuhost_vms, and its render policy (render, guest)."""
+    from gpuhost.render.spec import find_vm, host_policy, validate_name
+
+    if args.inventory is None:
+        raise InputError(f"gpuhost {verb} needs the inventory that describes the VM: -i inventory.yml.")
+    if args.hosts:
+        raise InputError(f"gpuhost {verb} takes the host as --host NAME (an inventory host), not as an argument.")
+    host = validate_name(args.host, "--host")
+    vm_name = validate_name(args.vm, "--vm")
+    args.limit = host
+    try:
+        matches = [target for target in resolve_targets(args) if target.name == host]
+    except InputError as error:
+        if "no hosts matching" not in str(error):
+            raise
+        matches = []
+    if len(matches) != 1 or matches[0].kind == SNAPSHOT:
+        raise InputError(f"inventory {args.inventory}: no host {host!r}.")
+    target = matches[0]
+    where = f"inventory host {host}"
+    return target, find_vm(target.variables, vm_name, where), host_policy(target.variables, target.policy, where)

@@ -17,11 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.cli.common import add_target_options, resolve_vm
 from gpuhost.errors import EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.guest.state import GuestDir, default_state_root
-from gpuhost.render.spec import HostPolicy, VmSpec, find_vm, host_policy, validate_name
-from gpuhost.targets import SNAPSHOT, Target
+from gpuhost.render.spec import HostPolicy, VmSpec
+from gpuhost.targets import Target
 
 ACTIONS = {
     "up": "define, boot, provision the VM and run the smoke-test in it",
@@ -142,21 +142,4 @@ def _up(args: argparse.Namespace, target: Target, spec: VmSpec, policy: HostPoli
 
 
 def _resolve(args: argparse.Namespace) -> tuple[Target, VmSpec, HostPolicy]:
-    if args.inventory is None:
-        raise InputError("gpuhost guest needs the inventory that describes the VM: -i inventory.yml.")
-    if args.hosts:
-        raise InputError("gpuhost guest takes the host as --host NAME (an inventory host), not as an argument.")
-    host = validate_name(args.host, "--host")
-    vm_name = validate_name(args.vm, "--vm")
-    args.limit = host
-    try:
-        matches = [target for target in resolve_targets(args) if target.name == host]
-    except InputError as error:
-        if "no hosts matching" not in str(error):
-            raise
-        matches = []
-    if len(matches) != 1 or matches[0].kind == SNAPSHOT:
-        raise InputError(f"inventory {args.inventory}: no host {host!r}.")
-    target = matches[0]
-    where = f"inventory host {host}"
-    return target, find_vm(target.variables, vm_name, where), host_policy(target.variables, target.policy, where)
+    return resolve_vm(args, "guest")

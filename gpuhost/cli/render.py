@@ -15,13 +15,13 @@ import sys
 from pathlib import Path
 
 from gpuhost.audit import audit_target
-from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.cli.common import add_target_options, resolve_vm
 from gpuhost.errors import EXIT_OK, GpuhostError, InputError
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import HostFacts
 from gpuhost.facts.snapshot import open_snapshot
 from gpuhost.render.domain import render_domain
-from gpuhost.render.spec import find_vm, host_policy, validate_name
+from gpuhost.render.spec import validate_name
 from gpuhost.render.validate import validate_domain_xml
 from gpuhost.selection import GpuSelector
 from gpuhost.targets import SNAPSHOT, Target
@@ -50,25 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.inventory is None:
-        raise InputError("gpuhost render needs the inventory that describes the VM: -i inventory.yml.")
-    if args.hosts:
-        raise InputError("gpuhost render takes the host as --host NAME (an inventory host), not as an argument.")
-    host = validate_name(args.host, "--host")
-    vm_name = validate_name(args.vm, "--vm")
-    args.limit = host
-    try:
-        matches = [target for target in resolve_targets(args) if target.name == host]
-    except InputError as error:
-        if "no hosts matching" not in str(error):
-            raise
-        matches = []
-    if len(matches) != 1:
-        raise InputError(f"inventory {args.inventory}: no host {host!r}.")
-    target = matches[0]
-    where = f"inventory host {host}"
-    spec = find_vm(target.variables, vm_name, where)
-    policy = host_policy(target.variables, target.policy, where)
+    target, spec, policy = resolve_vm(args, "render")
+    host = target.name
     facts = _facts(target, args.snapshot_dir)
     xml = render_domain(facts, spec, policy, host=host, taken=parse_taken(args.taken))
     if not args.no_validate:
