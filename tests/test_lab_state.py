@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,10 @@ def test_a_live_process_is_ours_only_with_matching_start_time_and_pidfile(tmp_pa
     pidfile = str(tmp_path / "lab-1.pid")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", pidfile])
     try:
+        # Until the child has exec'd, /proc shows the parent's command line (seen on busy cores).
+        deadline = time.monotonic() + 30
+        while pidfile.encode() not in Path(f"/proc/{child.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
         ticks = process_start_ticks(child.pid)
         assert ticks is not None
         assert is_our_process(record(pid=child.pid, start_ticks=ticks, pidfile=pidfile))
