@@ -2,7 +2,10 @@
 
 One gpu-pair host made to look like an NVIDIA host (the lab's stand-in driver: a package and a
 .run install) and one shared-group host, booted once for the module and configured by one
-inventory, as an operator would. Run alone: `pytest -m lab tests/lab/test_apply_lab.py`.
+inventory, as an operator would. The pair host boots the nested image variant (libvirtd, QEMU
+and a tiny busybox guest inside), so that after apply the last test proves the point of it all:
+a domain rendered by `gpuhost render`, defined and started by libvirtd on that host, gets the
+GPU's functions. Run alone: `pytest -m lab tests/lab/test_apply_lab.py`.
 Budget: 15 minutes on 2 cores (the times are printed as [apply timing] lines, run with -s).
 """
 
@@ -22,8 +25,10 @@ import yaml
 from gpuhost.audit import READY, audit_target
 from gpuhost.cli.main import main
 from gpuhost.lab import fake_nvidia, fleet
+from gpuhost.lab import image as lab_image
 from gpuhost.lab.image import Image
 from gpuhost.lab.paths import LabPaths
+from gpuhost.lab.recipe import NESTED_GUEST_DIR
 from gpuhost.lab.state import VmRecord
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
@@ -35,6 +40,24 @@ GPU_FUNCTIONS = ("0000:01:00.0", "0000:01:00.1")
 # Everything apply may write, and the boot_id: what it must leave alone on a refused host or in
 # check mode. The Molecule scenario checks the same list.
 HASH_SCRIPT = (Path(__file__).resolve().parents[2] / "playbooks/molecule/default/files/state-hashes.sh").read_text()
+
+
+# The VM of the passthrough proof: TCG (the lab host has no KVM), direct kernel boot of the
+# busybox guest that lists the PCI functions it sees on its serial console, then powers off.
+PROOF_VM: dict[str, Any] = {
+    "name": "proof",
+    "vcpus": 1,
+    "memory": "1G",  # backed by the 1 GiB huge page apply reserves
+    "gpus": "all",
+    "domain_type": "qemu",
+    "firmware": "bios",
+    "network": "none",
+    "kernel": f"{NESTED_GUEST_DIR}/vmlinuz",
+    "initrd": f"{NESTED_GUEST_DIR}/initrd.gz",
+    "cmdline": "console=ttyS0 quiet panic=-1",
+}
+GUEST_SEES = ("1234:1111 class 0x030000", "8086:293e class 0x040300")
+PCI_BEGIN, PCI_END = "GPUHOST-GUEST-PCI-BEGIN", "GPUHOST-GUEST-PCI-END"
 
 
 def _timing(message: str) -> None:
@@ -68,8 +91,11 @@ class Lab:
 @pytest.fixture(scope="module")
 def lab(base_image: Image, image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     root = tmp_path_factory.mktemp("apply-lab")
-    layout = {PAIR: ("gpu-pair", 4096, "base"), SHARED: ("shared-group", 2048, "base")}
+    layout = {PAIR: ("gpu-pair", 4096, "nested"), SHARED: ("shared-group", 2048, "base")}
     labs = {name: LabPaths(root=root / name, images=image_dir) for name in layout}
+    started = time.monotonic()
+    nested = lab_image.ensure_image(labs[PAIR], "nested")
+    _timing(f"nested image {'reused' if nested.reused else 'built'} in {time.monotonic() - started:.0f} s")
     started = time.monotonic()
     try:
         for name, (topology, memory, variant) in layout.items():
@@ -87,6 +113,7 @@ def lab(base_image: Image, image_dir: Path, tmp_path_factory: pytest.TempPathFac
             (variables,) = data["all"]["hosts"].values()
             # 1 GiB page on the 4 GiB host; the 2 GiB shared-group host can spare none.
             entries[name] = {**variables, "gpuhost_hugepages": 1 if name == PAIR else 0}
+        entries[PAIR]["gpuhost_vms"] = [PROOF_VM]
         inventory = root / "inventory.yml"
         inventory.write_text(yaml.safe_dump({"all": {"hosts": entries}}))
         yield Lab(hosts=hosts, inventory=inventory, reports=root)
@@ -159,3 +186,44 @@ def test_second_apply_changes_nothing_and_does_not_reboot(lab: Lab) -> None:
     assert pair["reboot_needed"] is False and pair["rebooted"] is False
     assert report["ansible_stats"]["changed"].get(PAIR, 0) == 0, report["ansible_stats"]
     assert pair_host.boot_id() == boot_before and pair_host.hashes() == files_before
+
+
+def test_a_rendered_domain_gets_the_gpu_on_the_applied_host(lab: Lab, tmp_path: Path) -> None:
+    """After apply, libvirtd on the host starts `gpuhost render`'s XML unchanged; the guest sees the GPU."""
+    pair_host, vm = lab.hosts[PAIR], PROOF_VM["name"]
+    started = time.monotonic()
+    xml_path = tmp_path / f"{vm}.xml"
+    assert main(["render", "-i", str(lab.inventory), "--host", PAIR, "--vm", vm, "-o", str(xml_path)]) == 0
+    xml = xml_path.read_text()
+    _timing(f"render (audit of the host + libvirt schema check): {time.monotonic() - started:.0f} s")
+    # What the proof rests on: both functions as managed hostdevs, the 1 GiB page backing the guest.
+    assert xml.count("<hostdev mode='subsystem' type='pci' managed='yes'>") == 2
+    assert "<page size='1048576' unit='KiB'/>" in xml
+    serial_log = f"/var/log/libvirt/qemu/{vm}-serial.log"
+    assert serial_log in xml
+    started = time.monotonic()
+    result = fleet.run_on(
+        pair_host.paths,
+        pair_host.record,
+        ["sh", "-c", f"cat > /root/{vm}.xml && virsh define /root/{vm}.xml"],
+        stdin=xml,
+    )
+    assert result.returncode == 0, result.stderr
+    result = fleet.run_on(pair_host.paths, pair_host.record, ["virsh", "start", vm], timeout=600)
+    assert result.returncode == 0, result.stderr
+    # The guest powers off after listing its PCI functions; its serial log then holds the list.
+    log, deadline = "", time.monotonic() + 1200
+    while PCI_END not in log and time.monotonic() < deadline:
+        time.sleep(10)
+        log = pair_host.sh(f"cat {serial_log} 2>/dev/null || true", timeout=120)
+    _timing(f"domain defined, booted at two levels of TCG, PCI listed: {time.monotonic() - started:.0f} s")
+    assert PCI_BEGIN in log and PCI_END in log, f"no PCI listing on the guest's serial console:\n{log[-3000:]}"
+    listing = log.split(PCI_BEGIN, 1)[1].split(PCI_END, 1)[0]
+    for function in GUEST_SEES:
+        assert function in listing, f"the guest did not see {function}:\n{listing}"
+    # libvirt handed the host's functions over and back: still on vfio-pci, nothing else bound them.
+    drivers = pair_host.sh(
+        "for d in " + " ".join(GPU_FUNCTIONS) + '; do basename "$(readlink /sys/bus/pci/devices/$d/driver)"; done'
+    )
+    assert drivers.split() == ["vfio-pci", "vfio-pci"], drivers
+    pair_host.sh(f"virsh destroy {vm} >/dev/null 2>&1 || true; virsh undefine {vm}")
