@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+from xml.sax.saxutils import escape
 
 from gpuhost.errors import InputError, MissingDependencyError
 from gpuhost.render.spec import validate_path
@@ -133,7 +134,8 @@ def find_pool(conn: Any, directory: str, *, create: bool) -> Any | None:
 
 
 def _xml(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("'", "&apos;")
+    # For values inside single-quoted attributes and element text alike.
+    return escape(text, {"'": "&apos;"})
 
 
 def volume(pool: Any, name: str) -> Any | None:
