@@ -2,7 +2,7 @@
 
 Every variable that reaches a host (in a file, on the kernel command line, in a command, or as
 the SSH destination) gets `4;reboot`, `$(id)`, quotes, a newline and `..` paths. The inventory
-points at a TCP listener of this test: `gpuhost apply` and `plan` must refuse with a
+points at a TCP listener of this test: `gpuhost apply`, `plan` and `rollback` must refuse with a
 message naming the host and the variable, and the listener must never see a connection.
 """
 
@@ -30,6 +30,8 @@ VARIABLES = {
     "gpuhost_blacklist_snd_hda_intel": list(HOSTILE),
     "gpuhost_bind_by": list(HOSTILE),
     "gpuhost_remove_nvidia_driver": list(HOSTILE),
+    "gpuhost_trial_boot": list(HOSTILE),
+    "gpuhost_trial_panic_seconds": list(HOSTILE),
     "gpuhost_verify_reboot_timeout": list(HOSTILE),
     "gpuhost_verify_reboot_command": [f"systemctl reboot {value}" for value in HOSTILE],
     "ansible_host": list(HOSTILE),
@@ -73,6 +75,7 @@ def test_hostile_value_is_rejected_before_any_connection(
         ["apply", "-i", str(inventory), "--yes", "--report", str(tmp_path / "report.json")],
         ["apply", "-i", str(inventory), "--check"],
         ["plan", "-i", str(inventory)],
+        ["rollback", "-i", str(inventory), "--limit", "gpu01", "--yes"],
     ):
         code = main(argv)
         error = capsys.readouterr().err

@@ -49,6 +49,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=Path("gpuhost-apply-report.json"),
         help="JSON report path (default: ./%(default)s)",
     )
+    parser.add_argument(
+        "--no-trial",
+        action="store_true",
+        help="reboot straight into the new command line, without the one-shot GRUB trial entry "
+        "(needed where GRUB cannot write /boot/grub/grubenv: /boot on RAID, LVM, btrfs or ZFS)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="print Ansible's own output")
 
 
@@ -98,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         report=args.report.resolve(),
         verbose=args.verbose,
         console=console,
+        trial=not args.no_trial,
     )
     return print_report(report, console)
 
@@ -120,6 +127,7 @@ def run_playbook(
     report: Path,
     verbose: bool,
     console: Any,
+    trial: bool = True,
 ) -> dict[str, Any]:
     try:
         import ansible_runner
@@ -128,6 +136,7 @@ def run_playbook(
     playbook = playbook_path()
     started = time.monotonic()
     current_task = {"name": ""}
+    stopped: dict[str, tuple[str, str]] = {}  # host -> (outcome, message) of the failure that stopped it
 
     def on_event(event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
@@ -136,10 +145,14 @@ def run_playbook(
             current_task["name"] = str(data.get("task", ""))
             return True
         host = data.get("host")
-        if not host or verbose:
+        if not host:
             return True
         task = data.get("task") or current_task["name"]
         result = data.get("res", {}) or {}
+        if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            stopped.setdefault(str(host), _outcome(kind, str(task), result))
+        if verbose:
+            return True
         status = {
             "runner_on_failed": "[red]failed[/]",
             "runner_on_unreachable": "[red]unreachable[/]",
@@ -162,6 +175,9 @@ def run_playbook(
         "gpuhost_max_fail_percentage": max_fail_percentage,
         "gpuhost_report_path": str(report),
     }
+    if not trial:
+        # Only --no-trial is an extra var: without it, an inventory's own gpuhost_trial_boot holds.
+        extravars["gpuhost_trial_boot"] = False
     env = ansible_environment()
     with tempfile.TemporaryDirectory(prefix="gpuhost-apply-") as private:
         runner = ansible_runner.run(
@@ -188,6 +204,10 @@ def run_playbook(
         data["hosts"] = {
             host: {"status": "failed" if host in failed else "not-reported"} for host in sorted(seen - {"localhost"})
         }
+    for host, (outcome, message) in stopped.items():
+        entry = data["hosts"].setdefault(host, {})
+        if entry.get("status") != "refused":
+            entry.update(status=outcome, message=message)
     data["ansible_stats"] = stats
     data["ansible_rc"] = runner.rc
     data["ansible_status"] = runner.status
@@ -196,8 +216,23 @@ def run_playbook(
     return data
 
 
+def _outcome(kind: str, task: str, result: dict[str, Any]) -> tuple[str, str]:
+    """What stopped a host, for the report: trial reverted, unreachable (also a reboot it never came
+    back from, or a host key that changed) or failed, with Ansible's message."""
+    message = str(result.get("msg") or result.get("stderr") or "").strip()
+    if message.startswith("trial reverted"):
+        return "trial reverted", message
+    if kind == "runner_on_unreachable":
+        return "unreachable", message
+    if "planner" in task and "refuses to configure" in message:
+        return "refused", message
+    if task.startswith("Reboot") and ("Timed out" in message or "timed out" in message):
+        return "unreachable", f"did not come back from the reboot within the timeout: {message}"
+    return "failed", f"{task}: {message}"
+
+
 def ansible_environment() -> dict[str, str]:
-    """Environment of the ansible-playbook runs of apply."""
+    """Environment of the ansible-playbook runs of apply and rollback."""
     return {
         "ANSIBLE_PIPELINING": "True",
         # ansible-runner turns host key checking off unless told otherwise: gpuhost never does.

@@ -23,6 +23,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "lab": ("gpuhost.cli.lab", "emulated GPU hosts under QEMU (TCG) with SSH on 127.0.0.1, for rehearsals and CI"),
     "plan": ("gpuhost.cli.plan", "what gpuhost apply would change on each host, and why; changes nothing"),
     "apply": ("gpuhost.cli.apply", "configure hosts for VFIO passthrough with the playbooks: rolling reboot, verified"),
+    "rollback": ("gpuhost.cli.rollback", "undo gpuhost apply on a host (GRUB, initramfs, backed-up files), reboot"),
     "smoke-test": ("gpuhost.cli.smoke_test", "inside a guest: benchmark the GPU and judge it against its datasheet"),
     "render": ("gpuhost.cli.render", "libvirt domain XML of an inventory VM with its GPUs passed through, validated"),
     "guest": (

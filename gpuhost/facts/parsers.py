@@ -261,9 +261,13 @@ def parse_modprobe_options(arguments: str) -> dict[str, str]:
 
 
 def parse_key_value_lines(text: str) -> dict[str, str]:
-    """'NAME=value' lines (the gather script's grub-effective.txt, os-release with quotes)."""
+    """'NAME=value' lines (the gather script's grub-effective.txt, os-release with quotes).
+
+    Lines end at '\n' only: a value sourced from a CRLF /etc/default/grub carries a '\r' that is
+    part of the value (str.splitlines would cut the value there and lose what follows it).
+    """
     values = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         key, sep, value = line.partition("=")
         if sep and key.strip():
             values[key.strip()] = value

@@ -15,6 +15,14 @@ GRUB_DROPIN_PATH = "/etc/default/grub.d/gpuhost.cfg"
 INITRAMFS_MODULES_PATH = "/etc/initramfs-tools/modules"
 INITRAMFS_SCRIPT_PATH = "/etc/initramfs-tools/scripts/init-top/gpuhost-vfio"
 APT_PIN_PATH = "/etc/apt/preferences.d/gpuhost-no-nvidia-driver"
+# The trial boot: the new command line as a GRUB entry of its own, booted once with grub-reboot.
+# The trial settings live outside /etc/default/grub.d/ so that the normal entries never see them;
+# the /etc/grub.d/ script runs after 10_linux (the trial entry is never entry 0, the default).
+TRIAL_SETTINGS_PATH = "/etc/default/gpuhost-trial.cfg"
+TRIAL_GRUB_SCRIPT_PATH = "/etc/grub.d/42_gpuhost_trial"
+TRIAL_ENTRY_ID = "gpuhost-trial"
+TRIAL_MARKER = "gpuhost.trial=1"  # on the trial entry's command line only: /proc/cmdline tells which entry booted
+BACKUP_DIR = "/var/lib/gpuhost/backup"  # what apply overwrites or deletes, kept for `gpuhost rollback`
 BIND_BY_IDS = "ids"
 BIND_BY_ADDRESS = "address"
 
@@ -73,6 +81,25 @@ class DriverRemoval:
 
 
 @dataclass(frozen=True)
+class TrialBoot:
+    """How the new command line is tried before it becomes GRUB's default."""
+
+    enabled: bool  # trial boot, then commit (False: --no-trial / gpuhost_trial_boot: false)
+    panic_seconds: int  # panic=N on the trial entry
+    settings: str  # content of TRIAL_SETTINGS_PATH: the drop-in plus panic=N and TRIAL_MARKER
+    grub_script: str  # content of TRIAL_GRUB_SCRIPT_PATH (the same on every host)
+    boot_filesystem: str  # where /boot/grub lives, e.g. "/dev/vda1 (ext4)", for the messages
+
+
+@dataclass(frozen=True)
+class ModprobeConflict:
+    """An `options vfio-pci ids=` line in modprobe.d that would compete with vfio-pci.ids= on the command line."""
+
+    path: str
+    line_number: int
+
+
+@dataclass(frozen=True)
 class HostPlan:
     host: str
     gpus: tuple[str, ...]  # addresses of the GPUs passed through
@@ -91,6 +118,9 @@ class HostPlan:
     initramfs_script: str | None  # content of INITRAMFS_SCRIPT_PATH (None: the file must not exist)
     hugepages: HugePagePlan
     driver_removal: DriverRemoval
+    trial: TrialBoot
+    modprobe_conflicts: tuple[ModprobeConflict, ...]  # commented out by apply (the file backed up first)
+    backup_files: tuple[str, ...]  # files apply overwrites or deletes, copied to BACKUP_DIR first (once)
     reboot_needed: bool
     reboot_reasons: tuple[str, ...]
     verify_command: str  # shell: exit 0 when the host booted into the planned state (reboot test_command)
@@ -117,7 +147,12 @@ class HostPlan:
             "initramfs_modules": INITRAMFS_MODULES_PATH,
             "initramfs_script": INITRAMFS_SCRIPT_PATH,
             "apt_pin": APT_PIN_PATH,
+            "trial_settings": TRIAL_SETTINGS_PATH,
+            "trial_grub_script": TRIAL_GRUB_SCRIPT_PATH,
+            "backup_dir": BACKUP_DIR,
         }
+        data["trial"]["entry_id"] = TRIAL_ENTRY_ID
+        data["trial"]["marker"] = TRIAL_MARKER
         plain: dict[str, Any] = _plain(data)
         return plain
 

@@ -18,15 +18,21 @@ from gpuhost.facts.model import (
     HostFacts,
     KernelCommandLine,
 )
+from gpuhost.facts.parsers import parse_modprobe_options
 from gpuhost.plan import hugepages as hp
 from gpuhost.plan.model import (
     BIND_BY_ADDRESS,
     BIND_BY_IDS,
+    TRIAL_ENTRY_ID,
+    TRIAL_MARKER,
+    TRIAL_SETTINGS_PATH,
     BoundFunction,
     DriverRemoval,
     HostPlan,
     HugePagePlan,
+    ModprobeConflict,
     Refusal,
+    TrialBoot,
 )
 from gpuhost.plan.settings import BIND_AUTO, PlanSettings
 from gpuhost.selection import GpuSelection, functions_to_bind, select_gpus
@@ -39,6 +45,13 @@ NVIDIA_MODULES = ("nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nouve
 OWNED_KEYS = ("vfio-pci.ids", "iommu", "hugepages", "hugepagesz", "default_hugepagesz")
 _SUPPORTED_OS = re.compile(r"\b(debian|ubuntu)\b", re.IGNORECASE)
 _Refuse = Callable[[str, str, str, str], None]  # plan_host's `refuse(code, subject, message, fix)`
+# Where GRUB cannot write its environment block (grubenv): save_env fails there, so the one-shot
+# next_entry that grub-reboot sets is never cleared and every boot would be a trial boot.
+_GRUBENV_FILESYSTEMS = {"btrfs": "btrfs", "zfs": "ZFS"}
+_GRUBENV_DEVICES = (
+    (re.compile(r"^/dev/md"), "md RAID"),
+    (re.compile(r"^/dev/(mapper/|dm-)"), "LVM or another device-mapper volume"),
+)
 
 
 def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
@@ -102,7 +115,43 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         _render("initramfs/gpuhost-vfio.j2", addresses=override) if override or facts.vfio_pci == VFIO_MODULE else None
     )
     removal = _driver_removal(facts, settings, selection)
+    conflicts = _modprobe_conflicts(facts) if vfio_ids else ()
     reasons = _reboot_reasons(facts, desired, tuple(options), owned_keys, owned_tokens, functions, removal)
+    if conflicts:
+        reasons += (
+            "modprobe.d sets its own vfio-pci ids ("
+            + ", ".join(f"{c.path}:{c.line_number}" for c in conflicts)
+            + "): commented out, the kernel command line's vfio-pci.ids= is the one setting",
+        )
+    boot_filesystem, grubenv_problem = _grubenv(facts)
+    trial = TrialBoot(
+        enabled=settings.trial_boot,
+        panic_seconds=settings.trial_panic_seconds,
+        settings=_render(
+            "grub/gpuhost-trial.cfg.j2",
+            dropin=dropin,
+            panic=settings.trial_panic_seconds,
+            marker=TRIAL_MARKER,
+            entry=TRIAL_ENTRY_ID,
+        ),
+        grub_script=_render("grub/42_gpuhost_trial.j2", settings_path=TRIAL_SETTINGS_PATH, entry=TRIAL_ENTRY_ID),
+        boot_filesystem=boot_filesystem,
+    )
+    if settings.trial_boot and reasons and grubenv_problem:
+        refuse(
+            "trial.grubenv_unwritable",
+            "/boot/grub/grubenv",
+            f"/boot/grub is on {boot_filesystem}, {grubenv_problem}: GRUB cannot write its environment block there, "
+            "so a one-shot trial boot (grub-reboot) would never be cleared and every boot would be the trial.",
+            "Run gpuhost apply --no-trial (or set gpuhost_trial_boot: false for this host) to reboot straight into "
+            "the new command line, with the console or BMC at hand in case it does not boot.",
+        )
+    for code in settings.forced_past_refusals:
+        forced = [r for r in refusals if r.code == code]
+        for refusal in forced:
+            refusals.remove(refusal)
+            notes.append(f"TESTING ONLY: forced past the refusal {refusal.code}: {refusal.message}")
+    backups = tuple(dict.fromkeys(list(removal.files) + [c.path for c in conflicts]))
     if not refusals and facts.vfio_pci == VFIO_MODULE and not modules:
         notes.append("vfio-pci is a module but no vfio module list was planned")
     return HostPlan(
@@ -123,6 +172,9 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         initramfs_script=initramfs_script,
         hugepages=pages,
         driver_removal=removal,
+        trial=trial,
+        modprobe_conflicts=conflicts,
+        backup_files=backups,
         reboot_needed=bool(reasons),
         reboot_reasons=reasons,
         verify_command=_verify_command(tuple(options), functions, facts),
@@ -335,6 +387,35 @@ def _hugepages(facts: HostFacts, settings: PlanSettings, refuse: _Refuse) -> Hug
                     "Lower gpuhost_hugepages so that every node keeps its share of host memory.",
                 )
     return HugePagePlan(pages, settings.hugepages, rule, per_node, max(keeps, 0), mount if pages else None)
+
+
+def _grubenv(facts: HostFacts) -> tuple[str, str | None]:
+    """Where /boot/grub lives ("/dev/vda1 (ext4)"), and why GRUB cannot write grubenv there (None: it can)."""
+    if facts.mounts is None:
+        return "an unknown filesystem", "as /proc/mounts could not be read"
+    candidates = [m for m in facts.mounts if "/boot/grub/".startswith(m.target.rstrip("/") + "/")]
+    if not candidates:
+        return "an unknown filesystem", "as no mount holds it"
+    mount = max(candidates, key=lambda m: len(m.target))
+    where = f"{mount.source} ({mount.fstype}, mounted on {mount.target})"
+    if mount.fstype in _GRUBENV_FILESYSTEMS:
+        return where, f"a {_GRUBENV_FILESYSTEMS[mount.fstype]} filesystem"
+    for pattern, kind in _GRUBENV_DEVICES:
+        if pattern.match(mount.source):
+            return where, f"a device on {kind}"
+    return where, None
+
+
+def _modprobe_conflicts(facts: HostFacts) -> tuple[ModprobeConflict, ...]:
+    """`options vfio-pci ids=` lines in /etc/modprobe.d: a second, competing list of IDs."""
+    return tuple(
+        ModprobeConflict(d.path, d.line_number)
+        for d in facts.modprobe
+        if d.command == "options"
+        and d.module == "vfio_pci"
+        and "ids" in parse_modprobe_options(d.arguments)
+        and d.path.startswith("/etc/modprobe.d/")
+    )
 
 
 def _initramfs_modules(facts: HostFacts) -> tuple[str, ...]:

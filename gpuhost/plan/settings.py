@@ -6,6 +6,7 @@ against a strict pattern here: `4;reboot`, `$(id)`, quotes and newlines are refu
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,13 @@ _MOUNT_POINT = re.compile(r"^/[A-Za-z0-9_./-]{0,200}$")
 _REBOOT_TIMEOUT = re.compile(r"^\d{1,5}$")
 # The reboot command runs through the host's shell: words of safe characters only.
 _REBOOT_COMMAND = re.compile(r"^[A-Za-z0-9_./=-]+(?: [A-Za-z0-9_./=-]+){0,8}$")
+_PANIC_SECONDS = re.compile(r"^\d{1,3}$")
+_REFUSAL_CODE = re.compile(r"^[a-z_]+\.[a-z_]+$")
+# Tests only: refusal codes the planner turns into notes, so that a lab test can make a trial boot
+# fail for real (e.g. hugepages.too_many). Never set it on a real fleet: the refusals are what keep
+# a host bootable. An environment variable of the controller, not an inventory variable, so that no
+# inventory can carry it by accident.
+FORCE_PAST_REFUSALS_ENV = "GPUHOST_TESTING_ONLY_FORCE_PAST_REFUSALS"
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0", ""}
 
@@ -34,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
     "gpuhost_blacklist_snd_hda_intel": False,
     "gpuhost_bind_by": BIND_AUTO,
     "gpuhost_remove_nvidia_driver": True,
+    "gpuhost_trial_boot": True,
+    "gpuhost_trial_panic_seconds": 10,
 }
 
 
@@ -49,6 +59,9 @@ class PlanSettings:
     blacklist_snd_hda_intel: bool = False
     bind_by: str = BIND_AUTO  # auto, ids or address
     remove_nvidia_driver: bool = True
+    trial_boot: bool = True  # boot the new command line once (grub-reboot) before making it the default
+    trial_panic_seconds: int = 10  # panic=N on the trial entry: a panicking trial reboots onto the old default
+    forced_past_refusals: tuple[str, ...] = ()  # tests only (FORCE_PAST_REFUSALS_ENV)
 
     @classmethod
     def from_variables(cls, variables: Mapping[str, Any], where: str, gpus: object = None) -> PlanSettings:
@@ -73,6 +86,12 @@ class PlanSettings:
         bind_by = str(get("gpuhost_bind_by"))
         if bind_by not in (BIND_AUTO, "ids", "address"):
             raise InputError(f"{where}: gpuhost_bind_by {bind_by!r} must be auto, ids or address.")
+        panic = str(get("gpuhost_trial_panic_seconds")).strip()
+        if not _PANIC_SECONDS.match(panic) or not 1 <= int(panic) <= 300:
+            raise InputError(
+                f"{where}: gpuhost_trial_panic_seconds {get('gpuhost_trial_panic_seconds')!r} must be a whole number "
+                "of seconds from 1 to 300 (how long a panicking trial boot waits before it reboots)."
+            )
         _check_reboot_variables(variables, where)
         return cls(
             gpus=GpuSelector.parse(gpus if gpus is not None else variables.get("gpuhost_gpus"), where),
@@ -85,6 +104,9 @@ class PlanSettings:
             blacklist_snd_hda_intel=_flag(variables, "gpuhost_blacklist_snd_hda_intel", where),
             bind_by=bind_by,
             remove_nvidia_driver=_flag(variables, "gpuhost_remove_nvidia_driver", where),
+            trial_boot=_flag(variables, "gpuhost_trial_boot", where),
+            trial_panic_seconds=int(panic),
+            forced_past_refusals=forced_past_refusals(),
         )
 
 
@@ -104,6 +126,15 @@ def _check_reboot_variables(variables: Mapping[str, Any], where: str) -> None:
                 f"{where}: gpuhost_verify_reboot_command {command!r} must be a plain command of words of letters, "
                 "digits and '_./=-' (e.g. 'systemctl --no-block reboot'): it runs in the host's shell."
             )
+
+
+def forced_past_refusals() -> tuple[str, ...]:
+    """The refusal codes named in FORCE_PAST_REFUSALS_ENV (tests only), validated."""
+    codes = tuple(code.strip() for code in os.environ.get(FORCE_PAST_REFUSALS_ENV, "").split(",") if code.strip())
+    for code in codes:
+        if not _REFUSAL_CODE.match(code):
+            raise InputError(f"{FORCE_PAST_REFUSALS_ENV}: {code!r} is not a refusal code (e.g. hugepages.too_many).")
+    return codes
 
 
 def _flag(variables: Mapping[str, Any], name: str, where: str) -> bool:

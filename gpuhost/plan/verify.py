@@ -8,6 +8,7 @@ from typing import Any
 from gpuhost.checks import AuditPolicy, Severity, run_checks
 from gpuhost.checks.base import ROLE_HOST
 from gpuhost.facts.model import HostFacts
+from gpuhost.plan.model import GRUB_DROPIN_PATH, TRIAL_MARKER
 from gpuhost.plan.planner import NVIDIA_MODULES
 from gpuhost.plan.settings import PlanSettings
 
@@ -47,3 +48,36 @@ def verify_host(host: str, facts: HostFacts, settings: PlanSettings, plan: Mappi
         "audit_errors": errors,
         "cmdline": " ".join(running),
     }
+
+
+def verify_rollback(host: str, facts: HostFacts) -> dict[str, Any]:
+    """After `gpuhost rollback`'s reboot: is the host on the command line GRUB computes without gpuhost?
+
+    {ok, summary, cmdline, expected} as plain data. The expected line is the audit's own reading of
+    /etc/default/grub and its drop-ins (gpuhost's gone), which update-grub appends after root= and ro.
+    """
+    running = facts.cmdline.tokens if facts.cmdline else ()
+    expected = facts.grub.effective.tokens if facts.grub.effective is not None else None
+    problems = []
+    if GRUB_DROPIN_PATH in facts.grub.dropins:
+        problems.append(f"{GRUB_DROPIN_PATH} is still there")
+    if TRIAL_MARKER in running:
+        problems.append("the host runs gpuhost's trial entry")
+    if expected is None:
+        problems.append("the GRUB command line could not be read")
+    elif tuple(running[len(running) - len(expected) :]) != expected:
+        problems.append(f"/proc/cmdline does not end with the GRUB line {' '.join(expected)!r}")
+    else:
+        leftovers = [t for t in running[: len(running) - len(expected)] if t.split("=", 1)[0] not in _BOOT_KEYS]
+        if leftovers:
+            problems.append(f"/proc/cmdline has options beyond the GRUB line: {' '.join(leftovers)}")
+    return {
+        "ok": not problems,
+        "summary": f"{host}: the old command line is back" if not problems else f"{host}: " + "; ".join(problems),
+        "cmdline": " ".join(running),
+        "expected": " ".join(expected or ()),
+    }
+
+
+# What update-grub's entry puts before GRUB_CMDLINE_LINUX: the kernel image, root= and ro.
+_BOOT_KEYS = ("BOOT_IMAGE", "root", "ro", "rootflags")

@@ -1,0 +1,59 @@
+"""`gpuhost rollback` as data: the role's paths are the planner's, and the check of the old command line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from gpuhost.cli.rollback import REMOVED_FILES
+from gpuhost.facts.build import build_facts
+from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.plan import PlanSettings, plan_host
+from gpuhost.plan.model import BACKUP_DIR, INITRAMFS_MODULES_PATH
+from gpuhost.plan.verify import verify_rollback
+from tests.helpers import SNAPSHOTS
+
+ROLE_DEFAULTS = Path(__file__).resolve().parents[1] / "playbooks/roles/gpuhost_rollback/defaults/main.yml"
+
+
+def test_the_rollback_role_removes_what_the_planner_writes() -> None:
+    defaults = yaml.safe_load(ROLE_DEFAULTS.read_text())
+    assert tuple(defaults["gpuhost_rollback_removed_files"]) == REMOVED_FILES
+    assert defaults["gpuhost_rollback_initramfs_modules"] == INITRAMFS_MODULES_PATH
+    assert defaults["gpuhost_rollback_backup_dir"] == BACKUP_DIR
+    paths = plan_host(
+        "lab-1",
+        build_facts(SnapshotTree(SNAPSHOTS / "lab-gpu-pair-fresh")),
+        PlanSettings.from_variables({"gpuhost_gpus": ["1234:1111"]}, "lab-1"),
+    ).to_json()["paths"]
+    written = {paths[k] for k in ("grub_dropin", "trial_settings", "trial_grub_script", "initramfs_script", "apt_pin")}
+    assert written == set(REMOVED_FILES)
+
+
+def _lab(tmp_path: Path, cmdline: str | None = None, dropin: bool = False) -> SnapshotTree:
+    root = tmp_path / "snapshot"
+    shutil.copytree(SNAPSHOTS / "lab-gpu-pair-fresh", root)
+    if cmdline is not None:
+        (root / "proc/cmdline").write_text(cmdline + "\n")
+    if dropin:
+        (root / "etc/default/grub.d").mkdir(parents=True, exist_ok=True)
+        (root / "etc/default/grub.d/gpuhost.cfg").write_text("# Managed by gpuhost\n")
+    return SnapshotTree(root)
+
+
+def test_a_host_on_its_grub_line_is_rolled_back(tmp_path: Path) -> None:
+    result = verify_rollback("lab-1", build_facts(_lab(tmp_path)))
+    assert result["ok"], result
+    assert result["expected"] == "console=tty0 console=ttyS0,115200n8"
+
+
+def test_gpuhost_options_or_the_trial_entry_left_on_the_command_line_are_not_rolled_back(tmp_path: Path) -> None:
+    fresh = (SNAPSHOTS / "lab-gpu-pair-fresh/proc/cmdline").read_text().strip()
+    still = verify_rollback("lab-1", build_facts(_lab(tmp_path / "a", fresh + " vfio-pci.ids=1234:1111 iommu=pt")))
+    assert not still["ok"] and "does not end with the GRUB line" in still["summary"]
+    trial = verify_rollback("lab-1", build_facts(_lab(tmp_path / "b", fresh + " panic=10 gpuhost.trial=1")))
+    assert not trial["ok"] and "trial entry" in trial["summary"]
+    dropin = verify_rollback("lab-1", build_facts(_lab(tmp_path / "c", dropin=True)))
+    assert not dropin["ok"] and "/etc/default/grub.d/gpuhost.cfg is still there" in dropin["summary"]
