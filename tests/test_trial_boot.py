@@ -20,7 +20,7 @@ from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.model import TRIAL_MARKER
-from gpuhost.plan.settings import FORCE_PAST_REFUSALS_ENV
+from gpuhost.plan.settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTING_OPTIONS_ENV
 from tests.helpers import FIXTURES, SNAPSHOTS
 
 LAB_VARS = {"gpuhost_gpus": ["1234:1111"], "gpuhost_hugepages": 1}
@@ -98,6 +98,25 @@ def test_forcing_past_a_refusal_needs_the_testing_only_environment_variable(
     monkeypatch.setenv(FORCE_PAST_REFUSALS_ENV, "hugepages.too_many;reboot")
     with pytest.raises(InputError, match=FORCE_PAST_REFUSALS_ENV):
         plan_of(root)
+
+
+def test_testing_only_trial_options_go_on_the_trial_entry_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = lab_copy(tmp_path)
+    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, "rdinit=/gpuhost-fault-injection")
+    result = plan_of(root)
+    grub = tmp_path / "grub"
+    grub.write_text(LAB_GRUB)
+    (tmp_path / "trial.cfg").write_text(result.trial.settings)
+    (tmp_path / "dropin.cfg").write_text(result.grub_dropin)
+    assert source(str(grub), str(tmp_path / "trial.cfg")).split()[-1] == "rdinit=/gpuhost-fault-injection"
+    assert "rdinit" not in source(str(grub), str(tmp_path / "dropin.cfg")) and "rdinit" not in result.kernel_options
+    assert any(note.startswith("TESTING ONLY: the trial entry also carries rdinit=") for note in result.notes)
+    for hostile in ("rdinit=/x;reboot", "init=$(id)", "rdinit=/../x", "quiet"):
+        monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, hostile)
+        with pytest.raises(InputError, match=TRIAL_TESTING_OPTIONS_ENV):
+            plan_of(root)
 
 
 @pytest.mark.parametrize(
@@ -181,6 +200,21 @@ def test_grub_file_that_is_not_valid_shell_is_refused_through_the_gather_block(t
     result = plan_of(root)
     assert [r.code for r in result.refusals] == ["grub.syntax"]
     assert re.search(r"not valid shell", result.refusals[0].message)
+
+
+def test_a_changed_host_key_is_said_in_one_sentence_with_the_fix() -> None:
+    # Ansible's message for the lab host whose known_hosts entry the fault suite replaced (real text).
+    from gpuhost.cli.apply import _outcome
+
+    message = (FIXTURES / "ansible/unreachable-host-key-changed.txt").read_text()
+    outcome, said = _outcome(
+        "runner_on_unreachable", "Compute the desired state with gpuhost's planner", {"msg": message}
+    )
+    assert outcome == "unreachable"
+    assert said.startswith("its SSH host key is not the one in known_hosts, so ssh refused to connect (the host sent ")
+    assert "SHA256:0U1zKobcqmbliZmHrCvmeAyQd4cmDerHW3bfzV9P4QI" in said and "a-1/known_hosts:1" in said
+    assert 'ssh-keygen -f "/tmp/pytest-of-root/pytest-72/faults-lab0/a-1/known_hosts" -R "[127.0.0.1]:39165"' in said
+    assert "@@@" not in said and "\n" not in said
 
 
 @pytest.mark.parametrize(

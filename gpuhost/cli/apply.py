@@ -137,6 +137,8 @@ def run_playbook(
     started = time.monotonic()
     current_task = {"name": ""}
     stopped: dict[str, tuple[str, str]] = {}  # host -> (outcome, message) of the failure that stopped it
+    reached: set[str] = set()  # hosts whose batch began (the configure play ran a task on them)
+    rebooted: set[str] = set()  # hosts a reboot task brought back (the report play may not run)
 
     def on_event(event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
@@ -149,6 +151,10 @@ def run_playbook(
             return True
         task = data.get("task") or current_task["name"]
         result = data.get("res", {}) or {}
+        if str(data.get("play", "")).startswith(CONFIGURE_PLAY_PREFIX):
+            reached.add(str(host))
+        if kind == "runner_on_ok" and str(task).startswith("Reboot") and result.get("rebooted"):
+            rebooted.add(str(host))
         if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             stopped.setdefault(str(host), _outcome(kind, str(task), result))
         if verbose:
@@ -202,18 +208,32 @@ def run_playbook(
         failed = {**stats.get("failures", {}), **stats.get("dark", {})}
         seen = set(stats.get("ok", {})) | set(failed)
         data["hosts"] = {
-            host: {"status": "failed" if host in failed else "not-reported"} for host in sorted(seen - {"localhost"})
+            host: {"status": "failed"}
+            if host in failed
+            else {"status": "not-reported"}
+            if host in reached
+            else {
+                "status": "not reached",
+                "message": "the rollout stopped before this host's batch: nothing was changed",
+            }
+            for host in sorted(seen - {"localhost"})
         }
     for host, (outcome, message) in stopped.items():
         entry = data["hosts"].setdefault(host, {})
         if entry.get("status") != "refused":
             entry.update(status=outcome, message=message)
+    for host in rebooted:
+        data["hosts"].setdefault(host, {})["rebooted"] = True
     data["ansible_stats"] = stats
     data["ansible_rc"] = runner.rc
     data["ansible_status"] = runner.status
     data["seconds"] = round(time.monotonic() - started, 1)
     report.write_text(json.dumps(data, indent=2) + "\n")
     return data
+
+
+# The name of site.yml's second play begins so: its tasks on a host mean that host's batch began.
+CONFIGURE_PLAY_PREFIX = "Configure for passthrough"
 
 
 def _outcome(kind: str, task: str, result: dict[str, Any]) -> tuple[str, str]:
@@ -223,12 +243,30 @@ def _outcome(kind: str, task: str, result: dict[str, Any]) -> tuple[str, str]:
     if message.startswith("trial reverted"):
         return "trial reverted", message
     if kind == "runner_on_unreachable":
-        return "unreachable", message
+        return "unreachable", _host_key_message(message) or message
     if "planner" in task and "refuses to configure" in message:
         return "refused", message
     if task.startswith("Reboot") and ("Timed out" in message or "timed out" in message):
         return "unreachable", f"did not come back from the reboot within the timeout: {message}"
     return "failed", f"{task}: {message}"
+
+
+def _host_key_message(message: str) -> str | None:
+    """ssh's 30-line warning about a changed host key, said in one sentence with the fix (None: not that)."""
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" not in message and "Host key verification failed" not in message:
+        return None
+    sent = re.search(r"(SHA256:[A-Za-z0-9+/=]+)", message)
+    offending = re.search(r"Offending \S+ key in (\S+:\d+)", message)
+    remove = re.search(r"(ssh-keygen -f .+ -R .+?)\s*$", message, re.MULTILINE)
+    facts = [f"the host sent {sent.group(1)}"] if sent else []
+    facts += [f"known_hosts has another key at {offending.group(1)}"] if offending else []
+    return (
+        "its SSH host key is not the one in known_hosts, so ssh refused to connect"
+        + (f" ({'; '.join(facts)})" if facts else "")
+        + ". If the host was reinstalled, check its new key out of band and replace the entry ("
+        + (remove.group(1) if remove else "ssh-keygen -R HOST")
+        + "); if it was not, someone may be intercepting the connection."
+    )
 
 
 def ansible_environment() -> dict[str, str]:
@@ -294,7 +332,7 @@ def print_report(report: dict[str, Any], console: Any) -> int:
             name,
             entry.get("status", "?"),
             "yes" if entry.get("rebooted") else "no",
-            str(entry.get("hugepages")),
+            "-" if entry.get("hugepages") is None else str(entry["hugepages"]),
             detail,
         )
     console.print(table)

@@ -81,8 +81,12 @@ def _run_rollback(args: argparse.Namespace, console: Any) -> dict[str, str]:
         result = data.get("res", {}) or {}
         if host and kind in ("runner_on_failed", "runner_on_unreachable"):
             failures.setdefault(str(host), f"{data.get('task')}: {result.get('msg') or result.get('stderr') or ''}")
-        if host and not args.verbose and (result.get("changed") or kind != "runner_on_ok"):
-            status = "changed" if kind == "runner_on_ok" else kind.removeprefix("runner_on_")
+        status = {
+            "runner_on_ok": "[yellow]changed[/]" if result.get("changed") else None,
+            "runner_on_failed": "[red]failed[/]",
+            "runner_on_unreachable": "[red]unreachable[/]",
+        }.get(kind)
+        if host and status and not args.verbose:
             console.print(f"[bold]{host}[/]  {status}  {data.get('task')}")
         return True
 

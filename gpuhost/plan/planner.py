@@ -133,6 +133,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
             panic=settings.trial_panic_seconds,
             marker=TRIAL_MARKER,
             entry=TRIAL_ENTRY_ID,
+            testing_options=settings.trial_testing_options,
         ),
         grub_script=_render("grub/42_gpuhost_trial.j2", settings_path=TRIAL_SETTINGS_PATH, entry=TRIAL_ENTRY_ID),
         boot_filesystem=boot_filesystem,
@@ -146,6 +147,8 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
             "Run gpuhost apply --no-trial (or set gpuhost_trial_boot: false for this host) to reboot straight into "
             "the new command line, with the console or BMC at hand in case it does not boot.",
         )
+    if settings.trial_testing_options:
+        notes.append("TESTING ONLY: the trial entry also carries " + " ".join(settings.trial_testing_options))
     for code in settings.forced_past_refusals:
         forced = [r for r in refusals if r.code == code]
         for refusal in forced:

@@ -29,6 +29,11 @@ _REFUSAL_CODE = re.compile(r"^[a-z_]+\.[a-z_]+$")
 # a host bootable. An environment variable of the controller, not an inventory variable, so that no
 # inventory can carry it by accident.
 FORCE_PAST_REFUSALS_ENV = "GPUHOST_TESTING_ONLY_FORCE_PAST_REFUSALS"
+# Tests only, likewise: kernel options added to the trial entry alone, so that a lab test can make
+# the trial kernel panic for real (rdinit= naming no file: the kernel cannot mount the root) and
+# watch the host come back on its old command line by itself.
+TRIAL_TESTING_OPTIONS_ENV = "GPUHOST_TESTING_ONLY_TRIAL_OPTIONS"
+_KERNEL_OPTION = re.compile(r"^[a-z][a-z0-9_.-]{0,40}=[A-Za-z0-9_./:-]{1,100}$")
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0", ""}
 
@@ -62,6 +67,7 @@ class PlanSettings:
     trial_boot: bool = True  # boot the new command line once (grub-reboot) before making it the default
     trial_panic_seconds: int = 10  # panic=N on the trial entry: a panicking trial reboots onto the old default
     forced_past_refusals: tuple[str, ...] = ()  # tests only (FORCE_PAST_REFUSALS_ENV)
+    trial_testing_options: tuple[str, ...] = ()  # tests only (TRIAL_TESTING_OPTIONS_ENV)
 
     @classmethod
     def from_variables(cls, variables: Mapping[str, Any], where: str, gpus: object = None) -> PlanSettings:
@@ -107,6 +113,7 @@ class PlanSettings:
             trial_boot=_flag(variables, "gpuhost_trial_boot", where),
             trial_panic_seconds=int(panic),
             forced_past_refusals=forced_past_refusals(),
+            trial_testing_options=trial_testing_options(),
         )
 
 
@@ -135,6 +142,17 @@ def forced_past_refusals() -> tuple[str, ...]:
         if not _REFUSAL_CODE.match(code):
             raise InputError(f"{FORCE_PAST_REFUSALS_ENV}: {code!r} is not a refusal code (e.g. hugepages.too_many).")
     return codes
+
+
+def trial_testing_options() -> tuple[str, ...]:
+    """The kernel options named in TRIAL_TESTING_OPTIONS_ENV (tests only), validated."""
+    options = tuple(os.environ.get(TRIAL_TESTING_OPTIONS_ENV, "").split())
+    for option in options:
+        if not _KERNEL_OPTION.match(option) or ".." in option:
+            raise InputError(
+                f"{TRIAL_TESTING_OPTIONS_ENV}: {option!r} is not a plain kernel option (e.g. rdinit=/none)."
+            )
+    return options
 
 
 def _flag(variables: Mapping[str, Any], name: str, where: str) -> bool:

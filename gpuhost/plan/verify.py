@@ -37,13 +37,14 @@ def verify_host(host: str, facts: HostFacts, settings: PlanSettings, plan: Mappi
     check("hugepages 1G", allocated == wanted, f"{allocated} allocated, plan {wanted}")
     policy = AuditPolicy(gpus=settings.gpus, role=ROLE_HOST, allow_shared_group=settings.allow_shared_group)
     _, _, findings = run_checks(host, facts, policy)
-    errors = [f"{f.code}: {f.message}" for f in findings if f.severity == Severity.ERROR]
-    check("audit", not errors, "no errors" if not errors else f"{len(errors)} error(s)")
-    failed = [c["name"] for c in checks if not c["ok"]]
+    error_findings = [f for f in findings if f.severity == Severity.ERROR]
+    errors = [f"{f.code}: {f.message}" for f in error_findings]
+    check("audit", not errors, "no errors" if not errors else ", ".join(f.code for f in error_findings))
+    failed = [f"{c['name']} ({c['detail']})" for c in checks if not c["ok"]]
     return {
         "ok": not failed,
         "status": "ready" if not failed else "not-ready",
-        "summary": f"{host}: ready for passthrough" if not failed else f"{host}: not as planned: {', '.join(failed)}",
+        "summary": f"{host}: ready for passthrough" if not failed else f"{host}: not as planned: {'; '.join(failed)}",
         "checks": checks,
         "audit_errors": errors,
         "cmdline": " ".join(running),
