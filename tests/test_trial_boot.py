@@ -139,7 +139,12 @@ def test_new_inventory_values_that_reach_a_host_are_validated(name: str, value: 
 
 
 def _gather_grub_block(etc: Path, out: Path) -> None:
-    """Run the gather script's own GRUB block with /etc/default moved under `etc`."""
+    """Run the gather script's own GRUB block with /etc/default moved under `etc`, in place of the
+    snapshot's own GRUB results."""
+    for name in ("grub-effective.txt", "grub-syntax.txt"):
+        (out / "commands" / name).unlink(missing_ok=True)
+    status = out / "commands/status.txt"
+    status.write_text("".join(line for line in status.read_text().splitlines(True) if "grub-effective" not in line))
     text = GATHER.read_text()
     block = text[text.index("if [ -r /etc/default/grub ]; then") : text.index("printf '%s\\n' \"$(id -u)\"")]
     block = block.replace("/etc/default/", f"{etc}/")
@@ -169,10 +174,6 @@ def test_unusual_but_valid_grub_files_give_one_correct_command_line(tmp_path: Pa
     (etc / "grub.d/50-cloudimg-settings.cfg").write_text(
         'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT net.ifnames=0"\n'
     )
-    for name in ("grub-effective.txt", "grub-syntax.txt"):
-        (root / "commands" / name).unlink(missing_ok=True)
-    status = root / "commands/status.txt"
-    status.write_text("".join(line for line in status.read_text().splitlines(True) if "grub-effective" not in line))
     _gather_grub_block(etc, root)
     result = plan_of(root)
     assert result.applicable, result.refusals
@@ -192,10 +193,6 @@ def test_grub_file_that_is_not_valid_shell_is_refused_through_the_gather_block(t
     etc = tmp_path / "etc-default"
     (etc / "grub.d").mkdir(parents=True)
     (etc / "grub").write_text(LAB_GRUB.replace('GRUB_DISTRIBUTOR="Debian"', 'GRUB_DISTRIBUTOR="Debian'))
-    for name in ("grub-effective.txt", "grub-syntax.txt"):
-        (root / "commands" / name).unlink(missing_ok=True)
-    status = root / "commands/status.txt"
-    status.write_text("".join(line for line in status.read_text().splitlines(True) if "grub-effective" not in line))
     _gather_grub_block(etc, root)
     result = plan_of(root)
     assert [r.code for r in result.refusals] == ["grub.syntax"]

@@ -139,6 +139,7 @@ def run_playbook(
     stopped: dict[str, tuple[str, str]] = {}  # host -> (outcome, message) of the failure that stopped it
     reached: set[str] = set()  # hosts whose batch began (the configure play ran a task on them)
     rebooted: set[str] = set()  # hosts a reboot task brought back (the report play may not run)
+    in_run: set[str] = set()  # hosts of this run (the report play lists every inventory host)
 
     def on_event(event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
@@ -151,6 +152,7 @@ def run_playbook(
             return True
         task = data.get("task") or current_task["name"]
         result = data.get("res", {}) or {}
+        in_run.add(str(host))
         if str(data.get("play", "")).startswith(CONFIGURE_PLAY_PREFIX):
             reached.add(str(host))
         if kind == "runner_on_ok" and str(task).startswith("Reboot") and result.get("rebooted"):
@@ -218,6 +220,9 @@ def run_playbook(
             }
             for host in sorted(seen - {"localhost"})
         }
+    # Hosts that --limit left out: not part of this run, so not part of its report.
+    if in_run:
+        data["hosts"] = {host: entry for host, entry in data["hosts"].items() if host in in_run}
     for host, (outcome, message) in stopped.items():
         entry = data["hosts"].setdefault(host, {})
         if entry.get("status") != "refused":
