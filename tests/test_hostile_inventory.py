@@ -34,6 +34,8 @@ VARIABLES = {
     "gpuhost_trial_panic_seconds": list(HOSTILE),
     "gpuhost_verify_reboot_timeout": list(HOSTILE),
     "gpuhost_verify_reboot_command": [f"systemctl reboot {value}" for value in HOSTILE],
+    "gpuhost_rollback_reboot_timeout": list(HOSTILE),
+    "gpuhost_rollback_reboot_command": [f"systemctl reboot {value}" for value in HOSTILE],
     "ansible_host": list(HOSTILE),
     "ansible_port": list(HOSTILE),
     "ansible_user": list(HOSTILE),

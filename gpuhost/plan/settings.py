@@ -118,21 +118,23 @@ class PlanSettings:
 
 
 def _check_reboot_variables(variables: Mapping[str, Any], where: str) -> None:
-    """The gpuhost_verify role's variables reach the host too (its reboot command and timeout)."""
-    if "gpuhost_verify_reboot_timeout" in variables:
-        timeout = str(variables["gpuhost_verify_reboot_timeout"]).strip()
-        if not _REBOOT_TIMEOUT.match(timeout) or not 30 <= int(timeout) <= 86400:
-            raise InputError(
-                f"{where}: gpuhost_verify_reboot_timeout {variables['gpuhost_verify_reboot_timeout']!r} must be a "
-                "whole number of seconds from 30 to 86400."
-            )
-    if "gpuhost_verify_reboot_command" in variables:
-        command = str(variables["gpuhost_verify_reboot_command"])
-        if not _REBOOT_COMMAND.match(command) or ".." in command:
-            raise InputError(
-                f"{where}: gpuhost_verify_reboot_command {command!r} must be a plain command of words of letters, "
-                "digits and '_./=-' (e.g. 'systemctl --no-block reboot'): it runs in the host's shell."
-            )
+    """The gpuhost_verify and gpuhost_rollback roles' variables reach the host too (reboot command, timeout)."""
+    for role in ("gpuhost_verify", "gpuhost_rollback"):
+        name = f"{role}_reboot_timeout"
+        if name in variables:
+            timeout = str(variables[name]).strip()
+            if not _REBOOT_TIMEOUT.match(timeout) or not 30 <= int(timeout) <= 86400:
+                raise InputError(
+                    f"{where}: {name} {variables[name]!r} must be a whole number of seconds from 30 to 86400."
+                )
+        name = f"{role}_reboot_command"
+        if name in variables:
+            command = str(variables[name])
+            if not _REBOOT_COMMAND.match(command) or ".." in command:
+                raise InputError(
+                    f"{where}: {name} {command!r} must be a plain command of words of letters, digits and "
+                    "'_./=-' (e.g. 'systemctl --no-block reboot'): it runs in the host's shell."
+                )
 
 
 def forced_past_refusals() -> tuple[str, ...]:
