@@ -73,6 +73,15 @@ def test_ext4_boot_allows_the_trial_and_btrfs_boot_is_refused_unless_no_trial(tm
     assert "--no-trial" in refused.refusals[0].fix
     without = plan_of(root, gpuhost_trial_boot=False)
     assert without.applicable and without.trial.enabled is False
+    # gpuhost plan says how the host will boot.
+    from gpuhost.cli.plan import describe_plan
+
+    assert any("boot: straight into the new command line" in line for line in describe_plan(without))
+    (root / "proc/mounts").write_text((SNAPSHOTS / "lab-gpu-pair-fresh/proc/mounts").read_text())
+    assert any(
+        line.startswith("  boot: trial first, the one-shot GRUB entry 'gpuhost-trial' with panic=10")
+        for line in describe_plan(plan_of(root))
+    )
 
 
 def test_modprobe_vfio_ids_conflict_is_planned_out_and_backed_up(tmp_path: Path) -> None:

@@ -13,7 +13,13 @@ from gpuhost.cli.common import add_target_options, resolve_targets
 from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError, InputError
 from gpuhost.plan import HostPlan, PlanSettings, plan_host
-from gpuhost.plan.model import GRUB_DROPIN_PATH, INITRAMFS_MODULES_PATH, INITRAMFS_SCRIPT_PATH
+from gpuhost.plan.model import (
+    BACKUP_DIR,
+    GRUB_DROPIN_PATH,
+    INITRAMFS_MODULES_PATH,
+    INITRAMFS_SCRIPT_PATH,
+    TRIAL_ENTRY_ID,
+)
 
 # A playbooks/ directory to run instead of the checkout's or the installed one.
 PLAYBOOKS_ENV = "GPUHOST_PLAYBOOKS"
@@ -128,7 +134,18 @@ def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:
         lines.append(f"  {INITRAMFS_SCRIPT_PATH}: {early}vfio-pci loaded before udev")
     lines.append(f"  huge pages: {plan.hugepages.pages} x 1 GiB ({plan.hugepages.rule})")
     lines.append(f"  host driver: {plan.driver_removal.note}")
+    if plan.backup_files:
+        lines.append(
+            f"  backed up to {BACKUP_DIR} first (gpuhost rollback restores them): {' '.join(plan.backup_files)}"
+        )
     lines.extend(f"  reboot: {reason}" for reason in plan.reboot_reasons)
+    if plan.reboot_needed and plan.trial.enabled:
+        lines.append(
+            f"  boot: trial first, the one-shot GRUB entry '{TRIAL_ENTRY_ID}' with panic={plan.trial.panic_seconds}; "
+            f"the default only once it verified (/boot/grub: {plan.trial.boot_filesystem})"
+        )
+    elif plan.reboot_needed:
+        lines.append("  boot: straight into the new command line (no trial: --no-trial or gpuhost_trial_boot: false)")
     lines.extend(f"  note: {note}" for note in plan.notes)
     if show_files:
         lines.append(f"  --- {GRUB_DROPIN_PATH}")
