@@ -13,7 +13,6 @@ from gpuhost.facts.snapshot import SnapshotTree
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SNAPSHOTS = FIXTURES / "snapshots"
-SHARED_H100 = Path(__file__).resolve().parents[1].parent / "shared/fixtures/h100-passthrough-guest"
 
 
 def snapshot_facts(name: str) -> HostFacts:
