@@ -210,10 +210,10 @@ def test_grub_file_that_is_not_valid_shell_is_refused_through_the_gather_block(t
 
 def test_a_changed_host_key_is_said_in_one_sentence_with_the_fix() -> None:
     # Ansible's message for the lab host whose known_hosts entry the fault suite replaced (real text).
-    from gpuhost.cli.apply import _outcome
+    from gpuhost.cli.apply import stop_outcome
 
     message = (FIXTURES / "ansible/unreachable-host-key-changed.txt").read_text()
-    outcome, said = _outcome(
+    outcome, said = stop_outcome(
         "runner_on_unreachable", "Compute the desired state with gpuhost's planner", {"msg": message}
     )
     assert outcome == "unreachable"
@@ -254,6 +254,6 @@ def test_a_changed_host_key_is_said_in_one_sentence_with_the_fix() -> None:
     ],
 )
 def test_what_stopped_a_host_is_named_in_the_report(kind: str, task: str, message: str, outcome: str) -> None:
-    from gpuhost.cli.apply import _outcome
+    from gpuhost.cli.apply import stop_outcome
 
-    assert _outcome(kind, task, {"msg": message})[0] == outcome
+    assert stop_outcome(kind, task, {"msg": message})[0] == outcome

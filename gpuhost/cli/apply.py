@@ -158,7 +158,7 @@ def run_playbook(
         if kind == "runner_on_ok" and str(task).startswith("Reboot") and result.get("rebooted"):
             rebooted.add(str(host))
         if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
-            stopped.setdefault(str(host), _outcome(kind, str(task), result))
+            stopped.setdefault(str(host), stop_outcome(kind, str(task), result))
         if verbose:
             return True
         status = {
@@ -241,9 +241,9 @@ def run_playbook(
 CONFIGURE_PLAY_PREFIX = "Configure for passthrough"
 
 
-def _outcome(kind: str, task: str, result: dict[str, Any]) -> tuple[str, str]:
-    """What stopped a host, for the report: trial reverted, unreachable (also a reboot it never came
-    back from, or a host key that changed) or failed, with Ansible's message."""
+def stop_outcome(kind: str, task: str, result: dict[str, Any]) -> tuple[str, str]:
+    """What stopped a host, for apply's and rollback's reports: trial reverted, unreachable (also a
+    reboot it never came back from, or a host key that changed) or failed, with Ansible's message."""
     message = str(result.get("msg") or result.get("stderr") or "").strip()
     if message.startswith("trial reverted"):
         return "trial reverted", message

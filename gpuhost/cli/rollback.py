@@ -14,7 +14,7 @@ import tempfile
 import time
 from typing import Any
 
-from gpuhost.cli.apply import ansible_environment, validate_inventory
+from gpuhost.cli.apply import ansible_environment, stop_outcome, validate_inventory
 from gpuhost.cli.plan import playbook_path
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError, MissingDependencyError
 from gpuhost.plan.model import (
@@ -80,7 +80,7 @@ def _run_rollback(args: argparse.Namespace, console: Any) -> dict[str, str]:
         host, kind = data.get("host"), event.get("event", "")
         result = data.get("res", {}) or {}
         if host and kind in ("runner_on_failed", "runner_on_unreachable"):
-            failures.setdefault(str(host), f"{data.get('task')}: {result.get('msg') or result.get('stderr') or ''}")
+            failures.setdefault(str(host), stop_outcome(kind, str(data.get("task", "")), result)[1])
         status = {
             "runner_on_ok": "[yellow]changed[/]" if result.get("changed") else None,
             "runner_on_failed": "[red]failed[/]",
