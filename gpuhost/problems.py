@@ -93,7 +93,9 @@ class Problem:
         if entry is None:
             raise UnregisteredCodeError(f"problem code {self.code!r} is not registered (gpuhost.problems.register)")
         if entry.severity is not None and entry.severity is not self.severity:
-            raise ValueError(f"problem code {self.code!r} is registered as {entry.severity.value}, not {self.severity.value}")
+            raise ValueError(
+                f"problem code {self.code!r} is registered as {entry.severity.value}, not {self.severity.value}"
+            )
 
     def __str__(self) -> str:
         return f"{self.message} Fix: {self.remedy}" if self.remedy else self.message
