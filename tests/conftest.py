@@ -6,13 +6,37 @@ a throwaway host key and client key under the test's tmp_path, stopped by PID at
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from sshd import Sshd, start_sshd
 
+# .ci/run sets this to a file and prints its stage table from it: per test module, when its first
+# test started and its last one ended (wall clock), and the time its tests took in all.
+TIMINGS_ENV = "GPUHOST_TEST_TIMINGS"
+_module_spans: dict[str, list[float]] = {}
+
 SshdFactory = Callable[[str], Sshd]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Under xdist this runs in the workers and again in the controller (with the workers'
+    # reports); only the controller, which sees every module, records.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    module = report.nodeid.split("::", 1)[0]
+    span = _module_spans.setdefault(module, [report.start, report.stop, 0.0])
+    span[0], span[1], span[2] = min(span[0], report.start), max(span[1], report.stop), span[2] + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = os.environ.get(TIMINGS_ENV)
+    if target and not os.environ.get("PYTEST_XDIST_WORKER") and _module_spans:
+        spans = {module: {"start": a, "stop": b, "seconds": total} for module, (a, b, total) in _module_spans.items()}
+        Path(target).write_text(json.dumps(spans, indent=1, sort_keys=True) + "\n")
 
 
 @pytest.fixture

@@ -26,6 +26,8 @@ from gpuhost.lab.state import VmRecord
 TOPOLOGIES_UNDER_TEST = ("gpu-pair", "shared-group")
 MEMORY_MIB = 2048
 CPUS = 2
+# The lab modules run side by side (pytest-xdist): up to six TCG hosts boot at once on two cores.
+BOOT_TIMEOUT = 900
 
 
 def _timing(message: str) -> None:
@@ -78,7 +80,7 @@ def lab_hosts(
             fleet.up(paths, hosts=1, topology=name, memory_mib=MEMORY_MIB, cpus=CPUS, wait=False)
         with ThreadPoolExecutor(len(labs)) as pool:
             waits = {
-                name: pool.submit(fleet.wait_for_ssh, paths, fleet.status(paths)[0].hosts, 400)
+                name: pool.submit(fleet.wait_for_ssh, paths, fleet.status(paths)[0].hosts, BOOT_TIMEOUT)
                 for name, paths in labs.items()
             }
             for name, future in waits.items():

@@ -61,7 +61,7 @@ from gpuhost.plan.settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTING_OPTIONS
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
 # Each fault test boots or waits out reboots under TCG: more than the suite-wide 900 s on a busy machine.
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-faults")]
 
 A, B = "a-1", "b-1"
 OPTIONS = ("vfio-pci.ids=1234:1111,8086:293e", "modprobe.blacklist=nouveau,nvidia,nvidiafb", "iommu=pt")

@@ -33,7 +33,7 @@ from sshd import Sshd
 from gpuhost.lab import image as lab_image
 from gpuhost.lab.paths import LabPaths
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400), pytest.mark.xdist_group("lab-vms")]
 
 URI = "qemu:///system"
 LIBVIRT_SOCKET = Path("/run/libvirt/libvirt-sock")

@@ -25,9 +25,10 @@ from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.state import is_our_process, process_start_ticks
 from gpuhost.lab.topology import INTRUDER_NIC_ID, TOPOLOGIES
 
-from .conftest import LabHost, qemu_processes_under
+from .conftest import BOOT_TIMEOUT, LabHost, qemu_processes_under
 
-pytestmark = pytest.mark.lab
+# Shares a worker with the guest lifecycle module; the fault suite and Molecule each have their own.
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab-vms")]
 
 GROUPS_SCRIPT = r"""
 for g in /sys/kernel/iommu_groups/*; do
@@ -155,7 +156,7 @@ def test_reboot_comes_back_with_the_same_groups(lab_hosts: dict[str, LabHost]) -
     host = lab_hosts["gpu-pair"]
     # Through update-grub first: the generated grub.cfg, not the build's hand-written one, boots.
     host.run("update-grub", timeout=300)
-    seconds = fleet.reboot(host.paths, host.record.name, timeout=400)
+    seconds = fleet.reboot(host.paths, host.record.name, timeout=BOOT_TIMEOUT)
     print(f"[lab timing] reboot to SSH: {seconds:.1f} s")
     assert iommu_groups(host)["0000:01:00.0"] == {"0000:01:00.0", "0000:01:00.1"}
     assert "console=ttyS0" in host.run("cat", "/proc/cmdline")
