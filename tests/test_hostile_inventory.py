@@ -54,7 +54,8 @@ def listener() -> Iterator[socket.socket]:
     server.close()
 
 
-def _connections(server: socket.socket) -> int:
+def connections_made(server: socket.socket) -> int:
+    """Connections to `listener` since the last call (test_host_selection.py counts with it too)."""
     count = 0
     while True:
         try:
@@ -86,5 +87,5 @@ def test_hostile_value_is_rejected_before_any_connection(
             argv,
             error,
         )
-    assert _connections(listener) == 0
+    assert connections_made(listener) == 0
     assert not (tmp_path / "report.json").exists()
