@@ -22,6 +22,7 @@ from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.fleet import PlanOutcome
+from gpuhost.rollout.hostkeys import host_key_message
 from gpuhost.rollout.report import HostStatus
 from tests.helpers import FIXTURES, SNAPSHOTS
 
@@ -184,3 +185,53 @@ def test_interactive_rollback_reads_the_inventory_once_and_names_the_hosts_it_as
     out = capsys.readouterr().out
     assert "unreachable" in out and "its SSH host key is not the one in known_hosts" in out
     assert code == 2
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("key_matches", [True, False], ids=["known key", "changed key"])
+def test_ansible_verifies_host_keys_against_gpuhost_known_hosts_file(
+    key_matches: bool, sshd_server: Any, tmp_path: Path
+) -> None:
+    """Issue 13.4 against a real sshd: without the file handed to ssh, Ansible read ~/.ssh/known_hosts,
+    found no key, and reported what reads as a possible interception."""
+    from gpuhost.rollout import engine
+    from gpuhost.targets import ConnectionDefaults, inventory_targets
+
+    write = sshd_server.write_known_hosts if key_matches else sshd_server.write_wrong_known_hosts
+    known_hosts = write(tmp_path / "known_hosts")
+    host = {
+        "ansible_host": "127.0.0.1",
+        "ansible_port": sshd_server.port,
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(sshd_server.client_key),
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "gpuhost_known_hosts_file": str(known_hosts),
+    }
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu01": host}}}))
+    playbook = tmp_path / "ping.yml"
+    playbook.write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n    - name: Ping\n      ansible.builtin.ping:\n"
+    )
+    targets = inventory_targets(inventory, None, ConnectionDefaults())
+    tracker = engine.EventTracker(lambda line: None)
+
+    _, rc, _ = engine.run_playbook(playbook, inventory, None, {}, "", targets, tracker, verbose=False)
+
+    if key_matches:
+        assert rc == 0 and tracker.stopped == {}, tracker.stopped
+    else:
+        outcome = tracker.stopped["gpu01"]
+        assert outcome.status is HostStatus.UNREACHABLE
+        assert outcome.message.startswith("its SSH host key is not the one in known_hosts"), outcome.message
+        assert str(known_hosts) in outcome.message  # ssh read the inventory's file, not ~/.ssh/known_hosts
+
+
+def test_a_key_missing_from_known_hosts_is_not_called_an_interception() -> None:
+    # What Ansible said for a host whose key was in no known_hosts file ssh read (real text).
+    message = (FIXTURES / "ansible/unreachable-host-key-unknown.txt").read_text()
+    said = host_key_message(message)
+    assert said is not None and "gpuhost_known_hosts_file" in said and "intercept" not in said
+    changed = host_key_message(HOST_KEY_CHANGED)
+    assert changed is not None and "someone may be intercepting" in changed
+    assert host_key_message("Failed to connect to the host via ssh: Connection refused") is None

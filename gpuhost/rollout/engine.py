@@ -159,7 +159,7 @@ def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) 
     if not request.trial:
         # Only --no-trial is an extra var: without it, an inventory's own gpuhost_trial_boot holds.
         extravars["gpuhost_trial_boot"] = False
-    stats, rc, status = _run_playbook(
+    stats, rc, status = run_playbook(
         playbook_path(),
         request.inventory,
         # The report play runs on the controller: a --limit must not leave it out.
@@ -219,7 +219,7 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
         "gpuhost_rollback_backup_dir": BACKUP_DIR,
         "gpuhost_rollback_reboot_timeout": request.reboot_timeout,
     }
-    _run_playbook(
+    run_playbook(
         rollback_playbook_path(),
         request.inventory,
         request.limit,
@@ -232,7 +232,7 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
     return dict(tracker.stopped)
 
 
-def _run_playbook(
+def run_playbook(
     playbook: Path,
     inventory: Path,
     limit: str | None,
@@ -242,7 +242,8 @@ def _run_playbook(
     tracker: EventTracker,
     verbose: bool,
 ) -> tuple[dict[str, Any], int, str]:
-    """ansible-runner's run: Ansible's recap (stats), return code and status."""
+    """Run `playbook` on the hosts of `targets` with gpuhost's Ansible environment and their
+    known_hosts files; `tracker` sees every event. Ansible's recap (stats), return code, status."""
     try:
         import ansible_runner
     except ImportError as error:
