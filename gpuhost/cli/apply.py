@@ -9,26 +9,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuhost.cli.common import progress_printer, rollout_console
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.rollout.engine import ApplyRequest, parse_serial
-from gpuhost.rollout.report import RolloutReport, TaskProgress, TaskResult
-from gpuhost.targets import ConnectionDefaults, inventory_targets
+from gpuhost.rollout.report import RolloutReport
+from gpuhost.targets import ConnectionDefaults, Target, inventory_targets
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-    from gpuhost.targets import Target
-
-RESULT_STYLE = {
-    TaskResult.FAILED: "[red]failed[/]",
-    TaskResult.UNREACHABLE: "[red]unreachable[/]",
-    TaskResult.CHANGED: "[yellow]changed[/]",
-    TaskResult.OK: "ok",
-}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -111,29 +102,6 @@ def _ask(targets: list[Target], serial: str, console: Console) -> int | None:
         console.print("nothing changed")
         return EXIT_OK
     return None
-
-
-def rollout_console() -> Console:
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-
-
-def progress_printer(console: Console, *, verbose: bool, timed: bool) -> Callable[[TaskProgress], None]:
-    """One line per progress event (nothing with -v: Ansible's own output is on screen)."""
-
-    def show(line: TaskProgress) -> None:
-        if verbose:
-            return
-        if not timed:  # rollback's lines: host, result, task
-            console.print(f"[bold]{line.host}[/]  {RESULT_STYLE[line.result]}  {line.task}")
-            return
-        detail = f": {line.detail}" if line.detail else ""
-        console.print(f"{line.seconds:6.0f}s  [bold]{line.host}[/]  {RESULT_STYLE[line.result]}  {line.task}{detail}")
-        for diff_line in line.diff:
-            console.print(f"        {diff_line}", markup=False)
-
-    return show
 
 
 def print_report(report: RolloutReport, console: Console) -> None:

@@ -1,12 +1,15 @@
-"""Options and target resolution shared by the verbs that reach hosts (audit, snapshot, ...)."""
+"""Options, target resolution and rollout output shared by the verbs that reach hosts (audit, apply, ...)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuhost.errors import InputError, NoHostsSelected
+from gpuhost.rollout.report import TaskProgress, TaskResult
 from gpuhost.targets import (
     SNAPSHOT,
     ConnectionDefaults,
@@ -18,7 +21,17 @@ from gpuhost.targets import (
 )
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from gpuhost.render.spec import HostPolicy, VmSpec
+
+
+RESULT_STYLE = {
+    TaskResult.FAILED: "[red]failed[/]",
+    TaskResult.UNREACHABLE: "[red]unreachable[/]",
+    TaskResult.CHANGED: "[yellow]changed[/]",
+    TaskResult.OK: "ok",
+}
 
 
 def add_target_options(parser: argparse.ArgumentParser, *, snapshots: bool) -> None:
@@ -106,3 +119,26 @@ def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, Hos
     target = matches[0]
     config = target.require_config()
     return target, config.vm(vm_name, f"inventory host {host}"), config.render
+
+
+def rollout_console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+
+
+def progress_printer(console: Console, *, verbose: bool, timed: bool) -> Callable[[TaskProgress], None]:
+    """One line per progress event (nothing with -v: Ansible's own output is on screen)."""
+
+    def show(line: TaskProgress) -> None:
+        if verbose:
+            return
+        if not timed:  # rollback's lines: host, result, task
+            console.print(f"[bold]{line.host}[/]  {RESULT_STYLE[line.result]}  {line.task}")
+            return
+        detail = f": {line.detail}" if line.detail else ""
+        console.print(f"{line.seconds:6.0f}s  [bold]{line.host}[/]  {RESULT_STYLE[line.result]}  {line.task}{detail}")
+        for diff_line in line.diff:
+            console.print(f"        {diff_line}", markup=False)
+
+    return show

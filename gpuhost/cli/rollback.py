@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.apply import progress_printer, rollout_console
+from gpuhost.cli.common import progress_printer, rollout_console
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.rollout.engine import RollbackRequest
 from gpuhost.rollout.report import HostOutcome, HostStatus
