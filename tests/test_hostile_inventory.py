@@ -78,6 +78,7 @@ def test_hostile_value_is_rejected_before_any_connection(
         ["apply", "-i", str(inventory), "--yes", "--report", str(tmp_path / "report.json")],
         ["apply", "-i", str(inventory), "--check"],
         ["plan", "-i", str(inventory)],
+        ["audit", "-i", str(inventory)],  # the host's configuration is read whole, once, by every verb
         ["rollback", "-i", str(inventory), "--limit", "gpu01", "--yes"],
     ):
         code = main(argv)
