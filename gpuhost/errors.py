@@ -5,6 +5,8 @@ Only the CLI prints them; library code raises and never exits.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_UNUSABLE = 2
@@ -33,3 +35,13 @@ class MissingDependencyError(GpuhostError):
             f"{purpose} needs the Python package '{package}', which is not installed. "
             f"Install it with: pip install 'gpuhost[{extra}]'"
         )
+
+
+class NoHostsSelected(InputError):
+    """A host selection (--limit, --host) that selects nothing: an error before any connection, never
+    "every host". `pattern` is what the user gave (None: no --limit, an inventory without hosts)."""
+
+    def __init__(self, inventory: Path, pattern: str | None, reason: str) -> None:
+        super().__init__(f"inventory {inventory}: {reason}")
+        self.inventory = inventory
+        self.pattern = pattern

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost.checks.base import ROLES, AuditPolicy
-from gpuhost.errors import InputError, MissingDependencyError
+from gpuhost.errors import InputError, MissingDependencyError, NoHostsSelected
 from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.plan.settings import PlanSettings
+from gpuhost.render.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm
 from gpuhost.selection import GpuSelector, allowed_shared_groups
 from gpuhost.transport.ssh import SshOptions
 
@@ -30,13 +32,35 @@ SNAPSHOT = "snapshot"
 
 
 @dataclass(frozen=True)
+class HostConfig:
+    """A host's `gpuhost_*` inventory variables, parsed and validated once, when the inventory is
+    read: what audit (`audit`), plan and apply (`plan`), render and guest (`render`, `vms`) read."""
+
+    audit: AuditPolicy
+    plan: PlanSettings
+    render: HostPolicy
+    vms: tuple[VmSpec, ...]
+
+    def vm(self, name: str, where: str) -> VmSpec:
+        """The VM called `name` in the host's `gpuhost_vms`."""
+        return pick_vm(self.vms, name, where)
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     kind: str  # LOCAL, SSH or SNAPSHOT
     policy: AuditPolicy
     ssh: SshOptions | None = None
     snapshot: Path | None = None
-    variables: Mapping[str, Any] = field(default_factory=dict)  # inventory variables, for later verbs
+    variables: Mapping[str, Any] = field(default_factory=dict)  # inventory variables (ansible_* and gpuhost_*)
+    # None only for targets built by hand (tests); every constructor below sets it.
+    config: HostConfig | None = None
+
+    def require_config(self) -> HostConfig:
+        if self.config is None:
+            raise InputError(f"host {self.name}: its gpuhost_* configuration was not read.")
+        return self.config
 
 
 @dataclass(frozen=True)
@@ -105,25 +129,34 @@ def validate_known_hosts(value: object, where: str) -> Path:
     return _local_path(value, where, "known_hosts")
 
 
-def _policy(variables: Mapping[str, Any], defaults: ConnectionDefaults, where: str) -> AuditPolicy:
+def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, where: str) -> HostConfig:
+    """Every `gpuhost_*` value of a host, validated (InputError naming `where`, the variable and the fix)."""
     gpus_value = defaults.gpus if defaults.gpus is not None else variables.get("gpuhost_gpus")
     role = str(variables.get("gpuhost_role", defaults.role))
     if role not in ROLES:
         raise InputError(f"{where}: gpuhost_role {role!r} is not one of {', '.join(ROLES)}.")
     allowed = allowed_shared_groups(variables, where)
-    return AuditPolicy(gpus=GpuSelector.parse(gpus_value, where), role=role, allow_shared_group=allowed)
+    audit = AuditPolicy(gpus=GpuSelector.parse(gpus_value, where), role=role, allow_shared_group=allowed)
+    return HostConfig(
+        audit=audit,
+        plan=PlanSettings.from_variables(variables, where, gpus=defaults.gpus),
+        render=host_policy(variables, audit, where),
+        vms=parse_vms(variables.get("gpuhost_vms"), where),
+    )
 
 
 def local_target(defaults: ConnectionDefaults) -> Target:
     name = os.uname().nodename
-    return Target(name=name, kind=LOCAL, policy=_policy({}, defaults, f"host {name}"))
+    config = host_config({}, defaults, f"host {name}")
+    return Target(name=name, kind=LOCAL, policy=config.audit, config=config)
 
 
 def snapshot_target(directory: Path, defaults: ConnectionDefaults) -> Target:
     """A snapshot is named after the host it was taken from (snapshot.json), else its path."""
     meta = SnapshotTree(directory).meta() if directory.is_dir() else None
     name = meta.host if meta is not None else str(directory)
-    return Target(name=name, kind=SNAPSHOT, policy=_policy({}, defaults, f"snapshot {directory}"), snapshot=directory)
+    config = host_config({}, defaults, f"snapshot {directory}")
+    return Target(name=name, kind=SNAPSHOT, policy=config.audit, snapshot=directory, config=config)
 
 
 def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:
@@ -144,11 +177,13 @@ def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:
         accept_new_host_keys=defaults.accept_new_host_keys,
         connect_timeout=defaults.connect_timeout,
     )
-    return Target(name=spec, kind=SSH, policy=_policy({}, defaults, where), ssh=options)
+    config = host_config({}, defaults, where)
+    return Target(name=spec, kind=SSH, policy=config.audit, ssh=options, config=config)
 
 
 def inventory_targets(path: Path, limit: str | None, defaults: ConnectionDefaults) -> list[Target]:
-    """Hosts of an Ansible inventory, read through Ansible itself (groups, group_vars, patterns)."""
+    """Hosts of an Ansible inventory, read through Ansible itself (groups, group_vars, patterns), each
+    with its configuration validated. The one place a command reads the inventory: read it once."""
     host_variables = load_inventory(path, limit)
     return [_inventory_target(name, variables, defaults) for name, variables in host_variables]
 
@@ -158,9 +193,9 @@ def _inventory_target(name: str, variables: Mapping[str, Any], defaults: Connect
     if not _INVENTORY_NAME.match(name):
         raise InputError(f"{where}: the host name contains characters gpuhost does not accept.")
     connection = str(variables.get("ansible_connection", "ssh"))
-    policy = _policy(variables, defaults, where)
+    config = host_config(variables, defaults, where)
     if connection == "local":
-        return Target(name=name, kind=LOCAL, policy=policy, variables=variables)
+        return Target(name=name, kind=LOCAL, policy=config.audit, variables=variables, config=config)
     if connection not in ("ssh", "paramiko", "smart"):
         raise InputError(f"{where}: ansible_connection {connection!r} is not supported (use ssh or local).")
     key = variables.get("ansible_ssh_private_key_file") or variables.get("ansible_private_key_file")
@@ -174,7 +209,7 @@ def _inventory_target(name: str, variables: Mapping[str, Any], defaults: Connect
         accept_new_host_keys=defaults.accept_new_host_keys,
         connect_timeout=defaults.connect_timeout,
     )
-    return Target(name=name, kind=SSH, policy=policy, ssh=options, variables=variables)
+    return Target(name=name, kind=SSH, policy=config.audit, ssh=options, variables=variables, config=config)
 
 
 def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, Any]]]:
@@ -195,12 +230,7 @@ def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, A
         loader = DataLoader()
         inventory = InventoryManager(loader=loader, sources=[str(path)])
         variable_manager = VariableManager(loader=loader, inventory=inventory)
-        if limit:
-            inventory.subset(limit)
-        hosts = inventory.get_hosts(pattern="all")
-        if not hosts:
-            where = f" matching --limit {limit!r}" if limit else ""
-            raise InputError(f"inventory {path}: no hosts{where}.")
+        hosts = select_hosts(inventory, path, limit)
         result = []
         for host in hosts:
             variables = variable_manager.get_vars(host=host, include_hostvars=False)
@@ -214,3 +244,39 @@ def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, A
         return result
     except AnsibleError as error:
         raise InputError(f"inventory {path}: {error.message}") from error
+
+
+def select_hosts(inventory: Any, path: Path, limit: str | None) -> list[Any]:
+    """The hosts of an Ansible InventoryManager that `limit` (an Ansible pattern) selects: every verb
+    selects through here. Ansible reads an empty pattern ('', ',', ':') or an empty regex ('~', what
+    '~[' splits into) as no limit, which is every host; here each is an error, and so is a term
+    that matches no host (a typo in a list of hosts to reboot must not go unnoticed)."""
+    from ansible.inventory.manager import split_host_pattern
+
+    if limit is not None:
+        terms = [term for term in split_host_pattern(limit) if term]
+        if not terms:
+            raise NoHostsSelected(
+                path, limit, f"--limit {limit!r} names no host. Name the hosts (e.g. --limit gpu01,gpu02)."
+            )
+        for term in terms:
+            bare = term.lstrip("!&")
+            if bare in ("", "~") or bare.startswith("@"):
+                raise NoHostsSelected(
+                    path,
+                    limit,
+                    f"--limit {limit!r}: {term!r} is not a host pattern gpuhost accepts "
+                    "(a host or group name, a glob, or ~REGEX). Name the hosts.",
+                )
+            if not inventory.get_hosts(pattern=bare):
+                raise NoHostsSelected(
+                    path,
+                    limit,
+                    f"--limit {limit!r}: no hosts match {term!r}. Check the name (gpuhost never reads a miss as all).",
+                )
+        inventory.subset(limit)
+    hosts: list[Any] = inventory.get_hosts(pattern="all")
+    if not hosts:
+        where = f" matching --limit {limit!r}" if limit is not None else ""
+        raise NoHostsSelected(path, limit, f"no hosts{where}.")
+    return hosts

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpuhost.cli.apply import ansible_environment
+from gpuhost.rollout.environment import ansible_environment
 
 
 def test_host_keys_stay_verified() -> None:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import yaml
 
-from gpuhost.cli.rollback import REMOVED_FILES
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.model import BACKUP_DIR, INITRAMFS_MODULES_PATH
 from gpuhost.plan.verify import verify_rollback
+from gpuhost.rollout.engine import REMOVED_FILES
 from tests.helpers import SNAPSHOTS
 
 ROLE_DEFAULTS = Path(__file__).resolve().parents[1] / "playbooks/roles/gpuhost_rollback/defaults/main.yml"

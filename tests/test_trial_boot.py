@@ -210,13 +210,14 @@ def test_grub_file_that_is_not_valid_shell_is_refused_through_the_gather_block(t
 
 def test_a_changed_host_key_is_said_in_one_sentence_with_the_fix() -> None:
     # Ansible's message for the lab host whose known_hosts entry the fault suite replaced (real text).
-    from gpuhost.cli.apply import stop_outcome
+    from gpuhost.rollout.engine import stop_outcome
 
     message = (FIXTURES / "ansible/unreachable-host-key-changed.txt").read_text()
-    outcome, said = stop_outcome(
+    outcome = stop_outcome(
         "runner_on_unreachable", "Compute the desired state with gpuhost's planner", {"msg": message}
     )
-    assert outcome == "unreachable"
+    said = outcome.message
+    assert outcome.status.value == "unreachable"
     assert said.startswith("its SSH host key is not the one in known_hosts, so ssh refused to connect (the host sent ")
     assert "SHA256:0U1zKobcqmbliZmHrCvmeAyQd4cmDerHW3bfzV9P4QI" in said and "a-1/known_hosts:1" in said
     assert 'ssh-keygen -f "/tmp/pytest-of-root/pytest-72/faults-lab0/a-1/known_hosts" -R "[127.0.0.1]:39165"' in said
@@ -254,6 +255,6 @@ def test_a_changed_host_key_is_said_in_one_sentence_with_the_fix() -> None:
     ],
 )
 def test_what_stopped_a_host_is_named_in_the_report(kind: str, task: str, message: str, outcome: str) -> None:
-    from gpuhost.cli.apply import stop_outcome
+    from gpuhost.rollout.engine import stop_outcome
 
-    assert stop_outcome(kind, task, {"msg": message})[0] == outcome
+    assert stop_outcome(kind, task, {"msg": message}).status.value == outcome

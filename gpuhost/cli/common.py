@@ -1,12 +1,15 @@
-"""Options and target resolution shared by the verbs that reach hosts (audit, snapshot, ...)."""
+"""Options, target resolution and rollout output shared by the verbs that reach hosts (audit, apply, ...)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.errors import InputError
+from gpuhost.errors import InputError, NoHostsSelected
+from gpuhost.rollout.report import TaskProgress, TaskResult
 from gpuhost.targets import (
     SNAPSHOT,
     ConnectionDefaults,
@@ -18,7 +21,17 @@ from gpuhost.targets import (
 )
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from gpuhost.render.spec import HostPolicy, VmSpec
+
+
+RESULT_STYLE = {
+    TaskResult.FAILED: "[red]failed[/]",
+    TaskResult.UNREACHABLE: "[red]unreachable[/]",
+    TaskResult.CHANGED: "[yellow]changed[/]",
+    TaskResult.OK: "ok",
+}
 
 
 def add_target_options(parser: argparse.ArgumentParser, *, snapshots: bool) -> None:
@@ -77,7 +90,7 @@ def resolve_targets(args: argparse.Namespace) -> list[Target]:
     targets: list[Target] = []
     if args.inventory is not None:
         targets.extend(inventory_targets(args.inventory, args.limit, defaults))
-    elif args.limit:
+    elif args.limit is not None:  # an empty --limit too: it must never mean "this machine"
         raise InputError("--limit needs an inventory (-i FILE).")
     targets.extend(adhoc_target(spec, defaults) for spec in args.hosts)
     targets.extend(snapshot_target(directory, defaults) for directory in getattr(args, "from_snapshot", []))
@@ -88,7 +101,7 @@ def resolve_targets(args: argparse.Namespace) -> list[Target]:
 
 def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, HostPolicy]:
     """The inventory host of --host, its VM --vm from gpuhost_vms, and its render policy (render, guest)."""
-    from gpuhost.render.spec import find_vm, host_policy, validate_name
+    from gpuhost.render.spec import validate_name
 
     if args.inventory is None:
         raise InputError(f"gpuhost {verb} needs the inventory that describes the VM: -i inventory.yml.")
@@ -99,12 +112,33 @@ def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, Hos
     args.limit = host
     try:
         matches = [target for target in resolve_targets(args) if target.name == host]
-    except InputError as error:
-        if "no hosts matching" not in str(error):
-            raise
+    except NoHostsSelected:
         matches = []
     if len(matches) != 1 or matches[0].kind == SNAPSHOT:
-        raise InputError(f"inventory {args.inventory}: no host {host!r}.")
+        raise NoHostsSelected(args.inventory, host, f"no host {host!r}.")
     target = matches[0]
-    where = f"inventory host {host}"
-    return target, find_vm(target.variables, vm_name, where), host_policy(target.variables, target.policy, where)
+    config = target.require_config()
+    return target, config.vm(vm_name, f"inventory host {host}"), config.render
+
+
+def rollout_console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+
+
+def progress_printer(console: Console, *, verbose: bool, timed: bool) -> Callable[[TaskProgress], None]:
+    """One line per progress event (nothing with -v: Ansible's own output is on screen)."""
+
+    def show(line: TaskProgress) -> None:
+        if verbose:
+            return
+        if not timed:  # rollback's lines: host, result, task
+            console.print(f"[bold]{line.host}[/]  {RESULT_STYLE[line.result]}  {line.task}")
+            return
+        detail = f": {line.detail}" if line.detail else ""
+        console.print(f"{line.seconds:6.0f}s  [bold]{line.host}[/]  {RESULT_STYLE[line.result]}  {line.task}{detail}")
+        for diff_line in line.diff:
+            console.print(f"        {diff_line}", markup=False)
+
+    return show

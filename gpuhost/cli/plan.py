@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpuhost.audit import audit_fleet
 from gpuhost.cli.common import add_target_options, resolve_targets
-from gpuhost.datafiles import require_data_dir
-from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError, InputError
-from gpuhost.plan import HostPlan, PlanSettings, plan_host
+from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
+from gpuhost.plan import HostPlan
+from gpuhost.plan.fleet import PlanOutcome, plan_fleet
 from gpuhost.plan.model import (
     BACKUP_DIR,
     GRUB_DROPIN_PATH,
@@ -21,8 +19,8 @@ from gpuhost.plan.model import (
     TRIAL_ENTRY_ID,
 )
 
-# A playbooks/ directory to run instead of the checkout's or the installed one.
-PLAYBOOKS_ENV = "GPUHOST_PLAYBOOKS"
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,42 +30,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--show-files", action="store_true", help="print the full content of the files written")
 
 
-@dataclass(frozen=True)
-class PlanOutcome:
-    host: str
-    plan: HostPlan | None
-    error: str | None  # unreachable, or a bad inventory value
-
-
-def plan_targets(args: argparse.Namespace) -> list[PlanOutcome]:
-    """Read every host with the audit's gatherer and plan it; values are validated before connecting."""
-    if args.inventory is not None:
-        validate_inventory_settings(args.inventory, args.limit)
-    targets = resolve_targets(args)
-    settings = {}
-    for target in targets:
-        settings[target.name] = PlanSettings.from_variables(target.variables, f"host {target.name}", gpus=args.gpus)
-    outcomes = []
-    for audit in audit_fleet(targets, args.forks):
-        name = audit.target.name
-        if audit.facts is None:
-            outcomes.append(PlanOutcome(name, None, audit.error or "could not be read"))
-            continue
-        try:
-            outcomes.append(PlanOutcome(name, plan_host(name, audit.facts, settings[name]), None))
-        except GpuhostError as error:
-            outcomes.append(PlanOutcome(name, None, str(error)))
-    return outcomes
-
-
-def validate_inventory_settings(inventory: Path, limit: str | None) -> None:
-    """Every inventory host's gpuhost_* values, checked before anything connects (InputError naming them)."""
-    from gpuhost.targets import load_inventory
-
-    for name, variables in load_inventory(inventory, limit):
-        PlanSettings.from_variables(variables, f"inventory host {name}")
-
-
 def exit_code(outcomes: list[PlanOutcome]) -> int:
     if any(outcome.plan is None for outcome in outcomes):
         return EXIT_UNUSABLE
@@ -75,7 +37,7 @@ def exit_code(outcomes: list[PlanOutcome]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    outcomes = plan_targets(args)
+    outcomes = plan_fleet(resolve_targets(args), args.forks)
     if args.json:
         data = [
             outcome.plan.to_json() if outcome.plan else {"host": outcome.host, "error": outcome.error}
@@ -84,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        from gpuhost.rollout.environment import playbook_path
+
         print_plans(outcomes, show_files=args.show_files)
         try:
             playbook = playbook_path()
@@ -94,23 +58,23 @@ def run(args: argparse.Namespace) -> int:
     return exit_code(outcomes)
 
 
-def playbook_path() -> Path:
-    """site.yml of the checkout's playbooks/, or of a wheel install's <prefix>/share/gpuhost/playbooks."""
-    return require_data_dir("playbooks", "site.yml", env_var=PLAYBOOKS_ENV) / "site.yml"
-
-
 def print_plans(outcomes: list[PlanOutcome], show_files: bool = False) -> None:
     from rich.console import Console
 
     console = Console(highlight=False, soft_wrap=True)
     for outcome in outcomes:
-        plan = outcome.plan
-        if plan is None:
-            console.print(f"[bold]{outcome.host}[/]: [red]cannot plan[/]: {outcome.error}")
-            continue
-        for line in describe_plan(plan, show_files=show_files):
-            console.print(line, markup=False) if not line.startswith("[") else console.print(line)
-        console.print()
+        print_plan_outcome(outcome, console, show_files=show_files)
+        if outcome.plan is not None:
+            console.print()
+
+
+def print_plan_outcome(outcome: PlanOutcome, console: Console, show_files: bool = False) -> None:
+    """A host's plan, or why it has none (plan, and apply before it asks)."""
+    if outcome.plan is None:
+        console.print(f"[bold]{outcome.host}[/]: [red]cannot plan[/]: {outcome.error}")
+        return
+    for line in describe_plan(outcome.plan, show_files=show_files):
+        console.print(line, markup=False) if not line.startswith("[") else console.print(line)
 
 
 def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:

@@ -133,7 +133,11 @@ def host_policy(variables: Mapping[str, Any], audit_policy: AuditPolicy, where: 
 
 def find_vm(variables: Mapping[str, Any], name: str, where: str) -> VmSpec:
     """The VM called `name` in the host's `gpuhost_vms` (every entry is validated)."""
-    vms = parse_vms(variables.get("gpuhost_vms"), where)
+    return pick_vm(parse_vms(variables.get("gpuhost_vms"), where), name, where)
+
+
+def pick_vm(vms: tuple[VmSpec, ...], name: str, where: str) -> VmSpec:
+    """The VM called `name` among a host's parsed `gpuhost_vms`."""
     for vm in vms:
         if vm.name == name:
             return vm

@@ -1,0 +1,35 @@
+"""Plan many hosts: read each with the audit's gatherer and plan it with its inventory settings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuhost.audit import audit_fleet
+from gpuhost.errors import GpuhostError
+from gpuhost.plan.model import HostPlan
+from gpuhost.plan.planner import plan_host
+from gpuhost.targets import Target
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    host: str
+    plan: HostPlan | None
+    error: str | None  # unreachable, or what the planner could not read
+
+
+def plan_fleet(targets: Sequence[Target], forks: int) -> list[PlanOutcome]:
+    """Every target's plan; its settings were validated when its configuration was read."""
+    settings = {target.name: target.require_config().plan for target in targets}
+    outcomes = []
+    for audit in audit_fleet(targets, forks):
+        name = audit.target.name
+        if audit.facts is None:
+            outcomes.append(PlanOutcome(name, None, audit.error or "could not be read"))
+            continue
+        try:
+            outcomes.append(PlanOutcome(name, plan_host(name, audit.facts, settings[name]), None))
+        except GpuhostError as error:
+            outcomes.append(PlanOutcome(name, None, str(error)))
+    return outcomes

@@ -1,0 +1,286 @@
+"""Run site.yml (apply) or rollback.yml through ansible-runner; its events become typed outcomes.
+
+The engine never prints: progress goes to a callback as TaskProgress, the result comes back as
+a RolloutReport (apply) or per-host HostOutcomes (rollback). The playbooks compute the same plan
+again on the hosts (gpuhost.passthrough.plan), so what runs is what
+`ansible-playbook -i INVENTORY playbooks/site.yml` would run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuhost.errors import InputError, MissingDependencyError
+from gpuhost.plan.model import (
+    APT_PIN_PATH,
+    BACKUP_DIR,
+    GRUB_DROPIN_PATH,
+    INITRAMFS_MODULES_PATH,
+    INITRAMFS_SCRIPT_PATH,
+    TRIAL_GRUB_SCRIPT_PATH,
+    TRIAL_SETTINGS_PATH,
+)
+from gpuhost.rollout.environment import (
+    ansible_environment,
+    inventory_sources,
+    known_hosts_inventory,
+    playbook_path,
+    rollback_playbook_path,
+)
+from gpuhost.rollout.hostkeys import host_key_message
+from gpuhost.rollout.report import REPORT_SCHEMA, HostOutcome, HostStatus, RolloutReport, TaskProgress, TaskResult
+from gpuhost.targets import Target
+
+# The name of site.yml's second play begins so: its tasks on a host mean that host's batch began.
+CONFIGURE_PLAY_PREFIX = "Configure for passthrough"
+# Steps of apply worth a progress line even when nothing changed.
+APPLY_KEY_TASKS = ("planner", "Reboot", "Verify")
+# What apply writes and rollback removes; the role's defaults hold the same list for
+# ansible-playbook without the CLI (tests/test_rollback.py keeps them equal).
+REMOVED_FILES = (GRUB_DROPIN_PATH, TRIAL_SETTINGS_PATH, TRIAL_GRUB_SCRIPT_PATH, INITRAMFS_SCRIPT_PATH, APT_PIN_PATH)
+_SERIAL = re.compile(r"^(?:\d{1,4}%?)(?:,\d{1,4}%?)*$")
+
+Progress = Callable[[TaskProgress], None]
+
+
+@dataclass(frozen=True)
+class ApplyRequest:
+    inventory: Path
+    limit: str | None
+    check: bool
+    serial: tuple[int | str, ...]
+    max_fail_percentage: int
+    report_path: Path
+    trial: bool = True  # False: --no-trial
+    verbose: bool = False  # Ansible's own output on stdout
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    inventory: Path
+    limit: str
+    reboot_timeout: int
+    verbose: bool = False
+
+
+def parse_serial(text: str) -> tuple[int | str, ...]:
+    """--serial '1,20%' -> (1, '20%'), Ansible's serial."""
+    if not _SERIAL.match(text):
+        raise InputError(f"--serial {text!r}: give batch sizes as N or N%, comma-separated (e.g. 1,20%).")
+    return tuple(item if item.endswith("%") else int(item) for item in text.split(","))
+
+
+def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome:
+    """What stopped a host, for apply's and rollback's reports: trial reverted, unreachable (also a
+    reboot it never came back from, or a host key that changed) or failed, with Ansible's message."""
+    message = str(result.get("msg") or result.get("stderr") or "").strip()
+    if message.startswith("trial reverted"):
+        return HostOutcome(HostStatus.TRIAL_REVERTED, message)
+    if kind == "runner_on_unreachable":
+        return HostOutcome(HostStatus.UNREACHABLE, host_key_message(message) or message)
+    if "planner" in task and "refuses to configure" in message:
+        return HostOutcome(HostStatus.REFUSED, message)
+    if task.startswith("Reboot") and ("Timed out" in message or "timed out" in message):
+        return HostOutcome(HostStatus.UNREACHABLE, f"did not come back from the reboot within the timeout: {message}")
+    return HostOutcome(HostStatus.FAILED, f"{task}: {message}")
+
+
+class EventTracker:
+    """ansible-runner's events of one run -> what stopped each host, which hosts it reached and
+    rebooted, and progress lines (failures, changes, and `key_tasks` even when unchanged)."""
+
+    def __init__(self, progress: Progress, key_tasks: tuple[str, ...] = ()) -> None:
+        self.progress = progress
+        self.key_tasks = key_tasks
+        self.started = time.monotonic()
+        self.task = ""
+        self.stopped: dict[str, HostOutcome] = {}  # the failure that stopped each host
+        self.reached: set[str] = set()  # hosts whose batch began (the configure play ran a task on them)
+        self.rebooted: set[str] = set()  # hosts a reboot task brought back (the report play may not run)
+        self.in_run: set[str] = set()  # hosts of this run (the report play lists every inventory host)
+
+    def __call__(self, event: Mapping[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {})
+        if kind == "playbook_on_task_start":
+            self.task = str(data.get("task", ""))
+            return True
+        host = str(data.get("host") or "")
+        if not host:
+            return True
+        task = str(data.get("task") or self.task)
+        result = data.get("res", {}) or {}
+        self.in_run.add(host)
+        if str(data.get("play", "")).startswith(CONFIGURE_PLAY_PREFIX):
+            self.reached.add(host)
+        if kind == "runner_on_ok" and task.startswith("Reboot") and result.get("rebooted"):
+            self.rebooted.add(host)
+        if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            self.stopped.setdefault(host, stop_outcome(kind, task, result))
+        line = self._progress(kind, host, task, result)
+        if line is not None:
+            self.progress(line)
+        return True
+
+    def _progress(self, kind: str, host: str, task: str, result: Mapping[str, Any]) -> TaskProgress | None:
+        key = any(name in task for name in self.key_tasks)
+        if kind == "runner_on_failed":
+            outcome = TaskResult.FAILED
+        elif kind == "runner_on_unreachable":
+            outcome = TaskResult.UNREACHABLE
+        elif kind == "runner_on_ok" and result.get("changed"):
+            outcome = TaskResult.CHANGED
+        elif kind == "runner_on_ok" and key:
+            outcome = TaskResult.OK
+        else:
+            return None
+        detail = str(result.get("msg", "")) if outcome is not TaskResult.CHANGED or key else ""
+        diff = tuple(_diff_lines(result["diff"])) if result.get("changed") and result.get("diff") else ()
+        return TaskProgress(time.monotonic() - self.started, host, outcome, task, detail, diff)
+
+
+def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) -> RolloutReport:
+    """Run site.yml on the hosts `targets` (the inventory read once, validated) and write the report."""
+    report = request.report_path
+    tracker = EventTracker(progress, APPLY_KEY_TASKS)
+    report.unlink(missing_ok=True)
+    extravars: dict[str, Any] = {
+        "gpuhost_serial": list(request.serial),
+        "gpuhost_max_fail_percentage": request.max_fail_percentage,
+        "gpuhost_report_path": str(report),
+    }
+    if not request.trial:
+        # Only --no-trial is an extra var: without it, an inventory's own gpuhost_trial_boot holds.
+        extravars["gpuhost_trial_boot"] = False
+    stats, rc, status = run_playbook(
+        playbook_path(),
+        request.inventory,
+        # The report play runs on the controller: a --limit must not leave it out.
+        f"{request.limit},localhost" if request.limit is not None else None,
+        extravars,
+        "--check --diff" if request.check else "--diff",
+        targets,
+        tracker,
+        request.verbose,
+    )
+    data: dict[str, Any] = {"schema": REPORT_SCHEMA, "hosts": {}}
+    if report.is_file():
+        data = json.loads(report.read_text())
+    if not data.get("hosts"):
+        data["hosts"] = _recap_hosts(stats, tracker.reached)
+    # Hosts that --limit left out: not part of this run, so not part of its report.
+    if tracker.in_run:
+        data["hosts"] = {host: entry for host, entry in data["hosts"].items() if host in tracker.in_run}
+    for host, outcome in tracker.stopped.items():
+        entry = data["hosts"].setdefault(host, {})
+        if entry.get("status") != HostStatus.REFUSED.value:
+            entry.update(status=outcome.status.value, message=outcome.message)
+    for host in tracker.rebooted:
+        data["hosts"].setdefault(host, {})["rebooted"] = True
+    data["ansible_stats"] = stats
+    data["ansible_rc"] = rc
+    data["ansible_status"] = status
+    data["seconds"] = round(time.monotonic() - tracker.started, 1)
+    report.write_text(json.dumps(data, indent=2) + "\n")
+    return RolloutReport(data)
+
+
+def _recap_hosts(stats: Mapping[str, Any], reached: set[str]) -> dict[str, dict[str, str]]:
+    """The report play did not run (the rollout was stopped): what Ansible's recap knows."""
+    failed = {**stats.get("failures", {}), **stats.get("dark", {})}
+    seen = set(stats.get("ok", {})) | set(failed)
+    hosts: dict[str, dict[str, str]] = {}
+    for host in sorted(seen - {"localhost"}):
+        if host in failed:
+            hosts[host] = {"status": HostStatus.FAILED.value}
+        elif host in reached:
+            hosts[host] = {"status": HostStatus.NOT_REPORTED.value}
+        else:
+            hosts[host] = {
+                "status": HostStatus.NOT_REACHED.value,
+                "message": "the rollout stopped before this host's batch: nothing was changed",
+            }
+    return hosts
+
+
+def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Progress) -> dict[str, HostOutcome]:
+    """Run rollback.yml on `targets`; what stopped each host that failed (the others ran through)."""
+    tracker = EventTracker(progress)
+    extravars = {
+        "gpuhost_rollback_removed_files": list(REMOVED_FILES),
+        "gpuhost_rollback_initramfs_modules": INITRAMFS_MODULES_PATH,
+        "gpuhost_rollback_backup_dir": BACKUP_DIR,
+        "gpuhost_rollback_reboot_timeout": request.reboot_timeout,
+    }
+    run_playbook(
+        rollback_playbook_path(),
+        request.inventory,
+        request.limit,
+        extravars,
+        "--diff",
+        targets,
+        tracker,
+        request.verbose,
+    )
+    return dict(tracker.stopped)
+
+
+def run_playbook(
+    playbook: Path,
+    inventory: Path,
+    limit: str | None,
+    extravars: Mapping[str, Any],
+    cmdline: str,
+    targets: Sequence[Target],
+    tracker: EventTracker,
+    verbose: bool,
+) -> tuple[dict[str, Any], int, str]:
+    """Run `playbook` on the hosts of `targets` with gpuhost's Ansible environment and their
+    known_hosts files; `tracker` sees every event. Ansible's recap (stats), return code, status."""
+    try:
+        import ansible_runner
+    except ImportError as error:
+        raise MissingDependencyError("ansible-runner", "controller", "Running the playbooks") from error
+    with tempfile.TemporaryDirectory(prefix="gpuhost-rollout-") as private:
+        runner = ansible_runner.run(
+            private_data_dir=private,
+            playbook=str(playbook),
+            inventory=inventory_sources(inventory.resolve(), known_hosts_inventory(targets), Path(private)),
+            limit=limit,
+            extravars=dict(extravars),
+            cmdline=cmdline,
+            envvars=ansible_environment(),
+            event_handler=tracker,
+            quiet=not verbose,
+            suppress_env_files=True,
+        )
+        stats: dict[str, Any] = runner.stats or {}  # read from the artifacts, before they go
+        return stats, runner.rc, runner.status
+
+
+def _diff_lines(diffs: Any) -> list[str]:
+    """Ansible's --diff result (before/after texts) as unified diff lines."""
+    import difflib
+
+    lines: list[str] = []
+    for diff in diffs if isinstance(diffs, list) else [diffs]:
+        if not isinstance(diff, dict) or not isinstance(diff.get("after"), str):
+            continue
+        before = diff["before"] if isinstance(diff.get("before"), str) else ""
+        lines.extend(
+            line.rstrip("\n")
+            for line in difflib.unified_diff(
+                before.splitlines(keepends=True),
+                diff["after"].splitlines(keepends=True),
+                fromfile=str(diff.get("before_header", "before")),
+                tofile=str(diff.get("after_header", "after")),
+            )
+        )
+    return lines

@@ -1,0 +1,78 @@
+"""What the ansible-playbook runs of apply and rollback see: playbooks, environment, known_hosts."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuhost.datafiles import require_data_dir
+from gpuhost.targets import Target
+
+# A playbooks/ directory to run instead of the checkout's or the installed one.
+PLAYBOOKS_ENV = "GPUHOST_PLAYBOOKS"
+
+
+def playbook_path() -> Path:
+    """site.yml of the checkout's playbooks/, or of a wheel install's <prefix>/share/gpuhost/playbooks."""
+    return require_data_dir("playbooks", "site.yml", env_var=PLAYBOOKS_ENV) / "site.yml"
+
+
+def rollback_playbook_path() -> Path:
+    return playbook_path().parent / "rollback.yml"
+
+
+def ansible_environment() -> dict[str, str]:
+    """Environment of the ansible-playbook runs of apply and rollback."""
+    return {
+        "ANSIBLE_PIPELINING": "True",
+        # ansible-runner turns host key checking off unless told otherwise: gpuhost never does.
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_FORCE_COLOR": "False",
+        "PYTHONPATH": _pythonpath(),
+        # ansible-playbook is installed beside this interpreter (a venv run as .venv/bin/gpuhost
+        # without activating it has no ansible-playbook on PATH).
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
+        # A short ControlPersist: the master inherits the runner's pty, which ends only when it exits.
+        # ServerAlive: a session to a host that rebooted under it ends instead of hanging.
+        "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=5s -o ServerAliveInterval=5 "
+        "-o ServerAliveCountMax=6",
+    }
+
+
+def known_hosts_inventory(targets: Sequence[Target]) -> dict[str, Any] | None:
+    """An inventory source that gives each host with `gpuhost_known_hosts_file` that file for ssh,
+    as the audit reads it (None: no host sets it). Without it, Ansible's ssh reads
+    ~/.ssh/known_hosts, finds no key and reports what reads as a possible interception.
+    The option goes into ansible_ssh_common_args, after the host's own, so that sftp and scp get
+    it too and a UserKnownHostsFile the inventory names itself comes first (ssh's first value wins)."""
+    hosts: dict[str, Any] = {}
+    for target in targets:
+        if target.ssh is None or "gpuhost_known_hosts_file" not in target.variables:
+            continue
+        assert target.ssh.known_hosts_file is not None  # validated by targets.py
+        common = str(target.variables.get("ansible_ssh_common_args") or "").strip()
+        option = f"-o UserKnownHostsFile={shlex.quote(str(target.ssh.known_hosts_file))}"
+        hosts[target.name] = {"ansible_ssh_common_args": f"{common} {option}".strip()}
+    return {"all": {"hosts": hosts}} if hosts else None
+
+
+def inventory_sources(inventory: Path, extra: Mapping[str, Any] | None, directory: Path) -> str | list[str]:
+    """ansible-runner's inventory: the user's, then (later sources win) `extra` written under `directory`."""
+    if extra is None:
+        return str(inventory)
+    import json
+
+    path = directory / "gpuhost-known-hosts.yml"
+    path.write_text(json.dumps(extra))  # JSON is YAML: no quoting rule to get wrong
+    return [str(inventory), str(path)]
+
+
+def _pythonpath() -> str:
+    """The action plugins import gpuhost on the controller: make this gpuhost importable there."""
+    root = str(Path(__file__).resolve().parents[2])
+    existing = os.environ.get("PYTHONPATH")
+    return f"{root}{os.pathsep}{existing}" if existing else root

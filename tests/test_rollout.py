@@ -1,0 +1,237 @@
+"""gpuhost.rollout: apply and rollback through the engine, with ansible-runner replaced by a recorder.
+
+What Ansible sends is the real text of a lab run (tests/fixtures/ansible); the recorder also
+keeps what the engine hands ansible-playbook (inventory sources, limit), so these tests see
+the inventory read once per command and each host's gpuhost_known_hosts_file reach ssh.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuhost.cli.main import main
+from gpuhost.facts.build import build_facts
+from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.plan import PlanSettings, plan_host
+from gpuhost.plan.fleet import PlanOutcome
+from gpuhost.rollout.hostkeys import host_key_message
+from gpuhost.rollout.report import HostStatus
+from tests.helpers import FIXTURES, SNAPSHOTS
+
+HOST_KEY_CHANGED = (FIXTURES / "ansible/unreachable-host-key-changed.txt").read_text()
+PLANNER_TASK = "Compute the desired state with gpuhost's planner"
+# site.yml's plays, by name.
+PLAN_PLAY = "Plan every host (read-only; a refused host stops here, untouched)"
+CONFIGURE_PLAY = "Configure for passthrough, rolling reboot, verify"
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Path:
+    """Two hosts on a closed loopback port; gpu01 keeps its host keys in its own known_hosts file."""
+    known_hosts = tmp_path / "lab known_hosts"  # a space: the option must be quoted for ssh
+    known_hosts.write_text("")
+    hosts = {
+        "gpu01": {
+            "ansible_host": "127.0.0.1",
+            "ansible_port": 9,
+            "ansible_ssh_common_args": "-o StrictHostKeyChecking=yes",
+            "gpuhost_known_hosts_file": str(known_hosts),
+        },
+        "gpu02": {"ansible_host": "127.0.0.1", "ansible_port": 9},
+    }
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    return path
+
+
+@pytest.fixture
+def inventory_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every time Ansible parses an inventory in this process."""
+    from ansible.inventory.manager import InventoryManager
+
+    reads: list[str] = []
+    original = InventoryManager.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        reads.append(str(kwargs.get("sources")))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(InventoryManager, "__init__", counting)
+    yield reads
+
+
+def _recorder(
+    events: list[dict[str, Any]], stats: dict[str, Any], rc: int
+) -> tuple[Callable[..., SimpleNamespace], list[dict[str, Any]]]:
+    calls: list[dict[str, Any]] = []
+
+    def run(**kwargs: Any) -> SimpleNamespace:
+        sources = kwargs["inventory"]
+        extra = [Path(p).read_text() for p in sources[1:]] if isinstance(sources, list) else []
+        calls.append({**kwargs, "extra_sources": extra})
+        for event in events:
+            kwargs["event_handler"](event)
+        return SimpleNamespace(stats=stats, rc=rc, status="failed" if rc else "successful")
+
+    return run, calls
+
+
+def _unreachable(host: str) -> dict[str, Any]:
+    return {
+        "event": "runner_on_unreachable",
+        "event_data": {"host": host, "task": PLANNER_TASK, "play": PLAN_PLAY, "res": {"msg": HOST_KEY_CHANGED}},
+    }
+
+
+def _lab_plan(host: str) -> PlanOutcome:
+    facts = build_facts(SnapshotTree(SNAPSHOTS / "lab-gpu-pair-fresh"))
+    return PlanOutcome(
+        host, plan_host(host, facts, PlanSettings.from_variables({"gpuhost_gpus": ["1234:1111"]}, host)), None
+    )
+
+
+def test_interactive_apply_reads_the_inventory_once_and_reports_an_unreachable_host_as_2(
+    inventory: Path,
+    inventory_reads: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run, calls = _recorder([_unreachable("gpu01")], {"dark": {"gpu01": 1}, "ok": {}}, rc=4)
+    monkeypatch.setattr("ansible_runner.run", run)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    monkeypatch.setattr("gpuhost.plan.fleet.plan_fleet", lambda targets, forks: [_lab_plan(t.name) for t in targets])
+    report_path = tmp_path / "report.json"
+
+    code = main(["apply", "-i", str(inventory), "--limit", "gpu01", "--report", str(report_path)])
+
+    out = capsys.readouterr().out
+    assert "vfio-pci <- 0000:" in out  # the plan was shown before the question
+    assert len(inventory_reads) == 1, inventory_reads  # was 4: plan (2) and the checks before the run (2)
+    (call,) = calls
+    assert call["limit"] == "gpu01,localhost"
+    # Issue 13.4: the known_hosts file the audit uses is the one ssh gets, after the host's own options.
+    extra = json.loads(call["extra_sources"][0])
+    known_hosts = shlex.quote(str(tmp_path / "lab known_hosts"))
+    assert extra == {
+        "all": {
+            "hosts": {
+                "gpu01": {
+                    "ansible_ssh_common_args": f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts}"
+                }
+            }
+        }
+    }
+    report = json.loads(report_path.read_text())
+    assert set(report) == {"schema", "hosts", "ansible_stats", "ansible_rc", "ansible_status", "seconds"}
+    entry = report["hosts"]["gpu01"]
+    assert entry["status"] == HostStatus.UNREACHABLE.value
+    assert entry["message"].startswith("its SSH host key is not the one in known_hosts")
+    assert code == 2  # as audit and plan for a host that cannot be reached (was 1)
+
+
+def test_a_host_the_recap_lists_but_no_task_reached_is_not_reached_and_exits_1(
+    inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failed_task = {
+        "event": "runner_on_failed",
+        "event_data": {
+            "host": "gpu01",
+            "task": PLANNER_TASK,
+            "play": CONFIGURE_PLAY,
+            "res": {"msg": "gather failed"},
+        },
+    }
+    planned = {
+        "event": "runner_on_ok",
+        "event_data": {"host": "gpu02", "task": PLANNER_TASK, "play": PLAN_PLAY, "res": {}},
+    }
+    run, _ = _recorder([planned, failed_task], {"failures": {"gpu01": 1}, "ok": {"gpu01": 1, "gpu02": 1}}, rc=2)
+    monkeypatch.setattr("ansible_runner.run", run)
+    report_path = tmp_path / "report.json"
+    assert main(["apply", "-i", str(inventory), "--yes", "--report", str(report_path)]) == 1
+    hosts = json.loads(report_path.read_text())["hosts"]
+    assert hosts["gpu01"] == {"status": "failed", "message": f"{PLANNER_TASK}: gather failed"}
+    assert hosts["gpu02"]["status"] == "not reached"
+
+
+def test_interactive_rollback_reads_the_inventory_once_and_names_the_hosts_it_asks_about(
+    inventory: Path,
+    inventory_reads: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run, calls = _recorder([_unreachable("gpu01")], {"dark": {"gpu01": 1}}, rc=4)
+    monkeypatch.setattr("ansible_runner.run", run)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    prompts: list[str] = []
+    monkeypatch.setattr("builtins.input", lambda prompt: prompts.append(prompt) or "y")
+
+    code = main(["rollback", "-i", str(inventory), "--limit", "~gpu0[1]"])
+
+    assert prompts == ["Remove gpuhost's configuration from gpu01 and reboot it? [y/N] "]
+    assert len(inventory_reads) == 1, inventory_reads  # was 3: the checks (2) and the read-back (1)
+    (call,) = calls
+    assert call["limit"] == "~gpu0[1]" and call["extra_sources"]
+    out = capsys.readouterr().out
+    assert "unreachable" in out and "its SSH host key is not the one in known_hosts" in out
+    assert code == 2
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("key_matches", [True, False], ids=["known key", "changed key"])
+def test_ansible_verifies_host_keys_against_gpuhost_known_hosts_file(
+    key_matches: bool, sshd_server: Any, tmp_path: Path
+) -> None:
+    """Issue 13.4 against a real sshd: without the file handed to ssh, Ansible read ~/.ssh/known_hosts,
+    found no key, and reported what reads as a possible interception."""
+    from gpuhost.rollout import engine
+    from gpuhost.targets import ConnectionDefaults, inventory_targets
+
+    write = sshd_server.write_known_hosts if key_matches else sshd_server.write_wrong_known_hosts
+    known_hosts = write(tmp_path / "known_hosts")
+    host = {
+        "ansible_host": "127.0.0.1",
+        "ansible_port": sshd_server.port,
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(sshd_server.client_key),
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "gpuhost_known_hosts_file": str(known_hosts),
+    }
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu01": host}}}))
+    playbook = tmp_path / "ping.yml"
+    playbook.write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n    - name: Ping\n      ansible.builtin.ping:\n"
+    )
+    targets = inventory_targets(inventory, None, ConnectionDefaults())
+    tracker = engine.EventTracker(lambda line: None)
+
+    _, rc, _ = engine.run_playbook(playbook, inventory, None, {}, "", targets, tracker, verbose=False)
+
+    if key_matches:
+        assert rc == 0 and tracker.stopped == {}, tracker.stopped
+    else:
+        outcome = tracker.stopped["gpu01"]
+        assert outcome.status is HostStatus.UNREACHABLE
+        assert outcome.message.startswith("its SSH host key is not the one in known_hosts"), outcome.message
+        assert str(known_hosts) in outcome.message  # ssh read the inventory's file, not ~/.ssh/known_hosts
+
+
+def test_a_key_missing_from_known_hosts_is_not_called_an_interception() -> None:
+    # What Ansible said for a host whose key was in no known_hosts file ssh read (real text).
+    message = (FIXTURES / "ansible/unreachable-host-key-unknown.txt").read_text()
+    said = host_key_message(message)
+    assert said is not None and "gpuhost_known_hosts_file" in said and "intercept" not in said
+    changed = host_key_message(HOST_KEY_CHANGED)
+    assert changed is not None and "someone may be intercepting" in changed
+    assert host_key_message("Failed to connect to the host via ssh: Connection refused") is None
