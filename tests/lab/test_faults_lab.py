@@ -19,21 +19,17 @@ an NVIDIA host with the lab's stand-in driver, one 1 GiB page, a VM to render) i
 6. A's host key changes after an audit: A is aborted (unreachable), B goes on: driver purged,
    trial boot, commit, the audit says READY;
 8. a second apply on B changes nothing and reboots nothing;
-   the passthrough proof on B: render, virsh define/start, the guest lists the GPU's functions;
-4+5. an invalid /etc/default/grub on A is refused; then an unusual but valid one (CRLF, single
-   quotes, a continuation, a cloud drop-in overriding the variable, an old vfio-pci.ids=) plus an
-   `options vfio-pci ids=` in modprobe.d: trial boot, commit, exactly one correct setting;
-rollback: `gpuhost rollback --limit A`: the old command line and the modprobe.d file are back.
+   the passthrough proof on B: render, virsh define/start, the guest lists the GPU's functions.
 
-Fault 7 (hostile inventory values) and the pure half of 4 need no VM: tests/test_hostile_inventory.py
-and tests/test_trial_boot.py. Run alone: `pytest -m lab tests/lab/test_faults_lab.py -s`; the times
-are printed as [fault timing] lines.
+Faults 4 and 5 and rollback run on a host of their own in test_grub_files_lab.py, beside this
+module on another pytest-xdist worker (CI's time). Fault 7 (hostile inventory values) and the pure
+half of 4 need no VM: tests/test_hostile_inventory.py and tests/test_trial_boot.py. Run alone:
+`pytest -m lab tests/lab/test_faults_lab.py -n 0 -s`; the times are printed as [fault timing] lines.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import signal
@@ -41,13 +37,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuhost.audit import READY, audit_target
 from gpuhost.cli.main import main
@@ -56,23 +49,19 @@ from gpuhost.lab import image as lab_image
 from gpuhost.lab.image import Image
 from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.recipe import NESTED_GUEST_DIR
-from gpuhost.lab.state import VmRecord, is_our_process, load_state, process_start_ticks, save_state
+from gpuhost.lab.state import is_our_process, load_state, process_start_ticks, save_state
 from gpuhost.plan.settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTING_OPTIONS_ENV
 from gpuhost.targets import ConnectionDefaults, inventory_targets
+
+from .rollout_lab import GPU_FUNCTIONS, OPTIONS, Host, HostLayout, Lab, apply, booted_lab, timing
 
 # Each fault test boots or waits out reboots under TCG: more than the suite-wide 900 s on a busy machine.
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-faults")]
 
 A, B = "a-1", "b-1"
-OPTIONS = ("vfio-pci.ids=1234:1111,8086:293e", "modprobe.blacklist=nouveau,nvidia,nvidiafb", "iommu=pt")
-REBOOT_TIMEOUT = 600  # generous for TCG on a loaded machine
 KILLED_REBOOT_TIMEOUT = 60  # fault 3 waits this out
 # The trial kernel's first words on A's serial console (console=ttyS0): its command line.
 TRIAL_BOOT_LINE = re.compile(rb"Command line: [^\n]*gpuhost\.trial=1")
-# Everything apply or rollback may write, and the boot_id (a reboot shows as a change); Molecule's
-# scenario checks the same list.
-HASH_SCRIPT = (Path(__file__).resolve().parents[2] / "playbooks/molecule/default/files/state-hashes.sh").read_text()
-GPU_FUNCTIONS = ("0000:01:00.0", "0000:01:00.1")
 # The VM of the passthrough proof on B: TCG (the lab host has no KVM), direct kernel boot of the
 # busybox guest that lists the PCI functions it sees on its serial console, then powers off.
 PROOF_VM: dict[str, Any] = {
@@ -89,89 +78,20 @@ PROOF_VM: dict[str, Any] = {
 }
 GUEST_SEES = ("1234:1111 class 0x030000", "8086:293e class 0x040300")
 PCI_BEGIN, PCI_END = "GPUHOST-GUEST-PCI-BEGIN", "GPUHOST-GUEST-PCI-END"
-# name: (image variant, memory MiB, the host's own inventory variables)
-LAYOUT: dict[str, tuple[str, int, dict[str, Any]]] = {
-    A: ("base", 2048, {"gpuhost_hugepages": 0}),
-    B: ("nested", 4096, {"gpuhost_hugepages": 1, "gpuhost_vms": [PROOF_VM]}),
+LAYOUT = {
+    A: HostLayout("base", 2048, {"gpuhost_hugepages": 0}),
+    B: HostLayout("nested", 4096, {"gpuhost_hugepages": 1, "gpuhost_vms": [PROOF_VM]}, fake_nvidia=True),
 }
-
-
-def _timing(message: str) -> None:
-    print(f"[fault timing] {message}", flush=True)
-
-
-@dataclass
-class Host:
-    paths: LabPaths
-    name: str
-
-    @property
-    def record(self) -> VmRecord:
-        return fleet.find_host(self.paths, "lab-1")
-
-    def sh(self, script: str, timeout: float = 180) -> str:
-        result = fleet.run_on(self.paths, self.record, ["sh", "-s"], stdin=script, timeout=timeout)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    def hashes(self) -> str:
-        return self.sh(HASH_SCRIPT)
-
-    def cmdline(self) -> list[str]:
-        return self.sh("cat /proc/cmdline").split()
-
-
-@dataclass(frozen=True)
-class Lab:
-    hosts: dict[str, Host]
-    root: Path
-
-    def inventory(self, name: str, **overrides: dict[str, Any]) -> Path:
-        """One inventory for both hosts, as an operator has it; `overrides` per host name."""
-        entries: dict[str, Any] = {}
-        for host_name, host in self.hosts.items():
-            data = yaml.safe_load(host.paths.inventory.read_text())
-            (variables,) = data["all"]["hosts"].values()
-            entries[host_name] = {
-                **variables,
-                **LAYOUT[host_name][2],
-                "gpuhost_verify_reboot_timeout": REBOOT_TIMEOUT,
-                **overrides.get(host_name, {}),
-            }
-        path = self.root / f"{name}-inventory.yml"
-        path.write_text(yaml.safe_dump({"all": {"hosts": entries}}))
-        return path
 
 
 @pytest.fixture(scope="module")
 def lab(base_image: Image, image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     root = tmp_path_factory.mktemp("faults-lab")
-    labs = {name: LabPaths(root=root / name, images=image_dir) for name in LAYOUT}
     started = time.monotonic()
-    nested = lab_image.ensure_image(labs[B], "nested")
-    _timing(f"nested image {'reused' if nested.reused else 'built'} in {time.monotonic() - started:.0f} s")
-    started = time.monotonic()
-    try:
-        for name, (variant, memory, _) in LAYOUT.items():
-            fleet.up(labs[name], hosts=1, topology="gpu-pair", variant=variant, memory_mib=memory, cpus=2, wait=False)
-        with ThreadPoolExecutor(len(labs)) as pool:
-            for future in [pool.submit(fleet.wait_for_ssh, p, fleet.status(p)[0].hosts, 900) for p in labs.values()]:
-                future.result()
-        fake_nvidia.install(labs[B], fleet.status(labs[B])[0].hosts[0].name)
-        _timing(f"2 hosts up and the stand-in NVIDIA driver on B in {time.monotonic() - started:.0f} s")
-        yield Lab(hosts={name: Host(paths, name) for name, paths in labs.items()}, root=root)
-    finally:
-        for paths in labs.values():
-            fleet.down(paths)
-
-
-def apply(lab: Lab, inventory: Path, label: str, *extra: str) -> tuple[int, dict[str, Any], float]:
-    report = lab.root / f"{label}-report.json"
-    started = time.monotonic()
-    code = main(["apply", "-i", str(inventory), "--yes", "--report", str(report), *extra])
-    seconds = time.monotonic() - started
-    _timing(f"{label}: apply {' '.join(extra)} in {seconds:.0f} s")
-    return code, json.loads(report.read_text()), seconds
+    nested = lab_image.ensure_image(LabPaths(root=root / B, images=image_dir), "nested")
+    timing(f"nested image {'reused' if nested.reused else 'built'} in {time.monotonic() - started:.0f} s")
+    with booted_lab(root, image_dir, LAYOUT) as booted:
+        yield booted
 
 
 @pytest.fixture(scope="module")
@@ -275,8 +195,8 @@ def test_fault3_host_killed_during_its_reboot_fails_the_batch_and_the_next_is_un
     assert report["hosts"][B]["status"] == "not reached", report["hosts"][B]
     assert lab.hosts[B].hashes() == original[B]["hashes"], "the next batch was touched"
     waited = time.monotonic() - killed["at"]
-    _timing(f"fault3: batch failed {waited:.0f} s after the kill (timeout {KILLED_REBOOT_TIMEOUT} s)")
-    _timing(f"fault3: A started again (the operator's power cycle) and back on SSH in {_start_again(host_a):.0f} s")
+    timing(f"fault3: batch failed {waited:.0f} s after the kill (timeout {KILLED_REBOOT_TIMEOUT} s)")
+    timing(f"fault3: A started again (the operator's power cycle) and back on SSH in {_start_again(host_a):.0f} s")
     # GRUB used up the one-shot entry on the killed boot: the power cycle lands on the old default.
     assert host_a.cmdline() == original[A]["cmdline"]
 
@@ -329,7 +249,7 @@ def test_fault6_host_key_change_aborts_that_host_and_the_others_go_on(lab: Lab) 
     assert code != 0 and entry_b["status"] == "ready", entry_b
     assert entry_b["rebooted"] is True
     reboot = entry_b["reboot_seconds"] or 0
-    _timing(f"fault6: B's apply {seconds:.0f} s in all, trial reboot {reboot} s, the rest {seconds - reboot:.0f} s")
+    timing(f"fault6: B's apply {seconds:.0f} s in all, trial reboot {reboot} s, the rest {seconds - reboot:.0f} s")
     # B, the host made to look like an NVIDIA host, is now a passthrough host.
     drivers = lab.hosts[B].sh(
         "for d in " + " ".join(GPU_FUNCTIONS) + '; do basename "$(readlink /sys/bus/pci/devices/$d/driver)"; done; '
@@ -374,7 +294,7 @@ def test_a_rendered_domain_gets_the_gpu_on_the_applied_host(lab: Lab, tmp_path: 
     xml_path = tmp_path / f"{vm}.xml"
     assert main(["render", "-i", str(inventory), "--host", B, "--vm", vm, "-o", str(xml_path)]) == 0
     xml = xml_path.read_text()
-    _timing(f"render (audit of the host + libvirt schema check): {time.monotonic() - started:.0f} s")
+    timing(f"render (audit of the host + libvirt schema check): {time.monotonic() - started:.0f} s")
     # What the proof rests on: both functions as managed hostdevs, the 1 GiB page backing the guest.
     assert xml.count("<hostdev mode='subsystem' type='pci' managed='yes'>") == 2
     assert "<page size='1048576' unit='KiB'/>" in xml
@@ -388,7 +308,7 @@ def test_a_rendered_domain_gets_the_gpu_on_the_applied_host(lab: Lab, tmp_path: 
     while PCI_END not in log and time.monotonic() < deadline:
         time.sleep(10)
         log = host_b.sh(f"cat {serial_log} 2>/dev/null || true", timeout=120)
-    _timing(f"domain defined, booted at two levels of TCG, PCI listed: {time.monotonic() - started:.0f} s")
+    timing(f"domain defined, booted at two levels of TCG, PCI listed: {time.monotonic() - started:.0f} s")
     assert PCI_BEGIN in log and PCI_END in log, f"no PCI listing on the guest's serial console:\n{log[-3000:]}"
     listing = log.split(PCI_BEGIN, 1)[1].split(PCI_END, 1)[0]
     for function in GUEST_SEES:
@@ -399,75 +319,3 @@ def test_a_rendered_domain_gets_the_gpu_on_the_applied_host(lab: Lab, tmp_path: 
     )
     assert drivers.split() == ["vfio-pci", "vfio-pci"], drivers
     host_b.sh(f"virsh destroy {vm} >/dev/null 2>&1 || true; virsh undefine {vm}")
-
-
-UNUSUAL_GRUB = (
-    "# gpuhost fault 4: unusual but valid shell\n"
-    "GRUB_DEFAULT=0\n"
-    "GRUB_TIMEOUT=0\n"
-    "GRUB_TIMEOUT_STYLE=hidden\n"
-    "GRUB_DISTRIBUTOR='Debian'\n"
-    "GRUB_CMDLINE_LINUX='console=ttyS0,115200n8 no_timer_check'\n"
-    'GRUB_CMDLINE_LINUX_DEFAULT="vfio-pci.ids=10de:1111 \\\n'
-    '    quiet"  # an older passthrough try\n'
-    'GRUB_TERMINAL="serial console"\n'
-    'GRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"\n'
-    "GRUB_DISABLE_OS_PROBER=true\n"
-)
-CLOUD_DROPIN = 'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT net.ifnames=0"\n'
-OLD_MODPROBE = "# an older passthrough setup\noptions vfio-pci ids=10de:1111 disable_vga=1\n"
-
-
-def test_fault4_and_5_unusual_grub_and_conflicting_vfio_settings_end_with_one_correct_setting(lab: Lab) -> None:
-    host_a = lab.hosts[A]
-    # CRLF on the command line variables: the part gpuhost reads. (A whole CRLF file also turns
-    # GRUB_TIMEOUT into "0\r", which GRUB cannot parse: it would wait at its menu, gpuhost or not.)
-    crlf = "".join(
-        line.replace("\n", "\r\n") if line.startswith(("GRUB_CMDLINE_LINUX=", "    quiet")) else line
-        for line in UNUSUAL_GRUB.splitlines(keepends=True)
-    )
-    # Invalid shell first (an unterminated quote): refused, nothing written.
-    host_a.sh("printf 'GRUB_CMDLINE_LINUX=\"quiet\\n' >> /etc/default/grub")
-    broken = host_a.hashes()
-    code, report, _ = apply(lab, lab.inventory("fault4-invalid"), "fault4-invalid", "--limit", A)
-    entry = report["hosts"][A]
-    assert code != 0 and entry["status"] == "refused", entry
-    assert "is not valid shell" in entry["message"] and "/etc/default/grub" in entry["message"], entry
-    assert host_a.hashes() == broken
-    host_a.sh(
-        f"cat > /etc/default/grub <<'EOF'\n{crlf}EOF\n"
-        f"cat > /etc/default/grub.d/50-cloudimg-settings.cfg <<'EOF'\n{CLOUD_DROPIN}EOF\n"
-        f"cat > /etc/modprobe.d/vfio-old.conf <<'EOF'\n{OLD_MODPROBE}EOF\n"
-    )
-    # Counted on the host: the SSH output is read with universal newlines, which hide a '\r'.
-    assert host_a.sh("grep -c \"$(printf '\\r')\" /etc/default/grub").strip() == "2"
-    code, report, _ = apply(lab, lab.inventory("fault4-5"), "fault4-5", "--limit", A)
-    entry = report["hosts"][A]
-    assert code == 0 and entry["status"] == "ready", entry
-    cmdline = host_a.cmdline()
-    assert [t for t in cmdline if t.startswith("vfio-pci.ids=")] == [OPTIONS[0]], cmdline
-    assert {"quiet", "net.ifnames=0", "console=ttyS0,115200n8", "no_timer_check"} <= set(cmdline)
-    assert host_a.sh("grep -c \"$(printf '\\r')\" /proc/cmdline || true").strip() == "0"
-    modprobe = host_a.sh(
-        "grep -rhE '^[[:space:]]*options[[:space:]]+vfio[-_]pci' /etc/modprobe.d/ || true; "
-        "cat /var/lib/gpuhost/backup/etc/modprobe.d/vfio-old.conf"
-    )
-    assert modprobe == OLD_MODPROBE, modprobe  # no active ids= left; the original kept for rollback
-
-
-def test_rollback_restores_the_old_command_line_and_the_backed_up_files(lab: Lab) -> None:
-    host_a = lab.hosts[A]
-    started = time.monotonic()
-    code = main(["rollback", "-i", str(lab.inventory("rollback")), "--limit", A, "--yes"])
-    _timing(f"rollback of A (with its reboot): {time.monotonic() - started:.0f} s")
-    assert code == 0
-    cmdline = host_a.cmdline()
-    # The host's own settings are back, old vfio-pci.ids= included; nothing of gpuhost's is left.
-    assert [t for t in cmdline if t.startswith("vfio-pci.ids=")] == ["vfio-pci.ids=10de:1111"], cmdline
-    assert not {"iommu=pt", "gpuhost.trial=1", "modprobe.blacklist=nouveau,nvidia,nvidiafb"} & set(cmdline)
-    left = host_a.sh(
-        "cat /etc/modprobe.d/vfio-old.conf; test ! -e /etc/default/grub.d/gpuhost.cfg && "
-        "test ! -e /etc/grub.d/42_gpuhost_trial && test ! -e /etc/initramfs-tools/scripts/init-top/gpuhost-vfio && "
-        "test ! -e /var/lib/gpuhost/backup && ! grep -q gpuhost /etc/initramfs-tools/modules && echo clean"
-    )
-    assert left == OLD_MODPROBE + "clean\n", left

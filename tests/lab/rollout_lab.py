@@ -1,0 +1,123 @@
+"""What the rollout lab modules share: lab hosts named as an operator's inventory names them,
+booted together for a module, with the hashes of every file apply or rollback may write.
+
+test_faults_lab.py (two hosts: rollouts across batches) and test_grub_files_lab.py (one host:
+unusual GRUB files, conflicting settings, rollback) each boot their own hosts, so that pytest-xdist
+runs them side by side on different workers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuhost.cli.main import main
+from gpuhost.lab import fake_nvidia, fleet
+from gpuhost.lab.paths import LabPaths
+from gpuhost.lab.state import VmRecord
+
+from .conftest import BOOT_TIMEOUT
+
+OPTIONS = ("vfio-pci.ids=1234:1111,8086:293e", "modprobe.blacklist=nouveau,nvidia,nvidiafb", "iommu=pt")
+REBOOT_TIMEOUT = 600  # generous for TCG on a loaded machine
+# Everything apply or rollback may write, and the boot_id (a reboot shows as a change); Molecule's
+# scenario checks the same list.
+HASH_SCRIPT = (Path(__file__).resolve().parents[2] / "playbooks/molecule/default/files/state-hashes.sh").read_text()
+GPU_FUNCTIONS = ("0000:01:00.0", "0000:01:00.1")
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """One lab host of a module: image variant, memory, its own inventory variables."""
+
+    variant: str
+    memory_mib: int
+    variables: Mapping[str, Any]
+    fake_nvidia: bool = False
+
+
+def timing(message: str) -> None:
+    print(f"[fault timing] {message}", flush=True)
+
+
+@dataclass
+class Host:
+    paths: LabPaths
+    name: str
+
+    @property
+    def record(self) -> VmRecord:
+        return fleet.find_host(self.paths, "lab-1")
+
+    def sh(self, script: str, timeout: float = 180) -> str:
+        result = fleet.run_on(self.paths, self.record, ["sh", "-s"], stdin=script, timeout=timeout)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def hashes(self) -> str:
+        return self.sh(HASH_SCRIPT)
+
+    def cmdline(self) -> list[str]:
+        return self.sh("cat /proc/cmdline").split()
+
+
+@dataclass(frozen=True)
+class Lab:
+    hosts: dict[str, Host]
+    layout: Mapping[str, HostLayout]
+    root: Path
+
+    def inventory(self, name: str, **overrides: dict[str, Any]) -> Path:
+        """One inventory for all the module's hosts, as an operator has it; `overrides` per host name."""
+        entries: dict[str, Any] = {}
+        for host_name, host in self.hosts.items():
+            data = yaml.safe_load(host.paths.inventory.read_text())
+            (variables,) = data["all"]["hosts"].values()
+            entries[host_name] = {
+                **variables,
+                **self.layout[host_name].variables,
+                "gpuhost_verify_reboot_timeout": REBOOT_TIMEOUT,
+                **overrides.get(host_name, {}),
+            }
+        path = self.root / f"{name}-inventory.yml"
+        path.write_text(yaml.safe_dump({"all": {"hosts": entries}}))
+        return path
+
+
+@contextmanager
+def booted_lab(root: Path, image_dir: Path, layout: Mapping[str, HostLayout]) -> Iterator[Lab]:
+    """Boot every host of `layout` (gpu-pair topology) in parallel; stop them all at the end."""
+    labs = {name: LabPaths(root=root / name, images=image_dir) for name in layout}
+    started = time.monotonic()
+    try:
+        for name, host in layout.items():
+            fleet.up(labs[name], hosts=1, variant=host.variant, memory_mib=host.memory_mib, cpus=2, wait=False)
+        with ThreadPoolExecutor(len(labs)) as pool:
+            waits = [pool.submit(fleet.wait_for_ssh, p, fleet.status(p)[0].hosts, BOOT_TIMEOUT) for p in labs.values()]
+            for future in waits:
+                future.result()
+        for name, host in layout.items():
+            if host.fake_nvidia:
+                fake_nvidia.install(labs[name], fleet.status(labs[name])[0].hosts[0].name)
+        timing(f"{len(labs)} host(s) up (stand-in NVIDIA driver where asked) in {time.monotonic() - started:.0f} s")
+        yield Lab(hosts={name: Host(paths, name) for name, paths in labs.items()}, layout=layout, root=root)
+    finally:
+        for paths in labs.values():
+            fleet.down(paths)
+
+
+def apply(lab: Lab, inventory: Path, label: str, *extra: str) -> tuple[int, dict[str, Any], float]:
+    report = lab.root / f"{label}-report.json"
+    started = time.monotonic()
+    code = main(["apply", "-i", str(inventory), "--yes", "--report", str(report), *extra])
+    seconds = time.monotonic() - started
+    timing(f"{label}: apply {' '.join(extra)} in {seconds:.0f} s")
+    return code, json.loads(report.read_text()), seconds
