@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost import __version__
-from gpuhost.checks import Finding, Severity, run_checks
+from gpuhost.checks import Role, run_checks
 from gpuhost.errors import GpuhostError
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.gather import gather_tree
-from gpuhost.facts.model import HostFacts
+from gpuhost.facts.model import GIB_KIB, HostFacts
 from gpuhost.facts.snapshot import GatherFormatError, open_snapshot
+from gpuhost.problems import Problem, Severity
 from gpuhost.selection import GpuSelection, functions_to_bind, group_members
 from gpuhost.targets import LOCAL, SNAPSHOT, Target
 from gpuhost.transport import Transport, TransportError
@@ -30,9 +31,9 @@ UNREACHABLE = "unreachable"
 class HostAudit:
     target: Target
     facts: HostFacts | None
-    role: str | None
+    role: Role | None
     selection: GpuSelection | None
-    findings: tuple[Finding, ...]
+    findings: tuple[Problem, ...]
     error: str | None  # why the host could not be audited
     error_kind: str | None  # unreachable, auth, host-key-unknown, host-key-changed, timeout, command, input
     round_trips: int
@@ -129,16 +130,7 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
         "counts": {severity.value: audit.count(severity) for severity in Severity},
         "system": None,
         "gpus": [],
-        "findings": [
-            {
-                "code": finding.code,
-                "severity": finding.severity.value,
-                "subject": finding.subject,
-                "message": finding.message,
-                "remedy": finding.remedy,
-            }
-            for finding in audit.findings
-        ],
+        "findings": [finding.as_dict() for finding in audit.findings],
     }
     if facts is None or audit.selection is None:
         return data
@@ -152,7 +144,7 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
         "iommu_groups": len(facts.iommu.groups),
         "cmdline": str(facts.cmdline) if facts.cmdline else None,
         "bootloader": facts.bootloader.kind,
-        "hugepages_1g": (pool.total if (pool := facts.hugepage_pool(1048576)) else None),
+        "hugepages_1g": (pool.total if (pool := facts.hugepage_pool(GIB_KIB)) else None),
     }
     for passthrough, cards in ((True, audit.selection.passthrough), (False, audit.selection.kept)):
         for card in cards:

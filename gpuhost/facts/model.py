@@ -18,6 +18,15 @@ CLASS_PCI_BRIDGE = 0x0604
 CLASS_USB = 0x0C03
 CLASS_SERIAL_BUS_OTHER = 0x0C80  # NVIDIA's USB Type-C UCSI controller on consumer cards
 VENDOR_NVIDIA = 0x10DE
+# Sizes: /proc/meminfo and the huge page pools count KiB; 1 GiB pages are the pool "hugepages-1048576kB".
+GIB_KIB = 1024 * 1024
+MIB_BYTES = 1024 * 1024
+GIB_BYTES = 1024 * GIB_KIB
+# Host GPU driver modules: loaded, they hold the GPU before vfio-pci can (the audit's nvidia.loaded,
+# the plan's reboot reasons, the verification after the reboot).
+HOST_DRIVER_MODULES = ("nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nouveau", "nvidiafb")
+# What the initramfs must load for vfio-pci to claim the GPU before a host driver (vfio-pci as a module).
+VFIO_INITRAMFS_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 
 GPU_CLASSES = frozenset({CLASS_VGA, CLASS_3D})
 BRIDGE_CLASSES = frozenset({CLASS_HOST_BRIDGE, CLASS_PCI_BRIDGE})

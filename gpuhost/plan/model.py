@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuhost.errors import GpuhostError
+from gpuhost.problems import Problem
 
 GRUB_DROPIN_PATH = "/etc/default/grub.d/gpuhost.cfg"
 INITRAMFS_MODULES_PATH = "/etc/initramfs-tools/modules"
@@ -27,24 +28,10 @@ BIND_BY_IDS = "ids"
 BIND_BY_ADDRESS = "address"
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """Why gpuhost will not touch a host; nothing is written to a host with a refusal."""
-
-    host: str
-    code: str  # stable identifier, e.g. group.shared
-    subject: str  # the device, file or value concerned
-    message: str  # the fact, naming host and device
-    fix: str  # what the operator can do
-
-    def __str__(self) -> str:
-        return f"{self.host}: {self.message} Fix: {self.fix}"
-
-
 class PlanRefused(GpuhostError):
     """Raised by callers that need a plan they can apply (`HostPlan.require_applicable`)."""
 
-    def __init__(self, refusals: tuple[Refusal, ...]) -> None:
+    def __init__(self, refusals: tuple[Problem, ...]) -> None:
         super().__init__("; ".join(str(refusal) for refusal in refusals))
         self.refusals = refusals
 
@@ -125,7 +112,7 @@ class HostPlan:
     reboot_reasons: tuple[str, ...]
     verify_command: str  # shell: exit 0 when the host booted into the planned state (reboot test_command)
     notes: tuple[str, ...]
-    refusals: tuple[Refusal, ...]
+    refusals: tuple[Problem, ...]  # Stage.PLAN problems; nothing is written to a host with one
 
     @property
     def applicable(self) -> bool:
@@ -153,6 +140,8 @@ class HostPlan:
         }
         data["trial"]["entry_id"] = TRIAL_ENTRY_ID
         data["trial"]["marker"] = TRIAL_MARKER
+        # A refusal's JSON keeps the keys it had before it was a Problem (host, fix) next to the Problem's own.
+        data["refusals"] = [{**r.as_dict(), "host": self.host, "fix": r.remedy} for r in self.refusals]
         plain: dict[str, Any] = _plain(data)
         return plain
 
