@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from gpuhost import __version__
@@ -22,9 +23,17 @@ from gpuhost.transport import Transport, TransportError
 from gpuhost.transport.local import LocalTransport
 
 JSON_SCHEMA = "gpuhost.audit/1"
-READY = "ready"
-NOT_READY = "not-ready"
-UNREACHABLE = "unreachable"
+
+
+class AuditStatus(str, Enum):
+    """A host's verdict (the JSON's `status`)."""
+
+    READY = "ready"
+    NOT_READY = "not-ready"
+    UNREACHABLE = "unreachable"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -40,10 +49,10 @@ class HostAudit:
     seconds: float
 
     @property
-    def status(self) -> str:
+    def status(self) -> AuditStatus:
         if self.error is not None:
-            return UNREACHABLE
-        return NOT_READY if self.count(Severity.ERROR) else READY
+            return AuditStatus.UNREACHABLE
+        return AuditStatus.NOT_READY if self.count(Severity.ERROR) else AuditStatus.READY
 
     def count(self, severity: Severity) -> int:
         return sum(1 for finding in self.findings if finding.severity == severity)
@@ -119,12 +128,12 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
         "gpuhost_version": __version__,
         "host": audit.target.name,
         "source": audit.target.kind,
-        "status": audit.status,
+        "status": audit.status.value,
         "reachable": audit.error is None,
-        "ready": audit.status == READY,
+        "ready": audit.status is AuditStatus.READY,
         "error": audit.error,
         "error_kind": audit.error_kind,
-        "role": audit.role,
+        "role": audit.role.value if audit.role is not None else None,
         "round_trips": audit.round_trips,
         "seconds": round(audit.seconds, 3),
         "counts": {severity.value: audit.count(severity) for severity in Severity},
@@ -143,7 +152,7 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
         "iommu_active": facts.iommu.active,
         "iommu_groups": len(facts.iommu.groups),
         "cmdline": str(facts.cmdline) if facts.cmdline else None,
-        "bootloader": facts.bootloader.kind,
+        "bootloader": facts.bootloader.kind.value,
         "hugepages_1g": (pool.total if (pool := facts.hugepage_pool(GIB_KIB)) else None),
     }
     for passthrough, cards in ((True, audit.selection.passthrough), (False, audit.selection.kept)):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.facts.model import Bar, HostFacts, HugePagePool, MemInfo, NumaNode, PcieLink, PciFunction
+from gpuhost.facts.model import Bar, HostFacts, HugePagePool, MemInfo, NumaNode, PcieLinkStatus, PciFunction
 from gpuhost.render.domain import (
     RenderRefused,
     format_cpulist,
@@ -438,7 +438,7 @@ def _nic(address: str) -> PciFunction:
         iommu_group=6,
         numa_node=-1,
         local_cpulist="0-1",
-        link=PcieLink(None, None, None, None),
+        link=PcieLinkStatus(None, None, None, None),
         reset_methods=None,
         bars=(Bar(0, 0xFEB80000, 0xFEB9FFFF, 0x40200),),
     )

@@ -17,6 +17,9 @@ class Role(str, Enum):
     HOST = "host"  # a VM host that passes GPUs through
     GUEST = "guest"  # a passthrough guest, seen from inside
 
+    def __str__(self) -> str:
+        return self.value
+
 
 ROLES = tuple(Role)  # the accepted values, for validation messages
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext
-from gpuhost.facts.model import HOST_DRIVER_MODULES, VFIO_INITRAMFS_MODULES, VFIO_MODULE
+from gpuhost.facts.model import HOST_DRIVER_MODULES, VFIO_INITRAMFS_MODULES, VfioPci
 from gpuhost.problems import Problem, Severity, Stage, register
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -123,7 +123,7 @@ def check_modprobe(ctx: CheckContext) -> Iterator[Problem]:
 
 def check_initramfs(ctx: CheckContext) -> Iterator[Problem]:
     facts = ctx.facts
-    if facts.vfio_pci != VFIO_MODULE or not ctx.selection.passthrough:
+    if facts.vfio_pci != VfioPci.MODULE or not ctx.selection.passthrough:
         return
     initramfs = facts.initramfs
     if initramfs.entries is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext
-from gpuhost.facts.model import BOOTLOADER_GRUB, BOOTLOADER_UNKNOWN
+from gpuhost.facts.model import BootloaderKind
 from gpuhost.problems import Problem, Severity, Stage, register
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -228,7 +228,7 @@ def check_bootloader(ctx: CheckContext) -> Iterator[Problem]:
             f"/etc/default/grub (or a drop-in) is not valid shell: {facts.grub.syntax_error}",
             "Fix the file: update-grub sources it with sh and would fail too.",
         )
-    if loader.kind == BOOTLOADER_GRUB:
+    if loader.kind == BootloaderKind.GRUB:
         firmware = {True: "UEFI", False: "BIOS", None: "unknown firmware"}[loader.efi]
         yield ctx.finding(
             BOOTLOADER_GRUB_FOUND,
@@ -237,7 +237,7 @@ def check_bootloader(ctx: CheckContext) -> Iterator[Problem]:
             f"GRUB ({firmware}); kernel command line from /etc/default/grub"
             + (f" and {len(facts.grub.dropins)} drop-in(s)" if facts.grub.dropins else ""),
         )
-    elif loader.kind == BOOTLOADER_UNKNOWN:
+    elif loader.kind == BootloaderKind.UNKNOWN:
         yield ctx.finding(
             BOOTLOADER_UNIDENTIFIED,
             WARNING,

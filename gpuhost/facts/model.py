@@ -7,6 +7,7 @@ unknown is a fact of its own and the checks say so, rather than guessing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 # PCI class codes (base class and subclass, the upper 16 bits of the 24-bit class).
 CLASS_VGA = 0x0300
@@ -60,7 +61,9 @@ class Bar:
 
 
 @dataclass(frozen=True)
-class PcieLink:
+class PcieLinkStatus:
+    """A function's PCIe link as sysfs reports it: trained (current_*) and capable (max_*) speed and width."""
+
     current_speed_gts: float | None
     current_width: int | None
     max_speed_gts: float | None
@@ -117,7 +120,7 @@ class PciFunction:
     iommu_group: int | None
     numa_node: int | None  # None when unknown; -1 (no NUMA information) is kept as -1
     local_cpulist: str | None
-    link: PcieLink
+    link: PcieLinkStatus
     reset_methods: tuple[str, ...] | None
     bars: tuple[Bar, ...]
     resizable_bar_sizes: dict[int, int] = field(default_factory=dict)  # BAR index -> supported sizes bitmask
@@ -275,15 +278,21 @@ class GrubConfig:
         return KernelCommandLine(self.cmdline_linux.tokens + self.cmdline_linux_default.tokens)
 
 
-BOOTLOADER_GRUB = "grub"
-BOOTLOADER_SYSTEMD_BOOT = "systemd-boot"
-BOOTLOADER_GRUBBY_BLS = "grubby"
-BOOTLOADER_UNKNOWN = "unknown"
+class BootloaderKind(str, Enum):
+    """How the kernel command line is set on this host."""
+
+    GRUB = "grub"
+    SYSTEMD_BOOT = "systemd-boot"
+    GRUBBY_BLS = "grubby"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:  # the value in messages, on every Python version
+        return self.value
 
 
 @dataclass(frozen=True)
 class Bootloader:
-    kind: str  # one of the BOOTLOADER_* names
+    kind: BootloaderKind
     efi: bool | None
     update_command: str | None  # update-grub, grub2-mkconfig, grubby, ...
     evidence: str  # why we think so
@@ -319,9 +328,15 @@ class KernelLog:
         return [line for line in self.lines if any(n in line.lower() for n in lowered)]
 
 
-VFIO_BUILTIN = "builtin"
-VFIO_MODULE = "module"
-VFIO_ABSENT = "absent"
+class VfioPci(str, Enum):
+    """How the running kernel has vfio-pci."""
+
+    BUILTIN = "builtin"
+    MODULE = "module"
+    ABSENT = "absent"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -382,7 +397,7 @@ class HostFacts:
     pci: tuple[PciFunction, ...]
     iommu: Iommu
     modules: Modules | None
-    vfio_pci: str | None  # VFIO_BUILTIN / VFIO_MODULE / VFIO_ABSENT, None: unknown
+    vfio_pci: VfioPci | None  # None: unknown
     vfio_pci_module_ids: tuple[str, ...] | None  # /sys/module/vfio_pci/parameters/ids
     initramfs: Initramfs
     grub: GrubConfig

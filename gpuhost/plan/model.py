@@ -7,6 +7,7 @@ and the verification compares the host with it after the reboot.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
 from gpuhost.errors import GpuhostError
@@ -24,8 +25,16 @@ TRIAL_GRUB_SCRIPT_PATH = "/etc/grub.d/42_gpuhost_trial"
 TRIAL_ENTRY_ID = "gpuhost-trial"
 TRIAL_MARKER = "gpuhost.trial=1"  # on the trial entry's command line only: /proc/cmdline tells which entry booted
 BACKUP_DIR = "/var/lib/gpuhost/backup"  # what apply overwrites or deletes, kept for `gpuhost rollback`
-BIND_BY_IDS = "ids"
-BIND_BY_ADDRESS = "address"
+
+
+class BindBy(str, Enum):
+    """How the plan hands a GPU's functions to vfio-pci at boot."""
+
+    IDS = "ids"  # vfio-pci.ids= on the kernel command line
+    ADDRESS = "address"  # driver_override per PCI address, from the initramfs script
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class PlanRefused(GpuhostError):
@@ -91,7 +100,7 @@ class HostPlan:
     host: str
     gpus: tuple[str, ...]  # addresses of the GPUs passed through
     functions: tuple[BoundFunction, ...]  # every function vfio-pci must own
-    bind_by: str  # BIND_BY_IDS or BIND_BY_ADDRESS
+    bind_by: BindBy
     vfio_ids: tuple[str, ...]  # vendor:device for vfio-pci.ids (empty when binding by address only)
     override_addresses: tuple[str, ...]  # functions bound through driver_override in the initramfs script
     kernel_options: tuple[str, ...]  # what gpuhost adds, in order
@@ -152,4 +161,6 @@ def _plain(value: Any) -> Any:
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
+    if isinstance(value, Enum):
+        return value.value
     return value

@@ -12,24 +12,22 @@ from functools import cache
 
 from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.facts.model import (
-    BOOTLOADER_GRUB,
     GIB_KIB,
     HOST_DRIVER_MODULES,
     VENDOR_NVIDIA,
-    VFIO_ABSENT,
     VFIO_INITRAMFS_MODULES,
-    VFIO_MODULE,
+    BootloaderKind,
     HostFacts,
     KernelCommandLine,
+    VfioPci,
 )
 from gpuhost.facts.parsers import parse_modprobe_options
 from gpuhost.plan import hugepages as hp
 from gpuhost.plan.model import (
-    BIND_BY_ADDRESS,
-    BIND_BY_IDS,
     TRIAL_ENTRY_ID,
     TRIAL_MARKER,
     TRIAL_SETTINGS_PATH,
+    BindBy,
     BoundFunction,
     DriverRemoval,
     HostPlan,
@@ -181,7 +179,9 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     modules = _initramfs_modules(facts)
     # vfio-pci loaded before udev, whenever it is a module (or the functions are bound by address).
     initramfs_script = (
-        _render("initramfs/gpuhost-vfio.j2", addresses=override) if override or facts.vfio_pci == VFIO_MODULE else None
+        _render("initramfs/gpuhost-vfio.j2", addresses=override)
+        if override or facts.vfio_pci == VfioPci.MODULE
+        else None
     )
     removal = _driver_removal(facts, settings, selection)
     conflicts = _modprobe_conflicts(facts) if vfio_ids else ()
@@ -224,7 +224,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
             refusals.remove(refusal)
             notes.append(f"TESTING ONLY: forced past the refusal {refusal.code}: {refusal.message}")
     backups = tuple(dict.fromkeys(list(removal.files) + [c.path for c in conflicts]))
-    if not refusals and facts.vfio_pci == VFIO_MODULE and not modules:
+    if not refusals and facts.vfio_pci == VfioPci.MODULE and not modules:
         notes.append("vfio-pci is a module but no vfio module list was planned")
     return HostPlan(
         host=host,
@@ -257,7 +257,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
 
 def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
     loader = facts.bootloader
-    if loader.kind != BOOTLOADER_GRUB:
+    if loader.kind != BootloaderKind.GRUB:
         refuse(
             REFUSE_BOOTLOADER_NOT_GRUB,
             "bootloader",
@@ -288,7 +288,7 @@ def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
             f"/etc/default/grub (or a drop-in) is not valid shell: {facts.grub.syntax_error}.",
             "Fix the file (update-grub sources it with sh and would fail too), then run gpuhost apply again.",
         )
-    elif facts.grub.present and facts.grub.effective is None and loader.kind == BOOTLOADER_GRUB:
+    elif facts.grub.present and facts.grub.effective is None and loader.kind == BootloaderKind.GRUB:
         refuse(
             REFUSE_GRUB_UNREADABLE,
             "/etc/default/grub",
@@ -303,7 +303,7 @@ def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
             "the firmware reports no IOMMU (no DMAR or IVRS ACPI table) and the kernel has no IOMMU groups.",
             "Enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the BIOS/UEFI setup, then run gpuhost apply again.",
         )
-    if facts.vfio_pci == VFIO_ABSENT:
+    if facts.vfio_pci == VfioPci.ABSENT:
         refuse(
             REFUSE_VFIO_ABSENT,
             "kernel",
@@ -385,7 +385,7 @@ def _binding(
     settings: PlanSettings,
     refuse: _Refuse,
     notes: list[str],
-) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+) -> tuple[BindBy, tuple[str, ...], tuple[str, ...]]:
     """By ID (vfio-pci.ids) unless an ID would also take a function the host keeps: then by address."""
     kept: dict[str, list[str]] = {}
     for card in selection.kept:
@@ -393,13 +393,13 @@ def _binding(
             kept.setdefault(function.vendor_device, []).append(function.address)
     ids = tuple(dict.fromkeys(f.vendor_device for f in functions))
     clashing = [i for i in ids if i in kept]
-    if settings.bind_by == "address" or (clashing and settings.bind_by == BIND_AUTO):
+    if settings.bind_by == BindBy.ADDRESS or (clashing and settings.bind_by == BIND_AUTO):
         if clashing:
             notes.append(
                 f"vfio-pci.ids={','.join(ids)} would also take {', '.join(a for i in clashing for a in kept[i])} "
                 "which the host keeps: the passthrough functions are bound by address (driver_override) instead"
             )
-        return BIND_BY_ADDRESS, (), tuple(f.address for f in functions)
+        return BindBy.ADDRESS, (), tuple(f.address for f in functions)
     if clashing:
         refuse(
             REFUSE_VFIO_IDS_CAPTURES_KEPT,
@@ -409,7 +409,7 @@ def _binding(
             "Set gpuhost_bind_by: address (or auto) to bind the passthrough functions by address with "
             "driver_override instead, or select those GPUs too.",
         )
-    return BIND_BY_IDS, ids, ()
+    return BindBy.IDS, ids, ()
 
 
 def _vendor_flag(facts: HostFacts) -> str | None:
@@ -506,7 +506,7 @@ def _modprobe_conflicts(facts: HostFacts) -> tuple[ModprobeConflict, ...]:
 
 
 def _initramfs_modules(facts: HostFacts) -> tuple[str, ...]:
-    if facts.vfio_pci != VFIO_MODULE:
+    if facts.vfio_pci != VfioPci.MODULE:
         return ()  # built in (nothing to load) or absent (refused)
     return VFIO_INITRAMFS_MODULES + (("vfio_virqfd",) if _has_vfio_virqfd(facts.kernel_release) else ())
 
