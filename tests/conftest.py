@@ -77,7 +77,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for item in items if item.path.name != CODES_TEST_MODULE] + last
     suite = {path.name for path in Path(__file__).parent.glob("test_*.py")}
     collected = {item.path.name for item in items if item.path.parent == Path(__file__).parent}
-    config.stash[WHOLE_SUITE] = collected == suite and not config.option.keyword
+    config.stash[WHOLE_SUITE] = collected == suite and not config.option.keyword and not config.option.deselect
 
 
 WHOLE_SUITE = pytest.StashKey[bool]()

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuhost.audit import AuditStatus
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.checks.base import Role
 from gpuhost.facts.model import GIB_KIB, HOST_DRIVER_MODULES, HostFacts
@@ -97,7 +98,7 @@ class Verification:
         """{ok, status, summary, checks: [{name, ok, detail}], audit_errors, cmdline, problems}: plain data."""
         return {
             "ok": self.ok,
-            "status": "ready" if self.ok else "not-ready",
+            "status": (AuditStatus.READY if self.ok else AuditStatus.NOT_READY).value,
             "summary": self.summary,
             "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
             "audit_errors": [f"{p.code}: {p.message}" for p in self.audit_errors],
