@@ -6,7 +6,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from gpuhost import __version__
@@ -14,7 +13,7 @@ from gpuhost.checks import Role, run_checks
 from gpuhost.errors import GpuhostError
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.gather import gather_tree
-from gpuhost.facts.model import GIB_KIB, HostFacts
+from gpuhost.facts.model import GIB_KIB, HostFacts, TextEnum
 from gpuhost.facts.snapshot import GatherFormatError, open_snapshot
 from gpuhost.problems import Problem, Severity
 from gpuhost.selection import GpuSelection, functions_to_bind, group_members
@@ -25,15 +24,12 @@ from gpuhost.transport.local import LocalTransport
 JSON_SCHEMA = "gpuhost.audit/1"
 
 
-class AuditStatus(str, Enum):
+class AuditStatus(TextEnum):
     """A host's verdict (the JSON's `status`)."""
 
     READY = "ready"
     NOT_READY = "not-ready"
     UNREACHABLE = "unreachable"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
-from gpuhost.facts.model import HostFacts, PciFunction
+from gpuhost.facts.model import HostFacts, PciFunction, TextEnum
 from gpuhost.problems import Problem, Severity
 from gpuhost.selection import GpuSelection, GpuSelector
 
 
-class Role(str, Enum):
+class Role(TextEnum):
     """What the audit judges a machine as (gpuhost_role / --role)."""
 
     AUTO = "auto"  # detect: a VM without an IOMMU whose NVIDIA GPU runs nvidia is a guest, else a host
     HOST = "host"  # a VM host that passes GPUs through
     GUEST = "guest"  # a passthrough guest, seen from inside
-
-    def __str__(self) -> str:
-        return self.value
 
 
 ROLES = tuple(Role)  # the accepted values, for validation messages

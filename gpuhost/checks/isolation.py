@@ -10,13 +10,12 @@ PCI bus as gathered, nothing is known about the group: that is reported as unkno
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
-from gpuhost.facts.model import HostFacts, PciFunction
+from gpuhost.facts.model import HostFacts, PciFunction, TextEnum
 from gpuhost.selection import GpuCard, gpu_cards
 
 
-class GroupListing(str, Enum):
+class GroupListing(TextEnum):
     """How much is known about a GPU's IOMMU group."""
 
     LISTED = "listed"  # /sys/kernel/iommu_groups/N/devices was read and every entry is a known function

@@ -278,16 +278,20 @@ class GrubConfig:
         return KernelCommandLine(self.cmdline_linux.tokens + self.cmdline_linux_default.tokens)
 
 
-class BootloaderKind(str, Enum):
+class TextEnum(str, Enum):
+    """A closed set of strings (kinds, statuses, roles) that prints as its value, in messages and JSON."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class BootloaderKind(TextEnum):
     """How the kernel command line is set on this host."""
 
     GRUB = "grub"
     SYSTEMD_BOOT = "systemd-boot"
     GRUBBY_BLS = "grubby"
     UNKNOWN = "unknown"
-
-    def __str__(self) -> str:  # the value in messages, on every Python version
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -328,15 +332,12 @@ class KernelLog:
         return [line for line in self.lines if any(n in line.lower() for n in lowered)]
 
 
-class VfioPci(str, Enum):
+class VfioPci(TextEnum):
     """How the running kernel has vfio-pci."""
 
     BUILTIN = "builtin"
     MODULE = "module"
     ABSENT = "absent"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

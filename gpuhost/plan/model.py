@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any
 
 from gpuhost.errors import GpuhostError
+from gpuhost.facts.model import TextEnum
 from gpuhost.problems import Problem
 
 GRUB_DROPIN_PATH = "/etc/default/grub.d/gpuhost.cfg"
@@ -27,14 +28,11 @@ TRIAL_MARKER = "gpuhost.trial=1"  # on the trial entry's command line only: /pro
 BACKUP_DIR = "/var/lib/gpuhost/backup"  # what apply overwrites or deletes, kept for `gpuhost rollback`
 
 
-class BindBy(str, Enum):
+class BindBy(TextEnum):
     """How the plan hands a GPU's functions to vfio-pci at boot."""
 
     IDS = "ids"  # vfio-pci.ids= on the kernel command line
     ADDRESS = "address"  # driver_override per PCI address, from the initramfs script
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class PlanRefused(GpuhostError):
