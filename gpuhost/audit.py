@@ -9,40 +9,46 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost import __version__
-from gpuhost.checks import Finding, Severity, run_checks
+from gpuhost.checks import Role, run_checks
 from gpuhost.errors import GpuhostError
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.gather import gather_tree
-from gpuhost.facts.model import HostFacts
+from gpuhost.facts.model import GIB_KIB, HostFacts, TextEnum
 from gpuhost.facts.snapshot import GatherFormatError, open_snapshot
+from gpuhost.problems import Problem, Severity
 from gpuhost.selection import GpuSelection, functions_to_bind, group_members
 from gpuhost.targets import LOCAL, SNAPSHOT, Target
 from gpuhost.transport import Transport, TransportError
 from gpuhost.transport.local import LocalTransport
 
 JSON_SCHEMA = "gpuhost.audit/1"
-READY = "ready"
-NOT_READY = "not-ready"
-UNREACHABLE = "unreachable"
+
+
+class AuditStatus(TextEnum):
+    """A host's verdict (the JSON's `status`)."""
+
+    READY = "ready"
+    NOT_READY = "not-ready"
+    UNREACHABLE = "unreachable"
 
 
 @dataclass(frozen=True)
 class HostAudit:
     target: Target
     facts: HostFacts | None
-    role: str | None
+    role: Role | None
     selection: GpuSelection | None
-    findings: tuple[Finding, ...]
+    findings: tuple[Problem, ...]
     error: str | None  # why the host could not be audited
     error_kind: str | None  # unreachable, auth, host-key-unknown, host-key-changed, timeout, command, input
     round_trips: int
     seconds: float
 
     @property
-    def status(self) -> str:
+    def status(self) -> AuditStatus:
         if self.error is not None:
-            return UNREACHABLE
-        return NOT_READY if self.count(Severity.ERROR) else READY
+            return AuditStatus.UNREACHABLE
+        return AuditStatus.NOT_READY if self.count(Severity.ERROR) else AuditStatus.READY
 
     def count(self, severity: Severity) -> int:
         return sum(1 for finding in self.findings if finding.severity == severity)
@@ -118,27 +124,18 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
         "gpuhost_version": __version__,
         "host": audit.target.name,
         "source": audit.target.kind,
-        "status": audit.status,
+        "status": audit.status.value,
         "reachable": audit.error is None,
-        "ready": audit.status == READY,
+        "ready": audit.status is AuditStatus.READY,
         "error": audit.error,
         "error_kind": audit.error_kind,
-        "role": audit.role,
+        "role": audit.role.value if audit.role is not None else None,
         "round_trips": audit.round_trips,
         "seconds": round(audit.seconds, 3),
         "counts": {severity.value: audit.count(severity) for severity in Severity},
         "system": None,
         "gpus": [],
-        "findings": [
-            {
-                "code": finding.code,
-                "severity": finding.severity.value,
-                "subject": finding.subject,
-                "message": finding.message,
-                "remedy": finding.remedy,
-            }
-            for finding in audit.findings
-        ],
+        "findings": [finding.as_dict() for finding in audit.findings],
     }
     if facts is None or audit.selection is None:
         return data
@@ -151,8 +148,8 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
         "iommu_active": facts.iommu.active,
         "iommu_groups": len(facts.iommu.groups),
         "cmdline": str(facts.cmdline) if facts.cmdline else None,
-        "bootloader": facts.bootloader.kind,
-        "hugepages_1g": (pool.total if (pool := facts.hugepage_pool(1048576)) else None),
+        "bootloader": facts.bootloader.kind.value,
+        "hugepages_1g": (pool.total if (pool := facts.hugepage_pool(GIB_KIB)) else None),
     }
     for passthrough, cards in ((True, audit.selection.passthrough), (False, audit.selection.kept)):
         for card in cards:

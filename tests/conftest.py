@@ -10,9 +10,12 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sshd import Sshd, start_sshd
+
+from gpuhost.problems import Problem
 
 # .ci/run sets this to a file and prints its stage table from it: per test module, when its first
 # test started and its last one ended (wall clock), and the time its tests took in all.
@@ -30,13 +33,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     module = report.nodeid.split("::", 1)[0]
     span = _module_spans.setdefault(module, [report.start, report.stop, 0.0])
     span[0], span[1], span[2] = min(span[0], report.start), max(span[1], report.stop), span[2] + report.duration
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    target = os.environ.get(TIMINGS_ENV)
-    if target and not os.environ.get("PYTEST_XDIST_WORKER") and _module_spans:
-        spans = {module: {"start": a, "stop": b, "seconds": total} for module, (a, b, total) in _module_spans.items()}
-        Path(target).write_text(json.dumps(spans, indent=1, sort_keys=True) + "\n")
 
 
 @pytest.fixture
@@ -72,3 +68,71 @@ def sshd_known_hosts(sshd_server: Sshd, tmp_path: Path) -> Path:
 def sshd_wrong_known_hosts(sshd_server: Sshd, tmp_path: Path) -> Path:
     """A known_hosts file claiming a different key for sshd_server (a 'changed host key')."""
     return sshd_server.write_wrong_known_hosts(tmp_path / "known_hosts.wrong")
+
+
+# --- Every registered problem code is produced by some test ---
+# Every Problem built during the session is recorded, whatever builds it (checks, planner, render,
+# verify, smoke-test). Under pytest-xdist each worker records its own and hands them to the
+# controller when it stops; the controller (or the single process) checks the union at the end of
+# a run of the whole fast suite, and fails the session, naming each code no test produced.
+PRODUCED_CODES: set[str] = set()
+PRODUCED_CODES_FILE_ENV = "GPUHOST_PRODUCED_CODES_FILE"  # where a session writes its codes, if set
+_WORKER_CODES_KEY = "gpuhost_problem_codes"
+_build_problem = Problem.__post_init__
+
+
+def _record_problem(problem: Problem) -> None:
+    _build_problem(problem)  # validates the code first: an unregistered code is never recorded
+    PRODUCED_CODES.add(problem.code)
+
+
+Problem.__post_init__ = _record_problem  # type: ignore[method-assign]
+
+
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist: a worker stopped; keep the codes its tests produced."""
+    PRODUCED_CODES.update(getattr(node, "workeroutput", {}).get(_WORKER_CODES_KEY, ()))
+
+
+def _whole_fast_suite_ran(session: pytest.Session) -> bool:
+    """Every tests/test_*.py module reported, and no -k or --deselect narrowed one down."""
+    modules = {f"tests/{path.name}" for path in Path(__file__).parent.glob("test_*.py")}
+    option = session.config.option
+    return modules <= set(_module_spans) and not option.keyword and not option.deselect and session.testsfailed == 0
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        session.config.workeroutput[_WORKER_CODES_KEY] = sorted(PRODUCED_CODES)  # type: ignore[attr-defined]
+        return
+    target = os.environ.get(TIMINGS_ENV)
+    if target and _module_spans:
+        spans = {module: {"start": a, "stop": b, "seconds": total} for module, (a, b, total) in _module_spans.items()}
+        Path(target).write_text(json.dumps(spans, indent=1, sort_keys=True) + "\n")
+    codes_file = os.environ.get(PRODUCED_CODES_FILE_ENV)
+    if codes_file:
+        Path(codes_file).write_text("\n".join(sorted(PRODUCED_CODES)) + "\n")
+    if _whole_fast_suite_ran(session):
+        from test_problem_codes import unproduced
+
+        missing = unproduced(PRODUCED_CODES)
+        session.config.stash[_UNPRODUCED] = missing
+        if missing:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_UNPRODUCED = pytest.StashKey[list[str]]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    missing = config.stash.get(_UNPRODUCED, None)
+    if missing is None:
+        return  # not a run of the whole fast suite: the check needs every module's problems
+    if missing:
+        terminalreporter.section("problem codes produced by no test", red=True)
+        terminalreporter.write_line(
+            f"FAILED: {len(missing)} registered problem code(s) are produced by no test: {', '.join(missing)}. "
+            "Add a case (tests/fixtures/audit-cases/ for the audit and the planner) that produces each."
+        )
+    else:
+        terminalreporter.write_line("problem codes: every registered code was produced by a test")

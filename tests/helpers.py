@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from gpuhost.facts.build import build_facts
-from gpuhost.facts.model import HostFacts, Iommu, PcieLink, PciFunction
+from gpuhost.facts.model import HostFacts, Iommu, PcieLinkStatus, PciFunction
 from gpuhost.facts.parsers import parse_cmdline, parse_lspci_nn
 from gpuhost.facts.snapshot import SnapshotTree
 
@@ -46,7 +46,7 @@ def guide_host(listing: str, cmdline: str, base: HostFacts) -> HostFacts:
                     iommu_group=group,
                     numa_node=None,
                     local_cpulist=None,
-                    link=PcieLink(None, None, None, None),
+                    link=PcieLinkStatus(None, None, None, None),
                     reset_methods=None,
                     bars=(),
                     boot_vga=entry.vendor == 0x1A03,  # the ASPEED BMC display is the console

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gpuhost.checks import AuditPolicy, Severity, run_checks
 from gpuhost.cli.main import main
-from gpuhost.facts.model import BOOTLOADER_GRUB, VFIO_MODULE
+from gpuhost.facts.model import BootloaderKind, VfioPci
 from gpuhost.selection import GpuSelector
 from tests.helpers import SNAPSHOTS, snapshot_facts
 
@@ -30,11 +30,11 @@ def test_lab_host_facts():
     assert gpu.reset_methods == ("bus",)
     assert facts.function("0000:01:00.1").driver == "snd_hda_intel"
     assert facts.cpu.has_virtualization and "pdpe1gb" in facts.cpu.flags
-    assert facts.bootloader.kind == BOOTLOADER_GRUB and facts.bootloader.efi is False
+    assert facts.bootloader.kind == BootloaderKind.GRUB and facts.bootloader.efi is False
     assert facts.bootloader.update_command == "update-grub"
     assert facts.grub.syntax_error is None
     assert str(facts.grub.effective) == "console=tty0 console=ttyS0,115200n8"
-    assert facts.vfio_pci == VFIO_MODULE
+    assert facts.vfio_pci == VfioPci.MODULE
     assert facts.initramfs.entries is not None and facts.initramfs.has_module("vfio_pci") is False
     assert facts.kernel_log.matching("Enabled IRQ remapping")
     assert facts.nvidia.packages == () and not facts.nvidia.runfile_installed

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.lab.topology import GPU_ID, TOPOLOGIES, VmSpec, parse_memory, qemu_argv
+from gpuhost.lab.topology import GPU_ID, TOPOLOGIES, LabVmSpec, parse_memory, qemu_argv
 
 
-def spec(topology: str = "gpu-pair", **changes: object) -> VmSpec:
+def spec(topology: str = "gpu-pair", **changes: object) -> LabVmSpec:
     values: dict[str, object] = {
         "name": "lab-1",
         "topology": topology,
@@ -21,7 +21,7 @@ def spec(topology: str = "gpu-pair", **changes: object) -> VmSpec:
         "pidfile": Path("/lab/lab-1.pid"),
     }
     values.update(changes)
-    return VmSpec(**values)  # type: ignore[arg-type]
+    return LabVmSpec(**values)  # type: ignore[arg-type]
 
 
 def devices(argv: list[str]) -> list[str]:

@@ -123,10 +123,10 @@ def test_shared_group_is_refused_unless_allowed():
     groups = {**facts.iommu.groups, 6: (*facts.iommu.groups[6], "0000:01:00.2")}
     shared = dataclasses.replace(facts, pci=(*facts.pci, nic), iommu=dataclasses.replace(facts.iommu, groups=groups))
     result = plan(shared)
-    assert refusal_codes(result) == ["group.shared"]
+    assert refusal_codes(result) == ["group.intruder"]
     refusal = result.refusals[0]
     assert "lab-1" in refusal.message and "0000:01:00.2" in refusal.message and "1af4:1000" in refusal.message
-    assert "gpuhost_allow_shared_group: [0000:01:00.0]" in refusal.fix
+    assert "gpuhost_allow_shared_group: [0000:01:00.0]" in refusal.remedy
     with pytest.raises(PlanRefused, match="shares IOMMU group 6"):
         result.require_applicable()
     allowed = plan(shared, gpuhost_allow_shared_group=["0000:01:00.0"])
@@ -143,7 +143,7 @@ def test_shared_group_is_refused_unless_allowed():
 )
 def test_bootloaders_other_than_grub_are_refused(bootloader, code):
     result = plan(dataclasses.replace(lab_facts(), bootloader=bootloader))
-    assert refusal_codes(result) == ["bootloader.unsupported"]
+    assert refusal_codes(result) == ["bootloader.not_grub"]
     assert bootloader.kind in result.refusals[0].message
 
 
@@ -160,17 +160,17 @@ def test_no_iommu_in_firmware_is_refused_and_a_disabled_one_gets_the_vendor_flag
     facts = lab_facts()
     no_iommu = Iommu(dmar_table=False, ivrs_table=False, units=(), groups={}, group_types={})
     result = plan(dataclasses.replace(facts, iommu=no_iommu))
-    assert "iommu.firmware" in refusal_codes(result)
-    assert "BIOS" in next(r.fix for r in result.refusals if r.code == "iommu.firmware")
+    assert "iommu.absent" in refusal_codes(result)
+    assert "BIOS" in next(r.remedy for r in result.refusals if r.code == "iommu.absent")
     # Firmware has VT-d but the kernel did not turn it on: intel_iommu=on is added, no refusal.
     off = Iommu(dmar_table=True, ivrs_table=False, units=(), groups={}, group_types={})
     flagged = plan(dataclasses.replace(facts, iommu=off))
-    assert "iommu.firmware" not in refusal_codes(flagged) and "intel_iommu=on" in flagged.kernel_options
+    assert "iommu.absent" not in refusal_codes(flagged) and "intel_iommu=on" in flagged.kernel_options
 
 
 def test_other_refusals_no_gpu_no_vfio_unsupported_os():
     facts = lab_facts()
-    assert refusal_codes(plan(facts, gpuhost_gpus="all")) == ["gpu.none_selected"]  # no NVIDIA GPU on the lab host
+    assert refusal_codes(plan(facts, gpuhost_gpus="all")) == ["selection.empty"]  # no NVIDIA GPU on the lab host
     assert refusal_codes(plan(dataclasses.replace(facts, vfio_pci="absent"))) == ["vfio.absent"]
     rocky = dataclasses.replace(facts, os_pretty_name="Rocky Linux 9.4 (Blue Onyx)")
     assert refusal_codes(plan(rocky)) == ["os.unsupported"]
@@ -180,11 +180,11 @@ def test_hugepages_that_the_host_cannot_hold_are_refused_before_anything_is_writ
     facts = lab_facts()  # 3.8 GiB
     result = plan(facts, gpuhost_hugepages=3)
     assert refusal_codes(result) == ["hugepages.too_many"]
-    assert "does not boot" in result.refusals[0].message and "at most 1" in result.refusals[0].fix
+    assert "does not boot" in result.refusals[0].message and "at most 1" in result.refusals[0].remedy
     assert refusal_codes(plan(facts, gpuhost_hugepages="2G")) == ["hugepages.too_many"]
     small = dataclasses.replace(facts, memory=dataclasses.replace(facts.memory, total_kib=2 * GIB))
     tiny = plan(small)
-    assert refusal_codes(tiny) == ["hugepages.too_many"] and "gpuhost_hugepages: 0" in tiny.refusals[0].fix
+    assert refusal_codes(tiny) == ["hugepages.too_many"] and "gpuhost_hugepages: 0" in tiny.refusals[0].remedy
     no_1g = dataclasses.replace(facts, cpu=dataclasses.replace(facts.cpu, flags=facts.cpu.flags - {"pdpe1gb"}))
     assert refusal_codes(plan(no_1g)) == ["hugepages.unsupported"]
     zero = plan(facts, gpuhost_hugepages=0)
@@ -245,7 +245,7 @@ def test_keeping_one_of_identical_gpus_binds_by_address_with_driver_override():
     assert "0000:c1:00.0" in result.notes[0]
     refused = plan(facts, gpuhost_gpus=keep_one, gpuhost_hugepages=0, gpuhost_bind_by="ids")
     assert refusal_codes(refused) == ["vfio_ids.captures_kept"]
-    assert "gpuhost_bind_by: address" in refused.refusals[0].fix and "0000:c1:00.0" in refused.refusals[0].message
+    assert "gpuhost_bind_by: address" in refused.refusals[0].remedy and "0000:c1:00.0" in refused.refusals[0].message
 
 
 def test_driver_removal_from_facts():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.facts.model import Bar, HostFacts, HugePagePool, MemInfo, NumaNode, PcieLink, PciFunction
+from gpuhost.facts.model import Bar, HostFacts, HugePagePool, MemInfo, NumaNode, PcieLinkStatus, PciFunction
 from gpuhost.render.domain import (
     RenderRefused,
     format_cpulist,
@@ -438,7 +438,7 @@ def _nic(address: str) -> PciFunction:
         iommu_group=6,
         numa_node=-1,
         local_cpulist="0-1",
-        link=PcieLink(None, None, None, None),
+        link=PcieLinkStatus(None, None, None, None),
         reset_methods=None,
         bars=(Bar(0, 0xFEB80000, 0xFEB9FFFF, 0x40200),),
     )
@@ -493,3 +493,54 @@ def test_golden_dir_holds_only_what_the_cases_write():
     if REGENERATE:
         pytest.skip("regenerating")
     assert {p.stem for p in Path(GOLDEN).glob("*.xml")} == set(CASES)
+
+
+# --- each conflict by its code (gpuhost.problems registry: render.*) -----------------------------
+
+
+def refusal_codes(facts: HostFacts, spec, policy=LAB_POLICY) -> list[str]:
+    with pytest.raises(RenderRefused) as caught:
+        plan_domain(facts, spec, policy, host="h")
+    assert all(conflict.severity.value == "error" for conflict in caught.value.conflicts)
+    return [conflict.code for conflict in caught.value.conflicts]
+
+
+def test_refuses_a_gpu_named_twice_and_a_host_without_passthrough_gpus():
+    assert refusal_codes(lab_gpu_pair_applied(), vm(gpus=["gpu0", "0000:01:00.0"])) == ["render.gpu.duplicate"]
+    h100_only = HostPolicy(gpus=GpuSelector.parse(["10de:2330"], "t"))  # the lab host has no H100
+    assert refusal_codes(lab_gpu_pair_applied(), vm(gpus="all"), h100_only) == ["render.gpu.none"]
+
+
+def test_refuses_more_memory_than_a_host_without_numa_placement_has():
+    # No GPU, so nothing is pinned to a node: the whole host's 3.8 GiB is what there is.
+    assert refusal_codes(lab_gpu_pair_applied(), vm(gpus="none", memory="64G", hugepages="off")) == [
+        "render.memory.too_much"
+    ]
+
+
+def test_refuses_a_gpu_whose_iommu_group_listing_is_unknown():
+    """The lab host with IOMMU group 6's devices/ listing unread (empty): not isolated, refused."""
+    facts = lab_gpu_pair_applied()
+    groups = {**facts.iommu.groups, 6: ()}
+    unknown = dataclasses.replace(facts, iommu=dataclasses.replace(facts.iommu, groups=groups))
+    assert refusal_codes(unknown, vm()) == ["render.group.unknown"]
+
+
+def test_refuses_gpus_it_cannot_place_on_numa_nodes():
+    host = eight_gpu_two_socket_host()
+    lost = tuple(dataclasses.replace(f, numa_node=-1) if f.address == HGX_NODE1[0] else f for f in host.pci)
+    spec = vm(vcpus=8, memory="64G", gpus="all")
+    assert "render.gpu.numa_unknown" in refusal_codes(dataclasses.replace(host, pci=lost), spec, HGX_POLICY)
+    nodes = tuple(dataclasses.replace(n, cpulist=None) if n.node_id == 1 else n for n in host.numa_nodes)
+    no_cpus = refusal_codes(dataclasses.replace(host, numa_nodes=nodes), spec, HGX_POLICY)
+    assert no_cpus == ["render.node.cpus_unknown"]
+    # Each GPU on a node of its own: eight nodes, one more than the guest cells supported.
+    spread = tuple(
+        dataclasses.replace(f, numa_node=(HGX_NODE0 + HGX_NODE1).index(f.address))
+        if f.is_gpu and f.address in HGX_NODE0 + HGX_NODE1
+        else f
+        for f in host.pci
+    )
+    eight_nodes = tuple(NumaNode(n, 128 * GIB_KIB, f"{16 * n}-{16 * n + 15}", ()) for n in range(8))
+    many = refusal_codes(dataclasses.replace(host, pci=spread, numa_nodes=eight_nodes), spec, HGX_POLICY)
+    assert "render.numa.too_many_nodes" in many

@@ -57,3 +57,15 @@ def test_gpuhost_options_or_the_trial_entry_left_on_the_command_line_are_not_rol
     assert not trial["ok"] and "trial entry" in trial["summary"]
     dropin = verify_rollback("lab-1", build_facts(_lab(tmp_path / "c", dropin=True)))
     assert not dropin["ok"] and "/etc/default/grub.d/gpuhost.cfg is still there" in dropin["summary"]
+
+
+def test_options_before_the_grub_line_or_an_unknown_grub_line_are_not_rolled_back(tmp_path: Path) -> None:
+    fresh = (SNAPSHOTS / "lab-gpu-pair-fresh/proc/cmdline").read_text().strip()
+    extra = fresh.replace(" ro ", " ro iommu=pt ")
+    result = verify_rollback("lab-1", build_facts(_lab(tmp_path / "a", extra)))
+    assert not result["ok"] and "options beyond the GRUB line: iommu=pt" in result["summary"]
+    assert [problem["code"] for problem in result["problems"]] == ["verify.rollback.extra_options"]
+    unknown = _lab(tmp_path / "b")
+    (unknown.root / "commands/grub-effective.txt").unlink()
+    result = verify_rollback("lab-1", build_facts(unknown))
+    assert [problem["code"] for problem in result["problems"]] == ["verify.rollback.grub_unknown"]

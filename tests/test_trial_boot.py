@@ -70,7 +70,7 @@ def test_ext4_boot_allows_the_trial_and_btrfs_boot_is_refused_unless_no_trial(tm
     refused = plan_of(root)
     assert [r.code for r in refused.refusals] == ["trial.grubenv_unwritable"]
     assert "/dev/loop0 (btrfs, mounted on /boot)" in refused.refusals[0].message
-    assert "--no-trial" in refused.refusals[0].fix
+    assert "--no-trial" in refused.refusals[0].remedy
     without = plan_of(root, gpuhost_trial_boot=False)
     assert without.applicable and without.trial.enabled is False
     # gpuhost plan says how the host will boot.

@@ -1,19 +1,20 @@
-"""Checks: (facts, policy) -> findings. None of them prints."""
+"""Checks: (facts, policy) -> findings (`Problem`s of Stage.AUDIT). None of them prints."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gpuhost.checks.base import ROLE_GUEST, ROLE_HOST, AuditPolicy, CheckContext, Finding, Severity
+from gpuhost.checks.base import AuditPolicy, CheckContext, Role
 from gpuhost.checks.gpus import check_gpu_cards, check_gpu_presence
 from gpuhost.checks.guest import check_guest
 from gpuhost.checks.host_software import check_initramfs, check_modprobe, check_nvidia_driver
 from gpuhost.checks.memory import check_hugepages
 from gpuhost.checks.platform import check_bootloader, check_command_line, check_cpu, check_iommu
 from gpuhost.facts.model import VENDOR_NVIDIA, HostFacts
+from gpuhost.problems import Problem, Severity
 from gpuhost.selection import GpuSelection, gpu_cards, select_gpus
 
-Check = Callable[[CheckContext], Iterable[Finding]]
+Check = Callable[[CheckContext], Iterable[Problem]]
 
 HOST_CHECKS: tuple[Check, ...] = (
     check_cpu,
@@ -29,24 +30,24 @@ HOST_CHECKS: tuple[Check, ...] = (
 )
 GUEST_CHECKS: tuple[Check, ...] = (check_guest,)
 
-__all__ = ["AuditPolicy", "Finding", "Severity", "detect_role", "run_checks"]
+__all__ = ["AuditPolicy", "Problem", "Role", "Severity", "detect_role", "run_checks"]
 
 
-def detect_role(facts: HostFacts, requested: str) -> str:
+def detect_role(facts: HostFacts, requested: str) -> Role:
     """A VM with no IOMMU whose NVIDIA GPU is driven by nvidia is a passthrough guest; else a host."""
-    if requested in (ROLE_HOST, ROLE_GUEST):
-        return requested
+    if requested in (Role.HOST, Role.GUEST):
+        return Role(requested)
     in_vm = facts.cpu is not None and facts.cpu.is_virtual_machine
     driven_gpu = any(card.gpu.vendor == VENDOR_NVIDIA and card.gpu.driver == "nvidia" for card in gpu_cards(facts))
-    return ROLE_GUEST if in_vm and not facts.iommu.active and driven_gpu else ROLE_HOST
+    return Role.GUEST if in_vm and not facts.iommu.active and driven_gpu else Role.HOST
 
 
-def run_checks(host: str, facts: HostFacts, policy: AuditPolicy) -> tuple[str, GpuSelection, list[Finding]]:
+def run_checks(host: str, facts: HostFacts, policy: AuditPolicy) -> tuple[Role, GpuSelection, list[Problem]]:
     """The role, the GPU selection and every finding, most severe first."""
     role = detect_role(facts, policy.role)
     selection = select_gpus(facts, policy.gpus)
     ctx = CheckContext(host=host, facts=facts, policy=policy, selection=selection, role=role)
-    checks = GUEST_CHECKS if role == ROLE_GUEST else HOST_CHECKS
+    checks = GUEST_CHECKS if role is Role.GUEST else HOST_CHECKS
     findings = [finding for check in checks for finding in check(ctx)]
     findings.sort(key=lambda f: f.severity.rank)
     return role, selection, findings

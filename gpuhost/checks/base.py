@@ -1,35 +1,23 @@
-"""Findings and the context every check reads. Checks return findings; they never print."""
+"""The context every check reads. Checks return `Problem`s (the audit's findings); they never print."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
-from gpuhost.facts.model import HostFacts, PciFunction
+from gpuhost.facts.model import HostFacts, PciFunction, TextEnum
+from gpuhost.problems import Problem, Severity
 from gpuhost.selection import GpuSelection, GpuSelector
 
-ROLE_HOST = "host"
-ROLE_GUEST = "guest"
-ROLES = ("auto", ROLE_HOST, ROLE_GUEST)
+
+class Role(TextEnum):
+    """What the audit judges a machine as (gpuhost_role / --role)."""
+
+    AUTO = "auto"  # detect: a VM without an IOMMU whose NVIDIA GPU runs nvidia is a guest, else a host
+    HOST = "host"  # a VM host that passes GPUs through
+    GUEST = "guest"  # a passthrough guest, seen from inside
 
 
-class Severity(str, Enum):
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-
-    @property
-    def rank(self) -> int:
-        return {"error": 0, "warning": 1, "info": 2}[self.value]
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str  # stable identifier, e.g. gpu.group.intruder
-    severity: Severity
-    subject: str  # what it is about: a PCI function, 'IOMMU', 'kernel command line', ...
-    message: str  # the fact, naming the host and the device
-    remedy: str  # what to do about it ('' when nothing needs doing)
+ROLES = tuple(Role)  # the accepted values, for validation messages
 
 
 @dataclass(frozen=True)
@@ -37,7 +25,7 @@ class AuditPolicy:
     """What the operator asked for: which GPUs, and whether the host is a VM host or a guest."""
 
     gpus: GpuSelector
-    role: str = "auto"
+    role: str = Role.AUTO  # a Role value (targets validate the inventory's string against ROLES)
     allow_shared_group: tuple[str, ...] = ()  # addresses whose group may hold other devices
 
 
@@ -47,9 +35,9 @@ class CheckContext:
     facts: HostFacts
     policy: AuditPolicy
     selection: GpuSelection
-    role: str
+    role: Role
 
-    def unreadable(self, code: str, subject: str, path: str, consequence: str) -> Finding:
+    def unreadable(self, code: str, subject: str, path: str, consequence: str) -> Problem:
         """A warning that a file the check needs could not be read, and what is unknown because of it."""
         return self.finding(
             code,
@@ -59,8 +47,8 @@ class CheckContext:
             f"Run the audit as root (or a user that can read {path}).",
         )
 
-    def finding(self, code: str, severity: Severity, subject: str, fact: str, remedy: str = "") -> Finding:
-        return Finding(code=code, severity=severity, subject=subject, message=f"{self.host}: {fact}", remedy=remedy)
+    def finding(self, code: str, severity: Severity, subject: str, fact: str, remedy: str = "") -> Problem:
+        return Problem(code=code, severity=severity, subject=subject, message=f"{self.host}: {fact}", remedy=remedy)
 
 
 def describe_function(function: PciFunction) -> str:

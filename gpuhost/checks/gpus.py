@@ -4,23 +4,86 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpuhost.checks.base import CheckContext, Finding, Severity, class_name, describe_function
-from gpuhost.facts.model import PciFunction
-from gpuhost.selection import GpuCard, functions_to_bind, group_members
+from gpuhost.checks.base import CheckContext, class_name, describe_function
+from gpuhost.checks.isolation import GroupListing, analyse_group
+from gpuhost.facts.model import GIB_BYTES, GIB_KIB, MIB_BYTES, PciFunction
+from gpuhost.problems import Problem, Severity, Stage, register
+from gpuhost.selection import GpuCard, functions_to_bind
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
+GPU_OTHER_NVIDIA = register(
+    "gpu.other_nvidia",
+    Stage.AUDIT,
+    Severity.INFO,
+    "NVIDIA functions that are not GPUs (NVSwitch): reported, not passed",
+)
+GPU_NONE = register("gpu.none", Stage.AUDIT, Severity.ERROR, "no GPU on the PCI bus")
+GPU_NONE_SELECTED = register(
+    "gpu.none_selected", Stage.AUDIT, Severity.ERROR, "GPUs on the bus, but none selected for passthrough"
+)
+GPU_GROUP_MISSING = register("gpu.group.missing", Stage.AUDIT, Severity.ERROR, "the GPU is in no IOMMU group")
+GPU_GROUP_UNKNOWN = register(
+    "gpu.group.unknown",
+    Stage.AUDIT,
+    Severity.ERROR,
+    "the GPU's IOMMU group listing is empty or unreadable, or names a device not on the bus: isolation unknown",
+)
+GPU_GROUP_INTRUDER = register(
+    "gpu.group.intruder",
+    Stage.AUDIT,
+    None,
+    "a device in the GPU's IOMMU group is neither its function nor a bridge (warning if gpuhost_allow_shared_group)",
+)
+GPU_GROUP_SHARED = register("gpu.group.shared", Stage.AUDIT, Severity.ERROR, "several GPUs in one IOMMU group")
+GPU_GROUP_CLEAN = register(
+    "gpu.group.clean", Stage.AUDIT, Severity.INFO, "the GPU's IOMMU group holds only its functions and bridges"
+)
+GPU_DRIVER = register(
+    "gpu.driver", Stage.AUDIT, None, "a function on nvidia/nouveau/snd_hda_intel/... (error) or on no driver (warning)"
+)
+GPU_VFIO_IDS_MODPROBE_ONLY = register(
+    "gpu.vfio_ids.modprobe_only", Stage.AUDIT, Severity.WARNING, "only `options vfio-pci ids=` in modprobe.d binds it"
+)
+GPU_VFIO_IDS_MISSING = register(
+    "gpu.vfio_ids.missing", Stage.AUDIT, Severity.ERROR, "`vfio-pci.ids` does not cover a function of the group"
+)
+GPU_VFIO_IDS_CAPTURES_KEPT = register(
+    "gpu.vfio_ids.captures_kept",
+    Stage.AUDIT,
+    Severity.ERROR,
+    "`vfio-pci.ids` also takes a GPU the host keeps (boot display or not selected)",
+)
+GPU_RESET_UNKNOWN = register(
+    "gpu.reset.unknown", Stage.AUDIT, Severity.INFO, "reset_method unreadable (kernels before 5.15)"
+)
+GPU_RESET = register("gpu.reset", Stage.AUDIT, Severity.WARNING, 'no FLR among the reset methods (the "reset bug")')
+GPU_LINK_UNKNOWN = register("gpu.link.unknown", Stage.AUDIT, Severity.INFO, "the PCIe link width is unreadable")
+GPU_LINK_WIDTH = register("gpu.link.width", Stage.AUDIT, Severity.ERROR, "the link trained below its maximum width")
+GPU_LINK_SPEED = register(
+    "gpu.link.speed", Stage.AUDIT, Severity.INFO, "the link runs below its maximum speed (GPUs lower it at idle)"
+)
+GPU_LINK = register("gpu.link", Stage.AUDIT, Severity.INFO, "the link's speed and width, at their maximum")
+GPU_BAR = register("gpu.bar", Stage.AUDIT, Severity.INFO, "the size of the GPU's largest prefetchable BAR")
+GPU_REBAR = register("gpu.rebar", Stage.AUDIT, Severity.WARNING, "Resizable BAR supported but not used")
+GPU_NUMA = register(
+    "gpu.numa", Stage.AUDIT, None, "the GPU's NUMA node (info), or none reported on a multi-node host (warning)"
+)
+GPU_NUMA_HUGEPAGES = register(
+    "gpu.numa.hugepages", Stage.AUDIT, Severity.WARNING, "no 1 GiB pages on the GPU's NUMA node"
+)
+GPU_BOOT_DISPLAY = register(
+    "gpu.boot_display", Stage.AUDIT, Severity.WARNING, "the GPU is the boot display (efifb/simpledrm)"
+)
+
 VFIO_DRIVER = "vfio-pci"
-HOST_GPU_DRIVERS = frozenset({"nvidia", "nouveau", "nvidiafb", "snd_hda_intel", "xhci_hcd", "i2c-nvidia-gpu"})
-GIB = 1024**3
-MIB = 1024**2
 
 
-def check_gpu_presence(ctx: CheckContext) -> Iterator[Finding]:
+def check_gpu_presence(ctx: CheckContext) -> Iterator[Problem]:
     selection = ctx.selection
     for function in selection.other_nvidia:
         yield ctx.finding(
-            "gpu.other_nvidia",
+            GPU_OTHER_NVIDIA,
             INFO,
             function.address,
             f"{describe_function(function)} is an NVIDIA function that is not a GPU (e.g. an NVSwitch); "
@@ -30,7 +93,7 @@ def check_gpu_presence(ctx: CheckContext) -> Iterator[Finding]:
         return
     if not selection.kept:
         yield ctx.finding(
-            "gpu.none",
+            GPU_NONE,
             ERROR,
             "GPUs",
             "no GPU (PCI class 0300 or 0302) is on this host's PCI bus",
@@ -39,7 +102,7 @@ def check_gpu_presence(ctx: CheckContext) -> Iterator[Finding]:
         return
     kept = ", ".join(describe_function(card.gpu) for card in selection.kept)
     yield ctx.finding(
-        "gpu.none_selected",
+        GPU_NONE_SELECTED,
         ERROR,
         "GPUs",
         f"no GPU is selected for passthrough ({ctx.policy.gpus.describe()}); the GPUs found are {kept}",
@@ -48,7 +111,7 @@ def check_gpu_presence(ctx: CheckContext) -> Iterator[Finding]:
     )
 
 
-def check_gpu_cards(ctx: CheckContext) -> Iterator[Finding]:
+def check_gpu_cards(ctx: CheckContext) -> Iterator[Problem]:
     for card in ctx.selection.passthrough:
         yield from _check_group(ctx, card)
         yield from _check_binding(ctx, card)
@@ -60,27 +123,34 @@ def check_gpu_cards(ctx: CheckContext) -> Iterator[Finding]:
     yield from _check_kept_gpus(ctx)
 
 
-def _check_group(ctx: CheckContext, card: GpuCard) -> Iterator[Finding]:
+def _check_group(ctx: CheckContext, card: GpuCard) -> Iterator[Problem]:
     gpu = card.gpu
     if not ctx.facts.iommu.active:
         return  # check_iommu already says there are no groups at all
-    if gpu.iommu_group is None:
+    isolation = analyse_group(ctx.facts, card)
+    if isolation.listing is GroupListing.NO_GROUP:
         yield ctx.finding(
-            "gpu.group.missing",
+            GPU_GROUP_MISSING,
             ERROR,
             gpu.address,
             f"GPU {gpu.describe()} is in no IOMMU group",
             "Check that the IOMMU covers this PCIe root port (kernel log: DMAR/AMD-Vi lines).",
         )
         return
-    own = {f.address for f in card.functions}
-    members = group_members(ctx.facts, gpu)
-    other_gpus = [m for m in members if m.is_gpu and m.address not in own]
-    intruders = [m for m in members if m.address not in own and not m.is_bridge and not m.is_gpu]
-    allowed = gpu.address in ctx.policy.allow_shared_group
-    for intruder in intruders:
+    if isolation.listing is GroupListing.UNKNOWN:
         yield ctx.finding(
-            "gpu.group.intruder",
+            GPU_GROUP_UNKNOWN,
+            ERROR,
+            gpu.address,
+            f"GPU {gpu.describe()} is in IOMMU group {gpu.iommu_group}, but {isolation.unknown_reason}: "
+            "what else would go to the guest with it is unknown",
+            "Run the audit as root, and check that the group's devices are on the bus (lspci).",
+        )
+        return
+    allowed = gpu.address in ctx.policy.allow_shared_group
+    for intruder in isolation.intruders:
+        yield ctx.finding(
+            GPU_GROUP_INTRUDER,
             WARNING if allowed else ERROR,
             gpu.address,
             f"GPU {gpu.describe()} shares IOMMU group {gpu.iommu_group} with {describe_function(intruder)}, "
@@ -89,27 +159,27 @@ def _check_group(ctx: CheckContext, card: GpuCard) -> Iterator[Finding]:
             "Move the card to a slot behind its own PCIe root port (or another CPU root complex); "
             "list the GPU in gpuhost_allow_shared_group only if giving the guest that device too is acceptable.",
         )
-    if other_gpus:
-        names = ", ".join(m.describe() for m in other_gpus)
+    if isolation.other_cards:
+        names = ", ".join(other.gpu.describe() for other in isolation.other_cards)
         yield ctx.finding(
-            "gpu.group.shared",
+            GPU_GROUP_SHARED,
             ERROR,
             gpu.address,
             f"GPU {gpu.describe()} shares IOMMU group {gpu.iommu_group} with other GPU(s) {names}: "
             "they can only be passed through together, to one guest",
             "Place the GPUs behind separate PCIe root ports (check ACS support of the switch/root port).",
         )
-    if not intruders and not other_gpus:
-        names = ", ".join(f.address for f in members)
+    if isolation.isolated:
+        names = ", ".join(f.address for f in isolation.members)
         yield ctx.finding(
-            "gpu.group.clean",
+            GPU_GROUP_CLEAN,
             INFO,
             gpu.address,
             f"GPU {gpu.describe()} is isolated: IOMMU group {gpu.iommu_group} holds only {names}",
         )
 
 
-def _check_binding(ctx: CheckContext, card: GpuCard) -> Iterator[Finding]:
+def _check_binding(ctx: CheckContext, card: GpuCard) -> Iterator[Problem]:
     facts = ctx.facts
     cmdline_ids = set(facts.cmdline.list_value("vfio-pci.ids")) if facts.cmdline else set()
     modprobe_ids = {
@@ -126,7 +196,7 @@ def _check_binding(ctx: CheckContext, card: GpuCard) -> Iterator[Finding]:
             pass
         elif function.driver is None:
             yield ctx.finding(
-                "gpu.driver",
+                GPU_DRIVER,
                 WARNING,
                 function.address,
                 f"{describe_function(function)} has no driver bound: vfio-pci has not claimed it",
@@ -134,7 +204,7 @@ def _check_binding(ctx: CheckContext, card: GpuCard) -> Iterator[Finding]:
             )
         else:
             yield ctx.finding(
-                "gpu.driver",
+                GPU_DRIVER,
                 ERROR,
                 function.address,
                 f"{describe_function(function)} is bound to the host driver {function.driver}, not vfio-pci: "
@@ -147,7 +217,7 @@ def _check_binding(ctx: CheckContext, card: GpuCard) -> Iterator[Finding]:
             continue
         if function.vendor_device in modprobe_ids:
             yield ctx.finding(
-                "gpu.vfio_ids.modprobe_only",
+                GPU_VFIO_IDS_MODPROBE_ONLY,
                 WARNING,
                 function.address,
                 f"{function.describe()} is bound to vfio-pci only through 'options vfio-pci ids=' in modprobe.d, "
@@ -156,7 +226,7 @@ def _check_binding(ctx: CheckContext, card: GpuCard) -> Iterator[Finding]:
             )
             continue
         yield ctx.finding(
-            "gpu.vfio_ids.missing",
+            GPU_VFIO_IDS_MISSING,
             ERROR,
             function.address,
             f"vfio-pci.ids on the kernel command line does not cover {describe_function(function)}, "
@@ -165,7 +235,7 @@ def _check_binding(ctx: CheckContext, card: GpuCard) -> Iterator[Finding]:
         )
 
 
-def _check_kept_gpus(ctx: CheckContext) -> Iterator[Finding]:
+def _check_kept_gpus(ctx: CheckContext) -> Iterator[Problem]:
     cmdline = ctx.facts.cmdline
     if cmdline is None:
         return
@@ -177,7 +247,7 @@ def _check_kept_gpus(ctx: CheckContext) -> Iterator[Finding]:
             if function.vendor_device in ids:
                 shared = function.vendor_device in passthrough_ids
                 yield ctx.finding(
-                    "gpu.vfio_ids.captures_kept",
+                    GPU_VFIO_IDS_CAPTURES_KEPT,
                     ERROR,
                     function.address,
                     f"vfio-pci.ids={','.join(sorted(ids))} also takes {describe_function(function)}, which {reason}",
@@ -187,11 +257,11 @@ def _check_kept_gpus(ctx: CheckContext) -> Iterator[Finding]:
                 )
 
 
-def _check_reset(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
+def _check_reset(ctx: CheckContext, gpu: PciFunction) -> Iterator[Problem]:
     methods = gpu.reset_methods
     if methods is None:
         yield ctx.finding(
-            "gpu.reset.unknown",
+            GPU_RESET_UNKNOWN,
             INFO,
             gpu.address,
             f"{gpu.describe()}: reset_method could not be read (kernels before 5.15 do not publish it)",
@@ -199,7 +269,7 @@ def _check_reset(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
     elif "flr" not in methods:
         how = f"only {', '.join(methods)}" if methods else "none"
         yield ctx.finding(
-            "gpu.reset",
+            GPU_RESET,
             WARNING,
             gpu.address,
             f"{gpu.describe()} has no function-level reset (reset methods: {how}): after a guest stops, the "
@@ -208,17 +278,17 @@ def _check_reset(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
         )
 
 
-def check_link(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
+def check_link(ctx: CheckContext, gpu: PciFunction) -> Iterator[Problem]:
     link = gpu.link
     if link.current_width is None or link.max_width is None:
         if gpu.parents or link.current_speed_gts is not None:
             yield ctx.finding(
-                "gpu.link.unknown", INFO, gpu.address, f"{gpu.describe()}: the PCIe link width could not be read"
+                GPU_LINK_UNKNOWN, INFO, gpu.address, f"{gpu.describe()}: the PCIe link width could not be read"
             )
         return
     if link.current_width < link.max_width:
         yield ctx.finding(
-            "gpu.link.width",
+            GPU_LINK_WIDTH,
             ERROR,
             gpu.address,
             f"{gpu.describe()} link trained at x{link.current_width} of x{link.max_width} "
@@ -231,23 +301,23 @@ def check_link(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
         and link.current_speed_gts < link.max_speed_gts
     ):
         yield ctx.finding(
-            "gpu.link.speed",
+            GPU_LINK_SPEED,
             INFO,
             gpu.address,
             f"{gpu.describe()} link runs at {link.describe()}: GPUs lower the link speed when idle, "
             "so check it again under load (gpuhost smoke-test does)",
         )
     else:
-        yield ctx.finding("gpu.link", INFO, gpu.address, f"{gpu.describe()} link {link.describe()}")
+        yield ctx.finding(GPU_LINK, INFO, gpu.address, f"{gpu.describe()} link {link.describe()}")
 
 
-def _check_bars(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
+def _check_bars(ctx: CheckContext, gpu: PciFunction) -> Iterator[Problem]:
     prefetchable = [bar for bar in gpu.bars if bar.is_prefetchable]
     if not prefetchable:
         return
     largest = max(prefetchable, key=lambda bar: bar.size)
     yield ctx.finding(
-        "gpu.bar",
+        GPU_BAR,
         INFO,
         gpu.address,
         f"{gpu.describe()} BAR{largest.index} is {_size(largest.size)}"
@@ -256,10 +326,10 @@ def _check_bars(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
     sizes = gpu.resizable_bar_sizes.get(largest.index)
     if sizes:
         # resourceN_resize: bit n set means a size of 2^n MiB is supported.
-        supported = (1 << (sizes.bit_length() - 1)) * MIB
+        supported = (1 << (sizes.bit_length() - 1)) * MIB_BYTES
         if supported > largest.size:
             yield ctx.finding(
-                "gpu.rebar",
+                GPU_REBAR,
                 WARNING,
                 gpu.address,
                 f"{gpu.describe()} supports a {_size(supported)} BAR{largest.index} (Resizable BAR) but has "
@@ -268,14 +338,14 @@ def _check_bars(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
             )
 
 
-def check_numa(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
+def check_numa(ctx: CheckContext, gpu: PciFunction) -> Iterator[Problem]:
     nodes = ctx.facts.numa_nodes
     if gpu.numa_node is None:
         return
     if gpu.numa_node < 0:
         if len(nodes) > 1:
             yield ctx.finding(
-                "gpu.numa",
+                GPU_NUMA,
                 WARNING,
                 gpu.address,
                 f"{gpu.describe()} reports no NUMA node on a host with {len(nodes)} nodes",
@@ -286,11 +356,11 @@ def check_numa(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
     message = f"{gpu.describe()} is on NUMA node {gpu.numa_node}"
     if gpu.local_cpulist:
         message += f" (CPUs {gpu.local_cpulist})"
-    pool = node.pool(1048576) if node else None
-    host_pool = ctx.facts.hugepage_pool(1048576)
+    pool = node.pool(GIB_KIB) if node else None
+    host_pool = ctx.facts.hugepage_pool(GIB_KIB)
     if host_pool and host_pool.total and pool is not None and not pool.total:
         yield ctx.finding(
-            "gpu.numa.hugepages",
+            GPU_NUMA_HUGEPAGES,
             WARNING,
             gpu.address,
             f"{message}, but none of the host's {host_pool.total} 1 GiB pages are on that node: "
@@ -298,10 +368,10 @@ def check_numa(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
             "Split the 1 GiB pages across the GPUs' NUMA nodes (gpuhost apply does).",
         )
     else:
-        yield ctx.finding("gpu.numa", INFO, gpu.address, message)
+        yield ctx.finding(GPU_NUMA, INFO, gpu.address, message)
 
 
-def _check_boot_display(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding]:
+def _check_boot_display(ctx: CheckContext, gpu: PciFunction) -> Iterator[Problem]:
     if not gpu.boot_vga:
         return
     log = ctx.facts.kernel_log
@@ -312,7 +382,7 @@ def _check_boot_display(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding
                 holders.append(name)
     held = f"; the kernel log shows {', '.join(holders)} in use" if holders else ""
     yield ctx.finding(
-        "gpu.boot_display",
+        GPU_BOOT_DISPLAY,
         WARNING,
         gpu.address,
         f"{gpu.describe()} is the boot display (boot_vga=1){held}: the firmware framebuffer can hold its "
@@ -323,9 +393,9 @@ def _check_boot_display(ctx: CheckContext, gpu: PciFunction) -> Iterator[Finding
 
 
 def _size(size: int) -> str:
-    if size >= GIB:
-        return f"{size / GIB:g} GiB"
-    return f"{size / MIB:g} MiB"
+    if size >= GIB_BYTES:
+        return f"{size / GIB_BYTES:g} GiB"
+    return f"{size / MIB_BYTES:g} MiB"
 
 
 def gpu_function_summary(gpu: PciFunction) -> str:

@@ -4,17 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpuhost.checks.base import CheckContext, Finding, Severity, describe_function
+from gpuhost.checks.base import CheckContext, describe_function
 from gpuhost.checks.gpus import check_link, check_numa
+from gpuhost.problems import Problem, Severity, Stage, register
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
+GUEST_ROLE = register(
+    "guest", Stage.AUDIT, Severity.INFO, "audited as a passthrough guest: the host checks do not apply"
+)
+GUEST_GPU_DRIVER = register(
+    "guest.gpu.driver", Stage.AUDIT, None, "inside a guest: the GPU is driven by nvidia (info) or not (error)"
+)
+GUEST_TOPOLOGY_FLAT = register(
+    "guest.topology.flat",
+    Stage.AUDIT,
+    Severity.INFO,
+    "inside a guest: the GPU sits on the root bus (no root port above it)",
+)
 
-def check_guest(ctx: CheckContext) -> Iterator[Finding]:
+
+def check_guest(ctx: CheckContext) -> Iterator[Problem]:
     cards = ctx.selection.passthrough + ctx.selection.kept
     iommu = "no IOMMU" if not ctx.facts.iommu.active else f"{len(ctx.facts.iommu.groups)} IOMMU groups"
     yield ctx.finding(
-        "guest",
+        GUEST_ROLE,
         INFO,
         "role",
         f"passthrough guest (a VM with {len(cards)} GPU(s) handed to it, {iommu}): host checks do not apply",
@@ -22,10 +36,10 @@ def check_guest(ctx: CheckContext) -> Iterator[Finding]:
     for card in cards:
         gpu = card.gpu
         if gpu.driver == "nvidia":
-            yield ctx.finding("guest.gpu.driver", INFO, gpu.address, f"{describe_function(gpu)} is driven by nvidia")
+            yield ctx.finding(GUEST_GPU_DRIVER, INFO, gpu.address, f"{describe_function(gpu)} is driven by nvidia")
         else:
             yield ctx.finding(
-                "guest.gpu.driver",
+                GUEST_GPU_DRIVER,
                 ERROR,
                 gpu.address,
                 f"{describe_function(gpu)} is not driven by the NVIDIA driver in this guest",
@@ -36,7 +50,7 @@ def check_guest(ctx: CheckContext) -> Iterator[Finding]:
         # Without the captured topology, bus 00 is the root bus.
         if not gpu.parents and gpu.address.split(":")[1] == "00":
             yield ctx.finding(
-                "guest.topology.flat",
+                GUEST_TOPOLOGY_FLAT,
                 INFO,
                 gpu.address,
                 f"{gpu.describe()} sits on the guest's root bus (no PCIe root port above it): the driver cannot "

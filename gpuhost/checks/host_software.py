@@ -4,22 +4,49 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpuhost.checks.base import CheckContext, Finding, Severity
-from gpuhost.facts.model import VFIO_MODULE
+from gpuhost.checks.base import CheckContext
+from gpuhost.facts.model import HOST_DRIVER_MODULES, VFIO_INITRAMFS_MODULES, VfioPci
+from gpuhost.problems import Problem, Severity, Stage, register
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
-HOST_DRIVER_MODULES = ("nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nouveau", "nvidiafb")
-VFIO_INITRAMFS_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
+NVIDIA_LOADED = register("nvidia.loaded", Stage.AUDIT, Severity.ERROR, "a host GPU driver module is loaded")
+NVIDIA_LOADED_UNKNOWN = register(
+    "nvidia.loaded.unknown", Stage.AUDIT, Severity.WARNING, "/proc/modules unreadable: loaded drivers unknown"
+)
+NVIDIA_INSTALLED = register(
+    "nvidia.installed", Stage.AUDIT, Severity.WARNING, "host NVIDIA driver packages are installed"
+)
+NVIDIA_INSTALLED_RUNFILE = register(
+    "nvidia.installed.runfile", Stage.AUDIT, Severity.WARNING, "a runfile NVIDIA driver install is present"
+)
+NVIDIA_INSTALLED_UNKNOWN = register(
+    "nvidia.installed.unknown", Stage.AUDIT, Severity.INFO, "no package database readable: installed drivers unknown"
+)
+MODPROBE_VFIO_IDS_CONFLICT = register(
+    "modprobe.vfio_ids_conflict",
+    Stage.AUDIT,
+    Severity.WARNING,
+    "modprobe.d's vfio-pci ids disagree with the command line's",
+)
+MODPROBE_NVIDIA_CONFIG = register(
+    "modprobe.nvidia_config", Stage.AUDIT, Severity.INFO, "leftover NVIDIA modprobe.d configuration"
+)
+INITRAMFS_VFIO_UNKNOWN = register(
+    "initramfs.vfio.unknown", Stage.AUDIT, Severity.INFO, "the initramfs could not be listed"
+)
+INITRAMFS_VFIO = register(
+    "initramfs.vfio", Stage.AUDIT, Severity.WARNING, "vfio-pci is a module and the initramfs lacks vfio modules"
+)
 
 
-def check_nvidia_driver(ctx: CheckContext) -> Iterator[Finding]:
+def check_nvidia_driver(ctx: CheckContext) -> Iterator[Problem]:
     facts = ctx.facts
     modules = facts.modules
     loaded = [name for name in HOST_DRIVER_MODULES if modules is not None and modules.is_loaded(name)]
     if loaded:
         yield ctx.finding(
-            "nvidia.loaded",
+            NVIDIA_LOADED,
             ERROR,
             "host NVIDIA driver",
             f"host GPU driver modules are loaded: {', '.join(loaded)}"
@@ -28,7 +55,7 @@ def check_nvidia_driver(ctx: CheckContext) -> Iterator[Finding]:
         )
     elif modules is None:
         yield ctx.unreadable(
-            "nvidia.loaded.unknown",
+            NVIDIA_LOADED_UNKNOWN,
             "host NVIDIA driver",
             "/proc/modules",
             "loaded drivers are unknown (or the kernel has no module support)",
@@ -38,7 +65,7 @@ def check_nvidia_driver(ctx: CheckContext) -> Iterator[Finding]:
         names = ", ".join(f"{p.name} {p.version}" for p in nvidia.packages[:6])
         more = f" and {len(nvidia.packages) - 6} more" if len(nvidia.packages) > 6 else ""
         yield ctx.finding(
-            "nvidia.installed",
+            NVIDIA_INSTALLED,
             WARNING,
             "host NVIDIA driver",
             f"host NVIDIA driver packages are installed: {names}{more}",
@@ -47,7 +74,7 @@ def check_nvidia_driver(ctx: CheckContext) -> Iterator[Finding]:
         )
     if nvidia.runfile_installed:
         yield ctx.finding(
-            "nvidia.installed.runfile",
+            NVIDIA_INSTALLED_RUNFILE,
             WARNING,
             "host NVIDIA driver",
             "a runfile NVIDIA driver install is present (/usr/bin/nvidia-uninstall exists)",
@@ -55,14 +82,14 @@ def check_nvidia_driver(ctx: CheckContext) -> Iterator[Finding]:
         )
     if nvidia.packages is None and not nvidia.runfile_installed:
         yield ctx.finding(
-            "nvidia.installed.unknown",
+            NVIDIA_INSTALLED_UNKNOWN,
             INFO,
             "host NVIDIA driver",
             "no package database could be read (neither dpkg nor rpm), so installed drivers are unknown",
         )
 
 
-def check_modprobe(ctx: CheckContext) -> Iterator[Finding]:
+def check_modprobe(ctx: CheckContext) -> Iterator[Problem]:
     facts = ctx.facts
     cmdline_ids = set(facts.cmdline.list_value("vfio-pci.ids")) if facts.cmdline else set()
     for directive in facts.modprobe:
@@ -76,7 +103,7 @@ def check_modprobe(ctx: CheckContext) -> Iterator[Finding]:
             }
             if cmdline_ids and ids != cmdline_ids:
                 yield ctx.finding(
-                    "modprobe.vfio_ids_conflict",
+                    MODPROBE_VFIO_IDS_CONFLICT,
                     WARNING,
                     directive.path,
                     f"{directive.path}:{directive.line_number} sets vfio-pci ids={','.join(sorted(ids))} but the "
@@ -85,7 +112,7 @@ def check_modprobe(ctx: CheckContext) -> Iterator[Finding]:
                 )
         if directive.module.startswith("nvidia") and directive.command in ("options", "alias", "install", "softdep"):
             yield ctx.finding(
-                "modprobe.nvidia_config",
+                MODPROBE_NVIDIA_CONFIG,
                 INFO,
                 directive.path,
                 f"{directive.path}:{directive.line_number} configures {directive.module} ({directive.command}): "
@@ -94,14 +121,14 @@ def check_modprobe(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-def check_initramfs(ctx: CheckContext) -> Iterator[Finding]:
+def check_initramfs(ctx: CheckContext) -> Iterator[Problem]:
     facts = ctx.facts
-    if facts.vfio_pci != VFIO_MODULE or not ctx.selection.passthrough:
+    if facts.vfio_pci != VfioPci.MODULE or not ctx.selection.passthrough:
         return
     initramfs = facts.initramfs
     if initramfs.entries is None:
         yield ctx.finding(
-            "initramfs.vfio.unknown",
+            INITRAMFS_VFIO_UNKNOWN,
             INFO,
             "initramfs",
             "the initramfs of the running kernel could not be listed (lsinitramfs missing or not root)",
@@ -110,7 +137,7 @@ def check_initramfs(ctx: CheckContext) -> Iterator[Finding]:
     missing = [name for name in VFIO_INITRAMFS_MODULES if initramfs.has_module(name) is False]
     if missing:
         yield ctx.finding(
-            "initramfs.vfio",
+            INITRAMFS_VFIO,
             WARNING,
             "initramfs",
             f"vfio-pci is a module and the initramfs lacks {', '.join(missing)}: a host driver in the initramfs "

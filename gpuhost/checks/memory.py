@@ -8,13 +8,42 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpuhost.checks.base import CheckContext, Finding, Severity
+from gpuhost.checks.base import CheckContext
+from gpuhost.facts.model import GIB_KIB
 from gpuhost.facts.parsers import parse_hugepages_request
+from gpuhost.problems import Problem, Severity, Stage, register
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
-GIB_KIB = 1024 * 1024
-HUGEPAGE_1G_KIB = GIB_KIB
+HUGEPAGES_UNKNOWN = register(
+    "hugepages.unknown", Stage.AUDIT, Severity.WARNING, "/proc/meminfo unreadable: memory and huge pages unknown"
+)
+HUGEPAGES_SUPPORT = register(
+    "hugepages.support",
+    Stage.AUDIT,
+    None,
+    "no pdpe1gb: no 1 GiB pages (warning where the guide recommends them, else info)",
+)
+HUGEPAGES_ALLOCATION = register(
+    "hugepages.allocation", Stage.AUDIT, Severity.ERROR, "fewer 1 GiB pages allocated than the command line asks"
+)
+HUGEPAGES_ALLOCATED = register(
+    "hugepages.allocated", Stage.AUDIT, Severity.INFO, "1 GiB pages allocated, per NUMA node"
+)
+HUGEPAGES_RECOMMENDED = register(
+    "hugepages.recommended",
+    Stage.AUDIT,
+    Severity.WARNING,
+    "above 512 GB of RAM and no 1 GiB pages (MemTotal bands start 5% lower)",
+)
+HUGEPAGES_RECOMMENDATION = register(
+    "hugepages.recommendation",
+    Stage.AUDIT,
+    Severity.INFO,
+    "the guide's advice by RAM: below 128 GB skip, 128-512 GB optional",
+)
+HUGEPAGES_MOUNT = register("hugepages.mount", Stage.AUDIT, Severity.INFO, "no hugetlbfs mount with 1 GiB pages")
+
 OPTIONAL_FROM_GIB = 128 * 0.95
 RECOMMENDED_ABOVE_GIB = 512 * 0.95
 
@@ -36,21 +65,21 @@ def hugepage_recommendation(mem_total_kib: int) -> str:
     return "recommended"
 
 
-def check_hugepages(ctx: CheckContext) -> Iterator[Finding]:
+def check_hugepages(ctx: CheckContext) -> Iterator[Problem]:
     facts = ctx.facts
     memory = facts.memory
     if memory is None or memory.total_kib is None:
-        yield ctx.unreadable("hugepages.unknown", "huge pages", "/proc/meminfo", "memory and huge pages are unknown")
+        yield ctx.unreadable(HUGEPAGES_UNKNOWN, "huge pages", "/proc/meminfo", "memory and huge pages are unknown")
         return
     total_gib = memory.total_kib / GIB_KIB
     advice = hugepage_recommendation(memory.total_kib)
-    pool = facts.hugepage_pool(HUGEPAGE_1G_KIB)
+    pool = facts.hugepage_pool(GIB_KIB)
     allocated = pool.total if pool and pool.total is not None else 0
-    requested = parse_hugepages_request(facts.cmdline.tokens).get(HUGEPAGE_1G_KIB) if facts.cmdline else None
+    requested = parse_hugepages_request(facts.cmdline.tokens).get(GIB_KIB) if facts.cmdline else None
     supports = facts.cpu is None or "pdpe1gb" in facts.cpu.flags
     if not supports:
         yield ctx.finding(
-            "hugepages.support",
+            HUGEPAGES_SUPPORT,
             WARNING if advice == "recommended" else INFO,
             "huge pages",
             "the CPU has no pdpe1gb flag: 1 GiB huge pages are not available",
@@ -58,7 +87,7 @@ def check_hugepages(ctx: CheckContext) -> Iterator[Finding]:
         )
     if requested is not None and allocated < requested:
         yield ctx.finding(
-            "hugepages.allocation",
+            HUGEPAGES_ALLOCATION,
             ERROR,
             "huge pages",
             f"the kernel command line asks for {requested} 1 GiB pages but only {allocated} were allocated at boot",
@@ -66,11 +95,11 @@ def check_hugepages(ctx: CheckContext) -> Iterator[Finding]:
         )
     if allocated:
         per_node = ", ".join(
-            f"node {node.node_id}: {p.total}" for node in facts.numa_nodes if (p := node.pool(HUGEPAGE_1G_KIB))
+            f"node {node.node_id}: {p.total}" for node in facts.numa_nodes if (p := node.pool(GIB_KIB))
         )
         free = pool.free if pool and pool.free is not None else "?"
         yield ctx.finding(
-            "hugepages.allocated",
+            HUGEPAGES_ALLOCATED,
             INFO,
             "huge pages",
             f"{allocated} 1 GiB pages allocated ({free} free)" + (f"; {per_node}" if per_node else ""),
@@ -78,7 +107,7 @@ def check_hugepages(ctx: CheckContext) -> Iterator[Finding]:
         yield from _check_hugetlbfs(ctx)
     elif advice == "recommended":
         yield ctx.finding(
-            "hugepages.recommended",
+            HUGEPAGES_RECOMMENDED,
             WARNING,
             "huge pages",
             f"{total_gib:.0f} GiB of RAM and no 1 GiB huge pages: above 512 GB they make guest start-up reliable",
@@ -86,14 +115,14 @@ def check_hugepages(ctx: CheckContext) -> Iterator[Finding]:
         )
     else:
         yield ctx.finding(
-            "hugepages.recommendation",
+            HUGEPAGES_RECOMMENDATION,
             INFO,
             "huge pages",
             f"{total_gib:.0f} GiB of RAM: " + _ADVICE_TEXT[advice],
         )
 
 
-def _check_hugetlbfs(ctx: CheckContext) -> Iterator[Finding]:
+def _check_hugetlbfs(ctx: CheckContext) -> Iterator[Problem]:
     mounts = ctx.facts.mounts
     if mounts is None:
         return
@@ -102,7 +131,7 @@ def _check_hugetlbfs(ctx: CheckContext) -> Iterator[Finding]:
     if not one_gib:
         present = ", ".join(f"{m.target} ({[o for o in m.options if o.startswith('pagesize')]})" for m in hugetlbfs)
         yield ctx.finding(
-            "hugepages.mount",
+            HUGEPAGES_MOUNT,
             INFO,
             "huge pages",
             "no hugetlbfs mount with 1 GiB pages" + (f" (mounted: {present})" if present else ""),

@@ -4,10 +4,65 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpuhost.checks.base import CheckContext, Finding, Severity
-from gpuhost.facts.model import BOOTLOADER_GRUB, BOOTLOADER_UNKNOWN
+from gpuhost.checks.base import CheckContext
+from gpuhost.facts.model import BootloaderKind
+from gpuhost.problems import Problem, Severity, Stage, register
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+CPU_UNKNOWN = register(
+    "cpu.unknown", Stage.AUDIT, Severity.WARNING, "/proc/cpuinfo unreadable: CPU virtualization support unknown"
+)
+CPU_VIRTUALIZATION = register("cpu.virtualization", Stage.AUDIT, Severity.ERROR, "no vmx/svm in the CPU flags")
+IOMMU_FIRMWARE = register(
+    "iommu.firmware", Stage.AUDIT, Severity.ERROR, "no DMAR/IVRS ACPI table: VT-d/AMD-Vi off in the firmware"
+)
+IOMMU_FIRMWARE_UNKNOWN = register(
+    "iommu.firmware.unknown",
+    Stage.AUDIT,
+    Severity.INFO,
+    "the ACPI table list is unreadable: firmware IOMMU support unknown",
+)
+IOMMU_ACTIVE = register(
+    "iommu.active",
+    Stage.AUDIT,
+    None,
+    "IOMMU active (info), or no IOMMU groups (error; fix: intel_iommu=on/amd_iommu=on if the firmware has one)",
+)
+IOMMU_INTERRUPT_REMAPPING = register(
+    "iommu.interrupt_remapping", Stage.AUDIT, Severity.WARNING, "the kernel log shows no interrupt remapping"
+)
+IOMMU_INTERRUPT_REMAPPING_UNKNOWN = register(
+    "iommu.interrupt_remapping.unknown",
+    Stage.AUDIT,
+    Severity.INFO,
+    "the kernel log is unreadable: interrupt remapping unknown",
+)
+CMDLINE_UNKNOWN = register(
+    "cmdline.unknown", Stage.AUDIT, Severity.WARNING, "/proc/cmdline unreadable: kernel options unknown"
+)
+CMDLINE_ACS_OVERRIDE = register(
+    "cmdline.acs_override", Stage.AUDIT, Severity.WARNING, "pcie_acs_override is set (not for production)"
+)
+CMDLINE_PENDING_REBOOT = register(
+    "cmdline.pending_reboot",
+    Stage.AUDIT,
+    Severity.WARNING,
+    "GRUB's passthrough options differ from the running kernel's",
+)
+BOOTLOADER_GRUB_SYNTAX = register(
+    "bootloader.grub_syntax", Stage.AUDIT, Severity.ERROR, "/etc/default/grub (or a drop-in) is not valid shell"
+)
+BOOTLOADER_GRUB_FOUND = register("bootloader", Stage.AUDIT, Severity.INFO, "GRUB, UEFI or BIOS, and its drop-ins")
+BOOTLOADER_UNIDENTIFIED = register(
+    "bootloader.unknown", Stage.AUDIT, Severity.WARNING, "the bootloader could not be identified"
+)
+BOOTLOADER_UNSUPPORTED = register(
+    "bootloader.unsupported",
+    Stage.AUDIT,
+    Severity.WARNING,
+    "systemd-boot or grubby/BLS: gpuhost apply supports GRUB only",
+)
 
 _IRQ_REMAPPING_ON = ("enabled irq remapping", "interrupt remapping enabled")
 _IRQ_REMAPPING_OFF = (
@@ -17,10 +72,10 @@ _IRQ_REMAPPING_OFF = (
 )
 
 
-def check_cpu(ctx: CheckContext) -> Iterator[Finding]:
+def check_cpu(ctx: CheckContext) -> Iterator[Problem]:
     cpu = ctx.facts.cpu
     if cpu is None:
-        yield ctx.unreadable("cpu.unknown", "CPU", "/proc/cpuinfo", "CPU virtualization support is unknown")
+        yield ctx.unreadable(CPU_UNKNOWN, "CPU", "/proc/cpuinfo", "CPU virtualization support is unknown")
         return
     if cpu.has_virtualization:
         return
@@ -30,7 +85,7 @@ def check_cpu(ctx: CheckContext) -> Iterator[Finding]:
         else ""
     )
     yield ctx.finding(
-        "cpu.virtualization",
+        CPU_VIRTUALIZATION,
         ERROR,
         "CPU",
         f"the CPU flags ({cpu.vendor or 'unknown vendor'}) show neither vmx (Intel VT-x) nor svm (AMD-V), "
@@ -39,14 +94,14 @@ def check_cpu(ctx: CheckContext) -> Iterator[Finding]:
     )
 
 
-def check_iommu(ctx: CheckContext) -> Iterator[Finding]:
+def check_iommu(ctx: CheckContext) -> Iterator[Problem]:
     facts = ctx.facts
     iommu = facts.iommu
     vendor = facts.cpu.vendor if facts.cpu else None
     firmware_name = "AMD-Vi (IVRS)" if vendor == "AuthenticAMD" else "VT-d (DMAR)"
     if iommu.firmware_present is False:
         yield ctx.finding(
-            "iommu.firmware",
+            IOMMU_FIRMWARE,
             ERROR,
             "IOMMU",
             f"the firmware publishes no IOMMU table (neither DMAR nor IVRS in the ACPI tables): {firmware_name} is off",
@@ -54,14 +109,14 @@ def check_iommu(ctx: CheckContext) -> Iterator[Finding]:
         )
     elif iommu.firmware_present is None:
         yield ctx.finding(
-            "iommu.firmware.unknown",
+            IOMMU_FIRMWARE_UNKNOWN,
             INFO,
             "IOMMU",
             "the ACPI table list could not be read; firmware IOMMU support unknown",
         )
     if iommu.active:
         yield ctx.finding(
-            "iommu.active",
+            IOMMU_ACTIVE,
             INFO,
             "IOMMU",
             f"the IOMMU is active: {len(iommu.groups)} IOMMU groups, units {', '.join(iommu.units) or 'unlisted'}",
@@ -78,7 +133,7 @@ def check_iommu(ctx: CheckContext) -> Iterator[Finding]:
         else:
             remedy = f"Enable {firmware_name.split(' ')[0]} in the firmware, then {flag} if the kernel still does not."
         yield ctx.finding(
-            "iommu.active",
+            IOMMU_ACTIVE,
             ERROR,
             "IOMMU",
             "the kernel has no IOMMU groups (/sys/kernel/iommu_groups is empty), so no device can be passed through",
@@ -88,7 +143,7 @@ def check_iommu(ctx: CheckContext) -> Iterator[Finding]:
     log = facts.kernel_log
     if log is None:
         yield ctx.finding(
-            "iommu.interrupt_remapping.unknown",
+            IOMMU_INTERRUPT_REMAPPING_UNKNOWN,
             INFO,
             "IOMMU",
             "the kernel log could not be read, so interrupt remapping is unknown",
@@ -96,7 +151,7 @@ def check_iommu(ctx: CheckContext) -> Iterator[Finding]:
         )
     elif log.matching(*_IRQ_REMAPPING_OFF) or not log.matching(*_IRQ_REMAPPING_ON):
         yield ctx.finding(
-            "iommu.interrupt_remapping",
+            IOMMU_INTERRUPT_REMAPPING,
             WARNING,
             "IOMMU",
             "the kernel log does not show interrupt remapping enabled; without it vfio refuses MSI interrupts "
@@ -105,16 +160,14 @@ def check_iommu(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-def check_command_line(ctx: CheckContext) -> Iterator[Finding]:
+def check_command_line(ctx: CheckContext) -> Iterator[Problem]:
     cmdline = ctx.facts.cmdline
     if cmdline is None:
-        yield ctx.unreadable(
-            "cmdline.unknown", "kernel command line", "/proc/cmdline", "the kernel options are unknown"
-        )
+        yield ctx.unreadable(CMDLINE_UNKNOWN, "kernel command line", "/proc/cmdline", "the kernel options are unknown")
         return
     if cmdline.has("pcie_acs_override"):
         yield ctx.finding(
-            "cmdline.acs_override",
+            CMDLINE_ACS_OVERRIDE,
             WARNING,
             "kernel command line",
             f"pcie_acs_override={cmdline.value('pcie_acs_override')} is set: it makes the kernel pretend devices are "
@@ -134,7 +187,7 @@ def check_command_line(ctx: CheckContext) -> Iterator[Finding]:
             if extra:
                 detail.append(f"the running kernel has {' '.join(extra)} which GRUB no longer sets")
             yield ctx.finding(
-                "cmdline.pending_reboot",
+                CMDLINE_PENDING_REBOOT,
                 WARNING,
                 "kernel command line",
                 "the GRUB configuration and the running kernel disagree: " + "; ".join(detail),
@@ -164,29 +217,29 @@ def _passthrough_options(tokens: tuple[str, ...]) -> frozenset[str]:
     return frozenset(token for token in tokens if token.split("=", 1)[0] in _PASSTHROUGH_KEYS)
 
 
-def check_bootloader(ctx: CheckContext) -> Iterator[Finding]:
+def check_bootloader(ctx: CheckContext) -> Iterator[Problem]:
     facts = ctx.facts
     loader = facts.bootloader
     if facts.grub.syntax_error:
         yield ctx.finding(
-            "bootloader.grub_syntax",
+            BOOTLOADER_GRUB_SYNTAX,
             ERROR,
             "/etc/default/grub",
             f"/etc/default/grub (or a drop-in) is not valid shell: {facts.grub.syntax_error}",
             "Fix the file: update-grub sources it with sh and would fail too.",
         )
-    if loader.kind == BOOTLOADER_GRUB:
+    if loader.kind == BootloaderKind.GRUB:
         firmware = {True: "UEFI", False: "BIOS", None: "unknown firmware"}[loader.efi]
         yield ctx.finding(
-            "bootloader",
+            BOOTLOADER_GRUB_FOUND,
             INFO,
             "bootloader",
             f"GRUB ({firmware}); kernel command line from /etc/default/grub"
             + (f" and {len(facts.grub.dropins)} drop-in(s)" if facts.grub.dropins else ""),
         )
-    elif loader.kind == BOOTLOADER_UNKNOWN:
+    elif loader.kind == BootloaderKind.UNKNOWN:
         yield ctx.finding(
-            "bootloader.unknown",
+            BOOTLOADER_UNIDENTIFIED,
             WARNING,
             "bootloader",
             f"the bootloader could not be identified ({loader.evidence})",
@@ -194,7 +247,7 @@ def check_bootloader(ctx: CheckContext) -> Iterator[Finding]:
         )
     else:
         yield ctx.finding(
-            "bootloader.unsupported",
+            BOOTLOADER_UNSUPPORTED,
             WARNING,
             "bootloader",
             f"the host boots with {loader.kind} ({loader.evidence}); gpuhost apply supports GRUB only",

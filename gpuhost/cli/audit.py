@@ -11,8 +11,8 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from gpuhost.audit import NOT_READY, READY, HostAudit, audit_fleet, audit_to_json
-from gpuhost.checks import Severity
+from gpuhost.audit import AuditStatus, HostAudit, audit_fleet, audit_to_json
+from gpuhost.checks import Role, Severity
 from gpuhost.cli.common import add_target_options, resolve_targets
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, MissingDependencyError
 from gpuhost.selection import functions_to_bind
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "dim"}
-STATUS_STYLE = {READY: "bold green", NOT_READY: "bold red"}
+STATUS_STYLE = {AuditStatus.READY: "bold green", AuditStatus.NOT_READY: "bold red"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 def exit_status(results: list[HostAudit]) -> int:
     if any(result.error is not None for result in results):
         return EXIT_UNUSABLE
-    if any(result.status == NOT_READY for result in results):
+    if any(result.status is AuditStatus.NOT_READY for result in results):
         return EXIT_FINDINGS
     return EXIT_OK
 
@@ -96,8 +96,8 @@ def headline(result: HostAudit) -> str:
     facts, selection = result.facts, result.selection
     assert facts is not None and selection is not None
     # A guest uses every GPU it was given; a host is about the GPUs it passes through.
-    cards = selection.passthrough + selection.kept if result.role == "guest" else selection.passthrough
-    parts = ["passthrough guest" if result.role == "guest" else "passthrough host"]
+    cards = selection.passthrough + selection.kept if result.role is Role.GUEST else selection.passthrough
+    parts = ["passthrough guest" if result.role is Role.GUEST else "passthrough host"]
     if cards:
         gpu = cards[0].gpu
         drivers = sorted({f.driver or "no driver" for card in cards for f in functions_to_bind(facts, card)})
@@ -107,7 +107,7 @@ def headline(result: HostAudit) -> str:
         )
     else:
         parts.append("no GPU to pass through")
-    if result.role != "guest" and selection.kept:
+    if result.role is not Role.GUEST and selection.kept:
         parts.append(f"{len(selection.kept)} kept by the host")
     parts.append(f"{len(facts.iommu.groups)} IOMMU groups" if facts.iommu.active else "no IOMMU")
     return ", ".join(parts)
@@ -181,5 +181,5 @@ def _print_fleet_summary(console: Console, results: list[HostAudit]) -> None:
             f"{result.seconds:.1f}s",
         )
     console.print(table)
-    ready = sum(1 for r in results if r.status == READY)
+    ready = sum(1 for r in results if r.status is AuditStatus.READY)
     console.print(f"{ready} of {len(results)} hosts ready")

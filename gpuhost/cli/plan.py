@@ -81,7 +81,7 @@ def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:
     """The plan as lines of text (rich markup only at the start of headline lines)."""
     if plan.refusals:
         lines = [f"[bold]{plan.host}[/]: [red]refused[/], nothing will be written"]
-        lines += [f"  - {r.message}\n    fix: {r.fix}" for r in plan.refusals]
+        lines += [f"  - {r.message}\n    fix: {r.remedy}" for r in plan.refusals]
         return lines
     lines = [f"[bold]{plan.host}[/]: " + ("[yellow]reboot needed[/]" if plan.reboot_needed else "[green]no reboot[/]")]
     for function in plan.functions:

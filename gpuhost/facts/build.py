@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from gpuhost.facts import parsers as p
 from gpuhost.facts.model import (
-    BOOTLOADER_GRUB,
-    BOOTLOADER_GRUBBY_BLS,
-    BOOTLOADER_SYSTEMD_BOOT,
-    BOOTLOADER_UNKNOWN,
-    VFIO_ABSENT,
-    VFIO_BUILTIN,
-    VFIO_MODULE,
     Bootloader,
+    BootloaderKind,
     GrubConfig,
     HostFacts,
     HugePagePool,
@@ -23,8 +17,9 @@ from gpuhost.facts.model import (
     NumaNode,
     NvidiaInstall,
     Package,
-    PcieLink,
+    PcieLinkStatus,
     PciFunction,
+    VfioPci,
 )
 from gpuhost.facts.snapshot import Tree
 
@@ -116,7 +111,7 @@ def _pci_functions(tree: Tree) -> tuple[PciFunction, ...]:
                 iommu_group=p.parse_int(p.parse_link_target_basename(tree.link(f"{base}/iommu_group"))),
                 numa_node=p.parse_int(attr("numa_node")),
                 local_cpulist=p.parse_optional_text(attr("local_cpulist")),
-                link=PcieLink(
+                link=PcieLinkStatus(
                     current_speed_gts=p.parse_link_speed(attr("current_link_speed")),
                     current_width=p.parse_int(attr("current_link_width")),
                     max_speed_gts=p.parse_link_speed(attr("max_link_speed")),
@@ -209,18 +204,18 @@ def _modules(tree: Tree, kernel_release: str | None) -> Modules | None:
     )
 
 
-def _vfio_pci_kind(modules: Modules | None, exists: frozenset[str] | None) -> str | None:
+def _vfio_pci_kind(modules: Modules | None, exists: frozenset[str] | None) -> VfioPci | None:
     if modules is not None and modules.builtin is not None:
         if "vfio_pci" in modules.builtin:
-            return VFIO_BUILTIN
+            return VfioPci.BUILTIN
         if modules.is_loaded("vfio_pci"):
-            return VFIO_MODULE
+            return VfioPci.MODULE
     if modules is not None and modules.is_loaded("vfio_pci"):
-        return VFIO_MODULE
+        return VfioPci.MODULE
     if modules is not None and modules.builtin is not None:
         # Not built in and not loaded: a module that may or may not be installed. Debian and
         # Ubuntu kernels ship it as a module, so call it one unless the kernel has no IOMMU at all.
-        return VFIO_MODULE if exists is None or "/sys/class/iommu" in exists else VFIO_ABSENT
+        return VfioPci.MODULE if exists is None or "/sys/class/iommu" in exists else VfioPci.ABSENT
     return None
 
 
@@ -263,19 +258,19 @@ def _bootloader(tree: Tree, exists: frozenset[str] | None) -> Bootloader:
     efi = None if exists is None else "/sys/firmware/efi" in exists
     has_bls = exists is not None and "/boot/loader/entries" in exists
     if "grubby" in which and has_bls:
-        return Bootloader(BOOTLOADER_GRUBBY_BLS, efi, "grubby", "grubby and /boot/loader/entries (BLS) are present")
+        return Bootloader(BootloaderKind.GRUBBY_BLS, efi, "grubby", "grubby and /boot/loader/entries (BLS) are present")
     if "proxmox-boot-tool" in which and tree.read("/etc/kernel/cmdline") is not None:
         return Bootloader(
-            BOOTLOADER_SYSTEMD_BOOT, efi, "proxmox-boot-tool refresh", "/etc/kernel/cmdline with proxmox-boot-tool"
+            BootloaderKind.SYSTEMD_BOOT, efi, "proxmox-boot-tool refresh", "/etc/kernel/cmdline with proxmox-boot-tool"
         )
     if "bootctl" in which and has_bls and tree.read("/etc/default/grub") is None:
-        return Bootloader(BOOTLOADER_SYSTEMD_BOOT, efi, "bootctl", "systemd-boot entries and no /etc/default/grub")
+        return Bootloader(BootloaderKind.SYSTEMD_BOOT, efi, "bootctl", "systemd-boot entries and no /etc/default/grub")
     if tree.read("/etc/default/grub") is not None or tree.read("/boot/grub/grub.cfg") is not None:
         command = "update-grub" if "update-grub" in which else "grub-mkconfig" if "grub-mkconfig" in which else None
         if command is None and "grub2-mkconfig" in which:
             command = "grub2-mkconfig"
-        return Bootloader(BOOTLOADER_GRUB, efi, command, "/etc/default/grub is present")
-    return Bootloader(BOOTLOADER_UNKNOWN, efi, None, "no GRUB, systemd-boot or BLS configuration found")
+        return Bootloader(BootloaderKind.GRUB, efi, command, "/etc/default/grub is present")
+    return Bootloader(BootloaderKind.UNKNOWN, efi, None, "no GRUB, systemd-boot or BLS configuration found")
 
 
 def _nvidia(tree: Tree, exists: frozenset[str] | None) -> NvidiaInstall:

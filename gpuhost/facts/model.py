@@ -7,6 +7,7 @@ unknown is a fact of its own and the checks say so, rather than guessing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 # PCI class codes (base class and subclass, the upper 16 bits of the 24-bit class).
 CLASS_VGA = 0x0300
@@ -18,6 +19,15 @@ CLASS_PCI_BRIDGE = 0x0604
 CLASS_USB = 0x0C03
 CLASS_SERIAL_BUS_OTHER = 0x0C80  # NVIDIA's USB Type-C UCSI controller on consumer cards
 VENDOR_NVIDIA = 0x10DE
+# Sizes: /proc/meminfo and the huge page pools count KiB; 1 GiB pages are the pool "hugepages-1048576kB".
+GIB_KIB = 1024 * 1024
+MIB_BYTES = 1024 * 1024
+GIB_BYTES = 1024 * GIB_KIB
+# Host GPU driver modules: loaded, they hold the GPU before vfio-pci can (the audit's nvidia.loaded,
+# the plan's reboot reasons, the verification after the reboot).
+HOST_DRIVER_MODULES = ("nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nouveau", "nvidiafb")
+# What the initramfs must load for vfio-pci to claim the GPU before a host driver (vfio-pci as a module).
+VFIO_INITRAMFS_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 
 GPU_CLASSES = frozenset({CLASS_VGA, CLASS_3D})
 BRIDGE_CLASSES = frozenset({CLASS_HOST_BRIDGE, CLASS_PCI_BRIDGE})
@@ -51,7 +61,9 @@ class Bar:
 
 
 @dataclass(frozen=True)
-class PcieLink:
+class PcieLinkStatus:
+    """A function's PCIe link as sysfs reports it: trained (current_*) and capable (max_*) speed and width."""
+
     current_speed_gts: float | None
     current_width: int | None
     max_speed_gts: float | None
@@ -108,7 +120,7 @@ class PciFunction:
     iommu_group: int | None
     numa_node: int | None  # None when unknown; -1 (no NUMA information) is kept as -1
     local_cpulist: str | None
-    link: PcieLink
+    link: PcieLinkStatus
     reset_methods: tuple[str, ...] | None
     bars: tuple[Bar, ...]
     resizable_bar_sizes: dict[int, int] = field(default_factory=dict)  # BAR index -> supported sizes bitmask
@@ -266,15 +278,25 @@ class GrubConfig:
         return KernelCommandLine(self.cmdline_linux.tokens + self.cmdline_linux_default.tokens)
 
 
-BOOTLOADER_GRUB = "grub"
-BOOTLOADER_SYSTEMD_BOOT = "systemd-boot"
-BOOTLOADER_GRUBBY_BLS = "grubby"
-BOOTLOADER_UNKNOWN = "unknown"
+class TextEnum(str, Enum):
+    """A closed set of strings (kinds, statuses, roles) that prints as its value, in messages and JSON."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class BootloaderKind(TextEnum):
+    """How the kernel command line is set on this host."""
+
+    GRUB = "grub"
+    SYSTEMD_BOOT = "systemd-boot"
+    GRUBBY_BLS = "grubby"
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
 class Bootloader:
-    kind: str  # one of the BOOTLOADER_* names
+    kind: BootloaderKind
     efi: bool | None
     update_command: str | None  # update-grub, grub2-mkconfig, grubby, ...
     evidence: str  # why we think so
@@ -310,9 +332,12 @@ class KernelLog:
         return [line for line in self.lines if any(n in line.lower() for n in lowered)]
 
 
-VFIO_BUILTIN = "builtin"
-VFIO_MODULE = "module"
-VFIO_ABSENT = "absent"
+class VfioPci(TextEnum):
+    """How the running kernel has vfio-pci."""
+
+    BUILTIN = "builtin"
+    MODULE = "module"
+    ABSENT = "absent"
 
 
 @dataclass(frozen=True)
@@ -373,7 +398,7 @@ class HostFacts:
     pci: tuple[PciFunction, ...]
     iommu: Iommu
     modules: Modules | None
-    vfio_pci: str | None  # VFIO_BUILTIN / VFIO_MODULE / VFIO_ABSENT, None: unknown
+    vfio_pci: VfioPci | None  # None: unknown
     vfio_pci_module_ids: tuple[str, ...] | None  # /sys/module/vfio_pci/parameters/ids
     initramfs: Initramfs
     grub: GrubConfig

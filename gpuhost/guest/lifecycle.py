@@ -82,7 +82,7 @@ class StepTime:
 
 
 @dataclass(frozen=True)
-class UpResult:
+class GuestUpResult:
     host: str
     vm: str
     uri: str
@@ -106,7 +106,7 @@ class GuestStatus:
 
 
 @dataclass(frozen=True)
-class DownResult:
+class GuestDownResult:
     host: str
     vm: str
     destroyed: bool
@@ -218,7 +218,7 @@ class _ProvisionLog:
             log.write(f"\n# {time.strftime('%H:%M:%S')} {text}\n")
 
 
-def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, progress: Progress) -> UpResult:
+def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, progress: Progress) -> GuestUpResult:
     host, vm = target.name, spec.name
     if spec.base_image is None:
         raise InputError(
@@ -339,7 +339,7 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
         "report", timeouts.report, lambda: _write_report(state, host, vm, address, smoke, steps.times)
     )
     state.update_info(last_report=str(report_dir), last_verdict=smoke.verdict)
-    return UpResult(host, vm, uri, address, disk, seed, tuple(steps.times), smoke, report_dir)
+    return GuestUpResult(host, vm, uri, address, disk, seed, tuple(steps.times), smoke, report_dir)
 
 
 def _connect_and_check(uri: str, vm: str, policy: HostPolicy, target: Target) -> Any:
@@ -491,7 +491,7 @@ def serial_log(target: Target, spec: VmSpec, policy: HostPolicy) -> str:
     return result.stdout.decode(errors="replace")
 
 
-def down(target: Target, spec: VmSpec, policy: HostPolicy, state: GuestDir, override: str | None) -> DownResult:
+def down(target: Target, spec: VmSpec, policy: HostPolicy, state: GuestDir, override: str | None) -> GuestDownResult:
     """Destroy and undefine the domain, delete its disk and seed volumes; nothing else."""
     libvirt = libvirt_host.import_libvirt()
     uri = libvirt_uri(target, state, override)
@@ -514,4 +514,4 @@ def down(target: Target, spec: VmSpec, policy: HostPolicy, state: GuestDir, over
     finally:
         conn.close()
     state.update_info(address=None)
-    return DownResult(target.name, spec.name, destroyed, undefined, tuple(removed))
+    return GuestDownResult(target.name, spec.name, destroyed, undefined, tuple(removed))

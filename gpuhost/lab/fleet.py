@@ -21,7 +21,7 @@ from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.ssh import ssh_argv
 from gpuhost.lab.state import LabState, VmRecord, is_our_process, load_state, process_start_ticks, save_state
 from gpuhost.lab.tools import RUN_TOOLS, require
-from gpuhost.lab.topology import TOPOLOGIES, VmSpec, qemu_argv
+from gpuhost.lab.topology import TOPOLOGIES, LabVmSpec, qemu_argv
 
 Progress = Callable[[str], None]
 
@@ -235,7 +235,7 @@ def wait_for_ssh(paths: LabPaths, records: Sequence[VmRecord], timeout: float = 
     return time.monotonic() - started
 
 
-def _start_vm(spec: VmSpec, qemu: str, stderr_log: Path) -> VmRecord:
+def _start_vm(spec: LabVmSpec, qemu: str, stderr_log: Path) -> VmRecord:
     argv = qemu_argv(spec, qemu)
     spec.pidfile.unlink(missing_ok=True)
     with stderr_log.open("w") as err:
@@ -375,7 +375,7 @@ def _start_with_free_port(
     # The port is free when chosen but could be taken before QEMU binds it: retry then.
     error = ""
     for _ in range(PORT_ATTEMPTS):
-        spec = VmSpec(
+        spec = LabVmSpec(
             name=name,
             topology=topology,
             memory_mib=memory_mib,

@@ -102,7 +102,7 @@ TOPOLOGIES: dict[str, Topology] = {
 
 
 @dataclass(frozen=True)
-class VmSpec:
+class LabVmSpec:
     name: str
     topology: str
     memory_mib: int
@@ -118,7 +118,7 @@ def _opt_value(value: str | Path) -> str:
     return str(value).replace(",", ",,")
 
 
-def validate_spec(spec: VmSpec) -> None:
+def validate_spec(spec: LabVmSpec) -> None:
     if not NAME_PATTERN.fullmatch(spec.name):
         raise ValueError(f"lab host name {spec.name!r} must look like lab-N")
     if spec.topology not in TOPOLOGIES:
@@ -129,7 +129,7 @@ def validate_spec(spec: VmSpec) -> None:
         raise ValueError("a lab host needs at least 512 MiB of memory and one CPU")
 
 
-def qemu_argv(spec: VmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
+def qemu_argv(spec: LabVmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
     """The full QEMU command line of one lab host (started daemonized, its PID in spec.pidfile)."""
     validate_spec(spec)
     topology = TOPOLOGIES[spec.topology]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuhost.plan.model import HostPlan, PlanRefused, Refusal
+from gpuhost.plan.model import HostPlan, PlanRefused
 from gpuhost.plan.planner import plan_host
 from gpuhost.plan.settings import PlanSettings
 
-__all__ = ["HostPlan", "PlanRefused", "PlanSettings", "Refusal", "plan_host"]
+__all__ = ["HostPlan", "PlanRefused", "PlanSettings", "plan_host"]

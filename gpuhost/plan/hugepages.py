@@ -24,8 +24,8 @@ import itertools
 import math
 import re
 
-from gpuhost.checks.memory import GIB_KIB, hugepage_recommendation
-from gpuhost.facts.model import HostFacts
+from gpuhost.checks.memory import hugepage_recommendation
+from gpuhost.facts.model import GIB_KIB, HostFacts
 
 GUIDE_TABLE: tuple[tuple[int, int], ...] = (
     (768, 700),

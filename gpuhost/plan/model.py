@@ -7,9 +7,12 @@ and the verification compares the host with it after the reboot.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
 from gpuhost.errors import GpuhostError
+from gpuhost.facts.model import TextEnum
+from gpuhost.problems import Problem
 
 GRUB_DROPIN_PATH = "/etc/default/grub.d/gpuhost.cfg"
 INITRAMFS_MODULES_PATH = "/etc/initramfs-tools/modules"
@@ -23,28 +26,19 @@ TRIAL_GRUB_SCRIPT_PATH = "/etc/grub.d/42_gpuhost_trial"
 TRIAL_ENTRY_ID = "gpuhost-trial"
 TRIAL_MARKER = "gpuhost.trial=1"  # on the trial entry's command line only: /proc/cmdline tells which entry booted
 BACKUP_DIR = "/var/lib/gpuhost/backup"  # what apply overwrites or deletes, kept for `gpuhost rollback`
-BIND_BY_IDS = "ids"
-BIND_BY_ADDRESS = "address"
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """Why gpuhost will not touch a host; nothing is written to a host with a refusal."""
+class BindBy(TextEnum):
+    """How the plan hands a GPU's functions to vfio-pci at boot."""
 
-    host: str
-    code: str  # stable identifier, e.g. group.shared
-    subject: str  # the device, file or value concerned
-    message: str  # the fact, naming host and device
-    fix: str  # what the operator can do
-
-    def __str__(self) -> str:
-        return f"{self.host}: {self.message} Fix: {self.fix}"
+    IDS = "ids"  # vfio-pci.ids= on the kernel command line
+    ADDRESS = "address"  # driver_override per PCI address, from the initramfs script
 
 
 class PlanRefused(GpuhostError):
     """Raised by callers that need a plan they can apply (`HostPlan.require_applicable`)."""
 
-    def __init__(self, refusals: tuple[Refusal, ...]) -> None:
+    def __init__(self, refusals: tuple[Problem, ...]) -> None:
         super().__init__("; ".join(str(refusal) for refusal in refusals))
         self.refusals = refusals
 
@@ -104,7 +98,7 @@ class HostPlan:
     host: str
     gpus: tuple[str, ...]  # addresses of the GPUs passed through
     functions: tuple[BoundFunction, ...]  # every function vfio-pci must own
-    bind_by: str  # BIND_BY_IDS or BIND_BY_ADDRESS
+    bind_by: BindBy
     vfio_ids: tuple[str, ...]  # vendor:device for vfio-pci.ids (empty when binding by address only)
     override_addresses: tuple[str, ...]  # functions bound through driver_override in the initramfs script
     kernel_options: tuple[str, ...]  # what gpuhost adds, in order
@@ -125,7 +119,7 @@ class HostPlan:
     reboot_reasons: tuple[str, ...]
     verify_command: str  # shell: exit 0 when the host booted into the planned state (reboot test_command)
     notes: tuple[str, ...]
-    refusals: tuple[Refusal, ...]
+    refusals: tuple[Problem, ...]  # Stage.PLAN problems; nothing is written to a host with one
 
     @property
     def applicable(self) -> bool:
@@ -153,6 +147,8 @@ class HostPlan:
         }
         data["trial"]["entry_id"] = TRIAL_ENTRY_ID
         data["trial"]["marker"] = TRIAL_MARKER
+        # A refusal's JSON keeps the keys it had before it was a Problem (host, fix) next to the Problem's own.
+        data["refusals"] = [{**r.as_dict(), "host": self.host, "fix": r.remedy} for r in self.refusals]
         plain: dict[str, Any] = _plain(data)
         return plain
 
@@ -163,4 +159,6 @@ def _plain(value: Any) -> Any:
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
+    if isinstance(value, Enum):
+        return value.value
     return value

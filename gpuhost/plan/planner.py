@@ -10,39 +10,106 @@ import shlex
 from collections.abc import Callable
 from functools import cache
 
+from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.facts.model import (
-    BOOTLOADER_GRUB,
+    GIB_KIB,
+    HOST_DRIVER_MODULES,
     VENDOR_NVIDIA,
-    VFIO_ABSENT,
-    VFIO_MODULE,
+    VFIO_INITRAMFS_MODULES,
+    BootloaderKind,
     HostFacts,
     KernelCommandLine,
+    VfioPci,
 )
 from gpuhost.facts.parsers import parse_modprobe_options
 from gpuhost.plan import hugepages as hp
 from gpuhost.plan.model import (
-    BIND_BY_ADDRESS,
-    BIND_BY_IDS,
     TRIAL_ENTRY_ID,
     TRIAL_MARKER,
     TRIAL_SETTINGS_PATH,
+    BindBy,
     BoundFunction,
     DriverRemoval,
     HostPlan,
     HugePagePlan,
     ModprobeConflict,
-    Refusal,
     TrialBoot,
 )
 from gpuhost.plan.settings import BIND_AUTO, PlanSettings
-from gpuhost.selection import GpuSelection, functions_to_bind, select_gpus
+from gpuhost.problems import Problem, Severity, Stage, register
+from gpuhost.selection import GpuSelection, select_gpus
 
-GIB_KIB = 1024 * 1024
 BLACKLIST = ("nouveau", "nvidia", "nvidiafb")
-VFIO_INITRAMFS_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
-NVIDIA_MODULES = ("nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nouveau")
 # Option names gpuhost sets and therefore removes from the earlier GRUB lines, whatever their value.
 OWNED_KEYS = ("vfio-pci.ids", "iommu", "hugepages", "hugepagesz", "default_hugepagesz")
+# Refusal codes: two words (gpuhost.plan.settings validates GPUHOST_TESTING_ONLY_FORCE_PAST_REFUSALS so).
+REFUSE_BOOTLOADER_NOT_GRUB = register(
+    "bootloader.not_grub",
+    Stage.PLAN,
+    Severity.ERROR,
+    "the host boots with systemd-boot or grubby/BLS: apply supports GRUB only",
+)
+REFUSE_OS_UNSUPPORTED = register(
+    "os.unsupported", Stage.PLAN, Severity.ERROR, "not Debian or Ubuntu (update-grub, initramfs-tools, apt)"
+)
+REFUSE_NO_UPDATE_GRUB = register("bootloader.no_update_grub", Stage.PLAN, Severity.ERROR, "GRUB without update-grub")
+REFUSE_GRUB_SYNTAX = register(
+    "grub.syntax", Stage.PLAN, Severity.ERROR, "/etc/default/grub (or a drop-in) is not valid shell"
+)
+REFUSE_GRUB_UNREADABLE = register(
+    "grub.unreadable", Stage.PLAN, Severity.ERROR, "the GRUB command line could not be read (not root)"
+)
+REFUSE_IOMMU_ABSENT = register(
+    "iommu.absent",
+    Stage.PLAN,
+    Severity.ERROR,
+    "no DMAR/IVRS ACPI table and no IOMMU groups: the IOMMU is off in the firmware",
+)
+REFUSE_VFIO_ABSENT = register("vfio.absent", Stage.PLAN, Severity.ERROR, "the kernel has no vfio-pci")
+REFUSE_SELECTION_EMPTY = register("selection.empty", Stage.PLAN, Severity.ERROR, "no GPU matches gpuhost_gpus")
+REFUSE_GROUP_MISSING = register("group.missing", Stage.PLAN, Severity.ERROR, "a selected GPU is in no IOMMU group")
+REFUSE_GROUP_UNKNOWN = register(
+    "group.unknown",
+    Stage.PLAN,
+    Severity.ERROR,
+    "a selected GPU's IOMMU group listing is empty, unreadable or names unknown devices",
+)
+REFUSE_GROUP_INTRUDER = register(
+    "group.intruder",
+    Stage.PLAN,
+    Severity.ERROR,
+    "a device in the GPU's IOMMU group is neither its function nor a bridge (audit: gpu.group.intruder)",
+)
+REFUSE_GROUP_KEPT_GPU = register(
+    "group.kept_gpu", Stage.PLAN, Severity.ERROR, "the GPU's IOMMU group holds a GPU the host keeps"
+)
+REFUSE_VFIO_IDS_CAPTURES_KEPT = register(
+    "vfio_ids.captures_kept",
+    Stage.PLAN,
+    Severity.ERROR,
+    "gpuhost_bind_by: ids, but an ID also takes a GPU the host keeps",
+)
+REFUSE_HUGEPAGES_MEMORY_UNKNOWN = register(
+    "hugepages.memory_unknown", Stage.PLAN, Severity.ERROR, "huge pages asked for, but /proc/meminfo is unreadable"
+)
+REFUSE_HUGEPAGES_UNSUPPORTED = register(
+    "hugepages.unsupported", Stage.PLAN, Severity.ERROR, "1 GiB pages asked for, but the CPU has no pdpe1gb"
+)
+REFUSE_HUGEPAGES_TOO_MANY = register(
+    "hugepages.too_many", Stage.PLAN, Severity.ERROR, "the huge pages would leave the host less than it needs to boot"
+)
+REFUSE_HUGEPAGES_NODE_TOO_SMALL = register(
+    "hugepages.node_too_small",
+    Stage.PLAN,
+    Severity.ERROR,
+    "a NUMA node's share of the pages would leave it too little memory",
+)
+REFUSE_TRIAL_GRUBENV_UNWRITABLE = register(
+    "trial.grubenv_unwritable",
+    Stage.PLAN,
+    Severity.ERROR,
+    "/boot/grub is on btrfs/ZFS/md/LVM: no trial boot possible (use --no-trial)",
+)
 _SUPPORTED_OS = re.compile(r"\b(debian|ubuntu)\b", re.IGNORECASE)
 _Refuse = Callable[[str, str, str, str], None]  # plan_host's `refuse(code, subject, message, fix)`
 # Where GRUB cannot write its environment block (grubenv): save_env fails there, so the one-shot
@@ -55,18 +122,18 @@ _GRUBENV_DEVICES = (
 
 
 def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
-    refusals: list[Refusal] = []
+    refusals: list[Problem] = []
     notes: list[str] = []
 
     def refuse(code: str, subject: str, message: str, fix: str) -> None:
-        refusals.append(Refusal(host, code, subject, f"{host}: {message}", fix))
+        refusals.append(Problem(code, Severity.ERROR, subject, f"{host}: {message}", fix))
 
     _check_platform(facts, refuse)
     selection = select_gpus(facts, settings.gpus)
     if not selection.passthrough:
         found = ", ".join(f"{card.gpu.describe()}" for card in selection.kept) or "none"
         refuse(
-            "gpu.none_selected",
+            REFUSE_SELECTION_EMPTY,
             "GPUs",
             f"no GPU matches gpuhost_gpus ({settings.gpus.describe()}); GPUs on the host: {found}.",
             "Name the GPUs to pass through in gpuhost_gpus (PCI addresses or vendor:device IDs).",
@@ -112,7 +179,9 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     modules = _initramfs_modules(facts)
     # vfio-pci loaded before udev, whenever it is a module (or the functions are bound by address).
     initramfs_script = (
-        _render("initramfs/gpuhost-vfio.j2", addresses=override) if override or facts.vfio_pci == VFIO_MODULE else None
+        _render("initramfs/gpuhost-vfio.j2", addresses=override)
+        if override or facts.vfio_pci == VfioPci.MODULE
+        else None
     )
     removal = _driver_removal(facts, settings, selection)
     conflicts = _modprobe_conflicts(facts) if vfio_ids else ()
@@ -140,7 +209,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     )
     if settings.trial_boot and reasons and grubenv_problem:
         refuse(
-            "trial.grubenv_unwritable",
+            REFUSE_TRIAL_GRUBENV_UNWRITABLE,
             "/boot/grub/grubenv",
             f"/boot/grub is on {boot_filesystem}, {grubenv_problem}: GRUB cannot write its environment block there, "
             "so a one-shot trial boot (grub-reboot) would never be cleared and every boot would be the trial.",
@@ -155,7 +224,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
             refusals.remove(refusal)
             notes.append(f"TESTING ONLY: forced past the refusal {refusal.code}: {refusal.message}")
     backups = tuple(dict.fromkeys(list(removal.files) + [c.path for c in conflicts]))
-    if not refusals and facts.vfio_pci == VFIO_MODULE and not modules:
+    if not refusals and facts.vfio_pci == VfioPci.MODULE and not modules:
         notes.append("vfio-pci is a module but no vfio module list was planned")
     return HostPlan(
         host=host,
@@ -188,9 +257,9 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
 
 def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
     loader = facts.bootloader
-    if loader.kind != BOOTLOADER_GRUB:
+    if loader.kind != BootloaderKind.GRUB:
         refuse(
-            "bootloader.unsupported",
+            REFUSE_BOOTLOADER_NOT_GRUB,
             "bootloader",
             f"the host boots with {loader.kind} ({loader.evidence}); gpuhost apply supports GRUB on Debian and "
             "Ubuntu only so far.",
@@ -199,7 +268,7 @@ def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
         )
     elif not facts.os_pretty_name or not _SUPPORTED_OS.search(facts.os_pretty_name):
         refuse(
-            "os.unsupported",
+            REFUSE_OS_UNSUPPORTED,
             "operating system",
             f"the host runs {facts.os_pretty_name or 'an unknown OS'}; gpuhost apply supports Debian and Ubuntu "
             "(update-grub, initramfs-tools, apt).",
@@ -207,21 +276,21 @@ def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
         )
     elif loader.update_command != "update-grub":
         refuse(
-            "bootloader.no_update_grub",
+            REFUSE_NO_UPDATE_GRUB,
             "bootloader",
             "GRUB is configured but update-grub is not installed.",
             "Install the grub-pc or grub-efi-amd64 package.",
         )
     if facts.grub.syntax_error:
         refuse(
-            "grub.syntax",
+            REFUSE_GRUB_SYNTAX,
             "/etc/default/grub",
             f"/etc/default/grub (or a drop-in) is not valid shell: {facts.grub.syntax_error}.",
             "Fix the file (update-grub sources it with sh and would fail too), then run gpuhost apply again.",
         )
-    elif facts.grub.present and facts.grub.effective is None and loader.kind == BOOTLOADER_GRUB:
+    elif facts.grub.present and facts.grub.effective is None and loader.kind == BootloaderKind.GRUB:
         refuse(
-            "grub.unreadable",
+            REFUSE_GRUB_UNREADABLE,
             "/etc/default/grub",
             "the GRUB command line could not be read (is the audit running as root?).",
             "Connect as root (ansible_user: root, or become).",
@@ -229,14 +298,14 @@ def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
     iommu = facts.iommu
     if not iommu.active and iommu.firmware_present is not True:
         refuse(
-            "iommu.firmware",
+            REFUSE_IOMMU_ABSENT,
             "IOMMU",
             "the firmware reports no IOMMU (no DMAR or IVRS ACPI table) and the kernel has no IOMMU groups.",
             "Enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the BIOS/UEFI setup, then run gpuhost apply again.",
         )
-    if facts.vfio_pci == VFIO_ABSENT:
+    if facts.vfio_pci == VfioPci.ABSENT:
         refuse(
-            "vfio.absent",
+            REFUSE_VFIO_ABSENT,
             "kernel",
             f"the kernel {facts.kernel_release} has no vfio-pci (neither built in nor a module).",
             "Install a distribution kernel with VFIO (CONFIG_VFIO_PCI).",
@@ -246,38 +315,53 @@ def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
 def _functions(
     facts: HostFacts, selection: GpuSelection, settings: PlanSettings, refuse: _Refuse
 ) -> tuple[BoundFunction, ...]:
-    kept_addresses = {f.address for card in selection.kept for f in card.functions}
+    kept_gpus = {card.gpu.address for card in selection.kept}
     bound: list[BoundFunction] = []
     for card in selection.passthrough:
-        own = {f.address for f in card.functions}
-        members = functions_to_bind(facts, card)
-        intruders = [m for m in members if m.address not in own and not m.is_gpu]
-        kept_gpus = [m for m in members if m.address in kept_addresses]
-        if card.gpu.iommu_group is None and facts.iommu.active:
+        isolation = analyse_group(facts, card)
+        if isolation.listing is GroupListing.NO_GROUP and facts.iommu.active:
             refuse(
-                "group.missing",
+                REFUSE_GROUP_MISSING,
                 card.gpu.address,
                 f"GPU {card.gpu.describe()} is in no IOMMU group.",
                 "Check that the IOMMU covers this PCIe root port (kernel log: DMAR/AMD-Vi lines).",
             )
-        if intruders and card.gpu.address not in settings.allow_shared_group:
-            names = ", ".join(_describe(m) for m in intruders)
+        if isolation.listing is GroupListing.UNKNOWN:
             refuse(
-                "group.shared",
+                REFUSE_GROUP_UNKNOWN,
+                card.gpu.address,
+                f"GPU {card.gpu.describe()} is in IOMMU group {card.gpu.iommu_group}, but {isolation.unknown_reason}: "
+                "what binding the group to vfio-pci would take from the host is unknown.",
+                "Connect as root (ansible_user: root, or become) and check that the group's devices are on the bus "
+                "(lspci), then run gpuhost plan again.",
+            )
+        if isolation.intruders and card.gpu.address not in settings.allow_shared_group:
+            names = ", ".join(_describe(m) for m in isolation.intruders)
+            refuse(
+                REFUSE_GROUP_INTRUDER,
                 card.gpu.address,
                 f"GPU {card.gpu.describe()} shares IOMMU group {card.gpu.iommu_group} with {names}, which is not "
                 "one of its functions or a bridge: binding the group to vfio-pci would take that device from the host.",
                 "Move the GPU to a slot with its own IOMMU group, or, if the device may go to the guest too, "
                 f"name the GPU in gpuhost_allow_shared_group: [{card.gpu.address}].",
             )
-        if kept_gpus:
+        kept_in_group = [
+            member
+            for other in isolation.other_cards
+            if other.gpu.address in kept_gpus
+            for member in isolation.members
+            if member in other.functions
+        ]
+        if kept_in_group:
             refuse(
-                "group.kept_gpu",
+                REFUSE_GROUP_KEPT_GPU,
                 card.gpu.address,
                 f"GPU {card.gpu.describe()} shares IOMMU group {card.gpu.iommu_group} with the GPU(s) "
-                f"{', '.join(_describe(m) for m in kept_gpus)} that the host keeps.",
+                f"{', '.join(_describe(m) for m in kept_in_group)} that the host keeps.",
                 "Pass the whole group through (add those GPUs to gpuhost_gpus) or move the cards apart.",
             )
+        # Without a listing (no group, or unknown: refused above) the card's own functions are what is bound.
+        members = isolation.to_bind if isolation.listing is GroupListing.LISTED else card.functions
         seen = {b.address for b in bound}
         bound.extend(
             BoundFunction(m.address, m.vendor_device, card.gpu.address, m.driver)
@@ -301,7 +385,7 @@ def _binding(
     settings: PlanSettings,
     refuse: _Refuse,
     notes: list[str],
-) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+) -> tuple[BindBy, tuple[str, ...], tuple[str, ...]]:
     """By ID (vfio-pci.ids) unless an ID would also take a function the host keeps: then by address."""
     kept: dict[str, list[str]] = {}
     for card in selection.kept:
@@ -309,23 +393,23 @@ def _binding(
             kept.setdefault(function.vendor_device, []).append(function.address)
     ids = tuple(dict.fromkeys(f.vendor_device for f in functions))
     clashing = [i for i in ids if i in kept]
-    if settings.bind_by == "address" or (clashing and settings.bind_by == BIND_AUTO):
+    if settings.bind_by == BindBy.ADDRESS or (clashing and settings.bind_by == BIND_AUTO):
         if clashing:
             notes.append(
                 f"vfio-pci.ids={','.join(ids)} would also take {', '.join(a for i in clashing for a in kept[i])} "
                 "which the host keeps: the passthrough functions are bound by address (driver_override) instead"
             )
-        return BIND_BY_ADDRESS, (), tuple(f.address for f in functions)
+        return BindBy.ADDRESS, (), tuple(f.address for f in functions)
     if clashing:
         refuse(
-            "vfio_ids.captures_kept",
+            REFUSE_VFIO_IDS_CAPTURES_KEPT,
             ",".join(clashing),
             f"vfio-pci.ids={','.join(ids)} would also take {', '.join(a for i in clashing for a in kept[i])}, "
             "which the host keeps (not selected for passthrough, or its console).",
             "Set gpuhost_bind_by: address (or auto) to bind the passthrough functions by address with "
             "driver_override instead, or select those GPUs too.",
         )
-    return BIND_BY_IDS, ids, ()
+    return BindBy.IDS, ids, ()
 
 
 def _vendor_flag(facts: HostFacts) -> str | None:
@@ -345,7 +429,7 @@ def _hugepages(facts: HostFacts, settings: PlanSettings, refuse: _Refuse) -> Hug
     if total is None:
         if settings.hugepages not in ("0", "auto"):
             refuse(
-                "hugepages.memory_unknown",
+                REFUSE_HUGEPAGES_MEMORY_UNKNOWN,
                 "huge pages",
                 "/proc/meminfo could not be read.",
                 "Connect as a user that can read /proc/meminfo.",
@@ -357,14 +441,14 @@ def _hugepages(facts: HostFacts, settings: PlanSettings, refuse: _Refuse) -> Hug
     per_node = hp.split_across_nodes(facts, pages)
     if pages and facts.cpu is not None and "pdpe1gb" not in facts.cpu.flags:
         refuse(
-            "hugepages.unsupported",
+            REFUSE_HUGEPAGES_UNSUPPORTED,
             "huge pages",
             f"{pages} 1 GiB huge pages are asked for ({rule}) but the CPU has no pdpe1gb flag.",
             "Set gpuhost_hugepages: 0 (use 2 MiB pages for guest memory instead).",
         )
     if pages and keeps < minimum:
         refuse(
-            "hugepages.too_many",
+            REFUSE_HUGEPAGES_TOO_MANY,
             "huge pages",
             f"{pages} 1 GiB huge pages ({rule}) would leave the host {max(keeps, 0) / GIB_KIB:.1f} GiB of its "
             f"{total / GIB_KIB:.1f} GiB; it needs at least {minimum / GIB_KIB:.1f} GiB, and with too many pages "
@@ -382,7 +466,7 @@ def _hugepages(facts: HostFacts, settings: PlanSettings, refuse: _Refuse) -> Hug
             node_minimum = minimum * node.mem_total_kib // total
             if node.mem_total_kib - node_pages * GIB_KIB < node_minimum:
                 refuse(
-                    "hugepages.node_too_small",
+                    REFUSE_HUGEPAGES_NODE_TOO_SMALL,
                     f"NUMA node {node_id}",
                     f"the kernel spreads hugepages={pages} evenly, {node_pages} on NUMA node {node_id}, which has "
                     f"only {node.mem_total_kib / GIB_KIB:.1f} GiB: the node would be left with less than "
@@ -422,7 +506,7 @@ def _modprobe_conflicts(facts: HostFacts) -> tuple[ModprobeConflict, ...]:
 
 
 def _initramfs_modules(facts: HostFacts) -> tuple[str, ...]:
-    if facts.vfio_pci != VFIO_MODULE:
+    if facts.vfio_pci != VfioPci.MODULE:
         return ()  # built in (nothing to load) or absent (refused)
     return VFIO_INITRAMFS_MODULES + (("vfio_virqfd",) if _has_vfio_virqfd(facts.kernel_release) else ())
 
@@ -489,7 +573,7 @@ def _reboot_reasons(
     if stale:
         reasons.append(f"/proc/cmdline still has {' '.join(stale)}")
     if facts.modules is not None:
-        loaded = [m for m in NVIDIA_MODULES if facts.modules.is_loaded(m)]
+        loaded = [m for m in HOST_DRIVER_MODULES if facts.modules.is_loaded(m)]
         if loaded and removal.pin:
             reasons.append(f"host GPU driver module(s) loaded: {', '.join(loaded)}")
     if not reasons:

@@ -1,83 +1,229 @@
-"""After the reboot: does the host match its plan? Judged with the audit's own checks. Pure."""
+"""After the reboot: does the host match its plan? Judged with the audit's own checks. Pure.
+
+Each comparison is a `VerifyCheck`; each one that fails is also a `Problem` of Stage.VERIFY, so a
+verification reads like the audit's findings. The playbooks receive `to_json()` (plain data).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from gpuhost.checks import AuditPolicy, Severity, run_checks
-from gpuhost.checks.base import ROLE_HOST
-from gpuhost.facts.model import HostFacts
+from gpuhost.audit import AuditStatus
+from gpuhost.checks import AuditPolicy, run_checks
+from gpuhost.checks.base import Role
+from gpuhost.facts.model import GIB_KIB, HOST_DRIVER_MODULES, HostFacts
 from gpuhost.plan.model import GRUB_DROPIN_PATH, TRIAL_MARKER
-from gpuhost.plan.planner import NVIDIA_MODULES
 from gpuhost.plan.settings import PlanSettings
+from gpuhost.problems import Problem, Severity, Stage, errors, register
 
-HUGEPAGE_1G_KIB = 1048576
+CMDLINE_MISSING = register(
+    "verify.cmdline.missing", Stage.VERIFY, Severity.ERROR, "a planned kernel option is not in /proc/cmdline"
+)
+FUNCTION_NOT_VFIO = register(
+    "verify.function.not_vfio", Stage.VERIFY, Severity.ERROR, "a planned function is not on vfio-pci"
+)
+HOST_DRIVER_LOADED = register(
+    "verify.host_driver.loaded", Stage.VERIFY, Severity.ERROR, "a host GPU driver module is loaded"
+)
+HUGEPAGES_COUNT = register(
+    "verify.hugepages.count", Stage.VERIFY, Severity.ERROR, "the 1 GiB pages allocated differ from the plan"
+)
+AUDIT_ERRORS = register(
+    "verify.audit.errors", Stage.VERIFY, Severity.ERROR, "the audit finds errors on the rebooted host"
+)
+ROLLBACK_DROPIN_LEFT = register(
+    "verify.rollback.dropin_left", Stage.VERIFY, Severity.ERROR, "after rollback: gpuhost's GRUB drop-in is still there"
+)
+ROLLBACK_TRIAL_ENTRY = register(
+    "verify.rollback.trial_entry", Stage.VERIFY, Severity.ERROR, "after rollback: the host runs gpuhost's trial entry"
+)
+ROLLBACK_GRUB_UNKNOWN = register(
+    "verify.rollback.grub_unknown",
+    Stage.VERIFY,
+    Severity.ERROR,
+    "after rollback: the GRUB command line could not be read",
+)
+ROLLBACK_CMDLINE_DIFFERS = register(
+    "verify.rollback.cmdline_differs",
+    Stage.VERIFY,
+    Severity.ERROR,
+    "after rollback: /proc/cmdline does not end with the GRUB line",
+)
+ROLLBACK_EXTRA_OPTIONS = register(
+    "verify.rollback.extra_options",
+    Stage.VERIFY,
+    Severity.ERROR,
+    "after rollback: /proc/cmdline has options beyond the GRUB line",
+)
 
 
-def verify_host(host: str, facts: HostFacts, settings: PlanSettings, plan: Mapping[str, Any]) -> dict[str, Any]:
-    """{ok, summary, checks: [{name, ok, detail}], audit_errors: [...], status} as plain data."""
-    checks: list[dict[str, Any]] = []
+@dataclass(frozen=True)
+class VerifyCheck:
+    """One comparison of the rebooted host with its plan; `problem` says what is wrong when it fails."""
 
-    def check(name: str, ok: bool, detail: str) -> None:
-        checks.append({"name": name, "ok": ok, "detail": detail})
+    name: str
+    detail: str
+    problem: Problem | None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+@dataclass(frozen=True)
+class Verification:
+    host: str
+    checks: tuple[VerifyCheck, ...]
+    audit_errors: tuple[Problem, ...]
+    cmdline: str
+
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        return tuple(check.problem for check in self.checks if check.problem is not None)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def summary(self) -> str:
+        if self.ok:
+            return f"{self.host}: ready for passthrough"
+        failed = [f"{check.name} ({check.detail})" for check in self.checks if not check.ok]
+        return f"{self.host}: not as planned: {'; '.join(failed)}"
+
+    def to_json(self) -> dict[str, Any]:
+        """{ok, status, summary, checks: [{name, ok, detail}], audit_errors, cmdline, problems}: plain data."""
+        return {
+            "ok": self.ok,
+            "status": (AuditStatus.READY if self.ok else AuditStatus.NOT_READY).value,
+            "summary": self.summary,
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
+            "audit_errors": [f"{p.code}: {p.message}" for p in self.audit_errors],
+            "cmdline": self.cmdline,
+            "problems": [problem.as_dict() for problem in self.problems],
+        }
+
+
+def verify_host(host: str, facts: HostFacts, settings: PlanSettings, plan: Mapping[str, Any]) -> Verification:
+    checks: list[VerifyCheck] = []
+
+    def check(name: str, detail: str, code: str, failed: bool, subject: str, remedy: str) -> None:
+        problem = Problem(code, Severity.ERROR, subject, f"{host}: {name}: {detail}", remedy) if failed else None
+        checks.append(VerifyCheck(name, detail, problem))
 
     running = facts.cmdline.tokens if facts.cmdline else ()
     missing = [option for option in plan["kernel_options"] if option not in running]
-    check("cmdline", not missing, "all planned options in /proc/cmdline" if not missing else f"missing {missing}")
+    check(
+        "cmdline",
+        f"missing {missing}" if missing else "all planned options in /proc/cmdline",
+        CMDLINE_MISSING,
+        bool(missing),
+        "kernel command line",
+        "Check that the host booted GRUB's default entry (update-grub ran), then apply again.",
+    )
     for function in plan["functions"]:
         found = facts.function(function["address"])
         driver = found.driver if found else None
-        check(f"vfio-pci {function['address']}", driver == "vfio-pci", f"driver {driver or 'none'}")
-    loaded = [m for m in NVIDIA_MODULES if facts.modules is not None and facts.modules.is_loaded(m)]
-    check("no host GPU driver", not loaded, "none loaded" if not loaded else f"loaded: {', '.join(loaded)}")
-    pool = facts.hugepage_pool(HUGEPAGE_1G_KIB)
+        check(
+            f"vfio-pci {function['address']}",
+            f"driver {driver or 'none'}",
+            FUNCTION_NOT_VFIO,
+            driver != "vfio-pci",
+            function["address"],
+            "Check vfio-pci.ids (or the initramfs binding script) and that no host driver claims it first.",
+        )
+    loaded = [m for m in HOST_DRIVER_MODULES if facts.modules is not None and facts.modules.is_loaded(m)]
+    check(
+        "no host GPU driver",
+        f"loaded: {', '.join(loaded)}" if loaded else "none loaded",
+        HOST_DRIVER_LOADED,
+        bool(loaded),
+        "host NVIDIA driver",
+        "Remove the host driver (gpuhost_remove_nvidia_driver) and check modprobe.blacklist.",
+    )
+    pool = facts.hugepage_pool(GIB_KIB)
     allocated = pool.total if pool and pool.total is not None else 0
     wanted = int(plan["hugepages"]["pages"])
-    check("hugepages 1G", allocated == wanted, f"{allocated} allocated, plan {wanted}")
-    policy = AuditPolicy(gpus=settings.gpus, role=ROLE_HOST, allow_shared_group=settings.allow_shared_group)
+    check(
+        "hugepages 1G",
+        f"{allocated} allocated, plan {wanted}",
+        HUGEPAGES_COUNT,
+        allocated != wanted,
+        "huge pages",
+        "Lower gpuhost_hugepages to what the host can allocate at boot.",
+    )
+    policy = AuditPolicy(gpus=settings.gpus, role=Role.HOST, allow_shared_group=settings.allow_shared_group)
     _, _, findings = run_checks(host, facts, policy)
-    error_findings = [f for f in findings if f.severity == Severity.ERROR]
-    errors = [f"{f.code}: {f.message}" for f in error_findings]
-    check("audit", not errors, "no errors" if not errors else ", ".join(f.code for f in error_findings))
-    failed = [f"{c['name']} ({c['detail']})" for c in checks if not c["ok"]]
-    return {
-        "ok": not failed,
-        "status": "ready" if not failed else "not-ready",
-        "summary": f"{host}: ready for passthrough" if not failed else f"{host}: not as planned: {'; '.join(failed)}",
-        "checks": checks,
-        "audit_errors": errors,
-        "cmdline": " ".join(running),
-    }
+    audit_errors = errors(findings)
+    check(
+        "audit",
+        ", ".join(f.code for f in audit_errors) if audit_errors else "no errors",
+        AUDIT_ERRORS,
+        bool(audit_errors),
+        "audit",
+        "Run gpuhost audit on the host: each error names its fix.",
+    )
+    return Verification(host, tuple(checks), audit_errors, " ".join(running))
 
 
-def verify_rollback(host: str, facts: HostFacts) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RollbackVerification:
+    host: str
+    problems: tuple[Problem, ...]
+    cmdline: str
+    expected: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        """{ok, summary, cmdline, expected, problems}: plain data."""
+        facts = "; ".join(problem.subject for problem in self.problems)
+        return {
+            "ok": self.ok,
+            "summary": f"{self.host}: the old command line is back" if self.ok else f"{self.host}: {facts}",
+            "cmdline": self.cmdline,
+            "expected": self.expected,
+            "problems": [problem.as_dict() for problem in self.problems],
+        }
+
+
+def check_rollback(host: str, facts: HostFacts) -> RollbackVerification:
     """After `gpuhost rollback`'s reboot: is the host on the command line GRUB computes without gpuhost?
 
-    {ok, summary, cmdline, expected} as plain data. The expected line is the audit's own reading of
-    /etc/default/grub and its drop-ins (gpuhost's gone), which update-grub appends after root= and ro.
+    The expected line is the audit's own reading of /etc/default/grub and its drop-ins (gpuhost's
+    gone), which update-grub appends after root= and ro.
     """
     running = facts.cmdline.tokens if facts.cmdline else ()
     expected = facts.grub.effective.tokens if facts.grub.effective is not None else None
-    problems = []
+    problems: list[Problem] = []
+
+    def problem(code: str, fact: str) -> None:
+        # The fact is the subject too: `gpuhost rollback` prints the facts joined, as before.
+        problems.append(Problem(code, Severity.ERROR, fact, f"{host}: {fact}", "Run gpuhost rollback again."))
+
     if GRUB_DROPIN_PATH in facts.grub.dropins:
-        problems.append(f"{GRUB_DROPIN_PATH} is still there")
+        problem(ROLLBACK_DROPIN_LEFT, f"{GRUB_DROPIN_PATH} is still there")
     if TRIAL_MARKER in running:
-        problems.append("the host runs gpuhost's trial entry")
+        problem(ROLLBACK_TRIAL_ENTRY, "the host runs gpuhost's trial entry")
     if expected is None:
-        problems.append("the GRUB command line could not be read")
+        problem(ROLLBACK_GRUB_UNKNOWN, "the GRUB command line could not be read")
     elif tuple(running[len(running) - len(expected) :]) != expected:
-        problems.append(f"/proc/cmdline does not end with the GRUB line {' '.join(expected)!r}")
+        problem(ROLLBACK_CMDLINE_DIFFERS, f"/proc/cmdline does not end with the GRUB line {' '.join(expected)!r}")
     else:
         leftovers = [t for t in running[: len(running) - len(expected)] if t.split("=", 1)[0] not in _BOOT_KEYS]
         if leftovers:
-            problems.append(f"/proc/cmdline has options beyond the GRUB line: {' '.join(leftovers)}")
-    return {
-        "ok": not problems,
-        "summary": f"{host}: the old command line is back" if not problems else f"{host}: " + "; ".join(problems),
-        "cmdline": " ".join(running),
-        "expected": " ".join(expected or ()),
-    }
+            problem(ROLLBACK_EXTRA_OPTIONS, f"/proc/cmdline has options beyond the GRUB line: {' '.join(leftovers)}")
+    return RollbackVerification(host, tuple(problems), " ".join(running), " ".join(expected or ()))
+
+
+def verify_rollback(host: str, facts: HostFacts) -> dict[str, Any]:
+    """`check_rollback` as plain data ({ok, summary, cmdline, expected, problems}), what `gpuhost rollback` reads."""
+    return check_rollback(host, facts).to_json()
 
 
 # What update-grub's entry puts before GRUB_CMDLINE_LINUX: the kernel image, root= and ro.

@@ -24,14 +24,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import InputError
-from gpuhost.facts.model import HostFacts, PciFunction
+from gpuhost.facts.model import GIB_KIB, HostFacts, PciFunction
+from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.render.spec import HostPolicy, VmSpec
-from gpuhost.selection import GpuCard, functions_to_bind, gpu_cards, select_gpus
+from gpuhost.selection import GpuCard, gpu_cards, select_gpus
 
 KIB_PER_MIB = 1024
-HUGEPAGE_KIB = 1048576  # 1 GiB
 HOLE64_MIN_BYTES = 32 << 30  # QEMU's q35 default pci-hole64-size
 PXB_BUS_STEP = 0x20  # guest bus numbers reserved per pcie-expander-bus
 MAX_CELLS = 7
@@ -41,13 +42,105 @@ VFIO_PCI = "vfio-pci"
 
 TEMPLATES_ENV = "GPUHOST_TEMPLATES"
 
+# Render's conflicts: each refuses the VM on that host (RenderRefused lists them all).
+GPU_NONE = register("render.gpu.none", Stage.RENDER, Severity.ERROR, "the host has no passthrough GPU (gpus: all)")
+GPU_UNKNOWN = register(
+    "render.gpu.unknown",
+    Stage.RENDER,
+    Severity.ERROR,
+    "a GPU named in gpus is no passthrough GPU alias or address of the host",
+)
+GPU_KEPT = register("render.gpu.kept", Stage.RENDER, Severity.ERROR, "a GPU named in gpus is one the host keeps")
+GPU_DUPLICATE = register(
+    "render.gpu.duplicate", Stage.RENDER, Severity.ERROR, "the same GPU is named twice (an alias and its address)"
+)
+GPU_TAKEN = register(
+    "render.gpu.taken", Stage.RENDER, Severity.ERROR, "a function is already a hostdev of another defined domain"
+)
+GPU_NUMA_UNKNOWN = register(
+    "render.gpu.numa_unknown", Stage.RENDER, Severity.ERROR, "a GPU's NUMA node is unknown while the others have one"
+)
+FUNCTION_NOT_VFIO = register(
+    "render.function.not_vfio",
+    Stage.RENDER,
+    Severity.ERROR,
+    "a function to pass is not bound to vfio-pci (gpuhost apply first)",
+)
+GROUP_UNKNOWN = register(
+    "render.group.unknown",
+    Stage.RENDER,
+    Severity.ERROR,
+    "a GPU's IOMMU group listing is empty, unreadable or names unknown devices",
+)
+GROUP_SPLIT = register(
+    "render.group.split",
+    Stage.RENDER,
+    Severity.ERROR,
+    "the GPU's IOMMU group holds another GPU that the VM does not ask for",
+)
+GROUP_INTRUDER = register(
+    "render.group.intruder",
+    Stage.RENDER,
+    Severity.ERROR,
+    "the GPU's IOMMU group holds another device (unless gpuhost_allow_shared_group)",
+)
+VCPUS_TOO_MANY = register("render.vcpus.too_many", Stage.RENDER, Severity.ERROR, "more vCPUs than the host has CPUs")
+VCPUS_UNEVEN = register(
+    "render.vcpus.uneven", Stage.RENDER, Severity.ERROR, "the vCPUs do not split evenly over the guest NUMA cells"
+)
+VCPUS_NODE_TOO_SMALL = register(
+    "render.vcpus.node_too_small",
+    Stage.RENDER,
+    Severity.ERROR,
+    "more vCPUs per cell than its NUMA node has usable CPUs",
+)
+NODE_CPUS_UNKNOWN = register(
+    "render.node.cpus_unknown", Stage.RENDER, Severity.ERROR, "the CPUs of a GPU's NUMA node are unknown"
+)
+NUMA_TOO_MANY_NODES = register(
+    "render.numa.too_many_nodes",
+    Stage.RENDER,
+    Severity.ERROR,
+    "the GPUs span more NUMA nodes than guest cells are supported",
+)
+MEMORY_UNEVEN = register(
+    "render.memory.uneven", Stage.RENDER, Severity.ERROR, "the memory does not split evenly over the guest NUMA cells"
+)
+MEMORY_NOT_GIB = register(
+    "render.memory.not_gib",
+    Stage.RENDER,
+    Severity.ERROR,
+    "1 GiB huge pages, but the memory is not a whole number of GiB",
+)
+MEMORY_NODE_TOO_SMALL = register(
+    "render.memory.node_too_small", Stage.RENDER, Severity.ERROR, "more memory per cell than its NUMA node has"
+)
+MEMORY_TOO_MUCH = register("render.memory.too_much", Stage.RENDER, Severity.ERROR, "more memory than the host has")
+HUGEPAGES_NONE_RESERVED = register(
+    "render.hugepages.none_reserved",
+    Stage.RENDER,
+    Severity.ERROR,
+    "hugepages: on, but the host reserved no 1 GiB pages",
+)
+HUGEPAGES_NOT_FREE = register(
+    "render.hugepages.not_free",
+    Stage.RENDER,
+    Severity.ERROR,
+    "fewer free 1 GiB pages (on the node) than the memory needs",
+)
+
+
+def _conflict(code: str, subject: str, message: str, remedy: str = "") -> Problem:
+    """One reason the VM cannot be rendered; the message and remedy read as one sentence when joined."""
+    return Problem(code, Severity.ERROR, subject, message, remedy)
+
 
 class RenderRefused(InputError):
     """The VM cannot be given what it asks for on this host; the message lists every conflict."""
 
-    def __init__(self, vm: str, host: str, conflicts: Sequence[str]) -> None:
+    def __init__(self, vm: str, host: str, conflicts: Sequence[Problem]) -> None:
         self.conflicts = tuple(conflicts)
-        lines = "\n".join(f"  - {conflict}" for conflict in conflicts)
+        lines = "\n".join(f"  - {conflict.message} {conflict.remedy}".rstrip() for conflict in conflicts)
         super().__init__(f"refusing to render VM {vm!r} for host {host}:\n{lines}")
 
 
@@ -176,7 +269,7 @@ def plan_domain(
     `taken` maps host PCI addresses to the other defined domain that has them as a hostdev
     (the guest lifecycle reads it from libvirt); a domain of the same name is this VM redefined.
     """
-    conflicts: list[str] = []
+    conflicts: list[Problem] = []
     notes: list[str] = []
     cards = _resolve_gpus(facts, spec, policy, conflicts)
     groups = _passthrough_groups(facts, cards, policy, conflicts)
@@ -186,27 +279,51 @@ def plan_domain(
     nodes = sorted({node for node in node_of.values() if node is not None})
     if cards and len(nodes) < len({*node_of.values()}) and nodes:
         unknown = ", ".join(address for address, node in node_of.items() if node is None)
-        conflicts.append(f"the NUMA node of {unknown} is unknown while the other GPUs have one; cannot place the VM.")
+        conflicts.append(
+            _conflict(
+                GPU_NUMA_UNKNOWN,
+                unknown,
+                f"the NUMA node of {unknown} is unknown while the other GPUs have one; cannot place the VM.",
+            )
+        )
     if not nodes:
         notes.append("the host reports no NUMA node for these GPUs: vCPUs and memory are not pinned")
 
     host_cpus = facts.cpu.logical_cpus if facts.cpu is not None else None
     if host_cpus is not None and spec.vcpus > host_cpus:
-        conflicts.append(f"{spec.vcpus} vCPUs asked, but the host has {host_cpus} CPUs.")
+        conflicts.append(
+            _conflict(VCPUS_TOO_MANY, "vCPUs", f"{spec.vcpus} vCPUs asked, but the host has {host_cpus} CPUs.")
+        )
     cells_count = max(1, len(nodes))
     if len(nodes) > MAX_CELLS:
-        conflicts.append(f"the GPUs span {len(nodes)} NUMA nodes; at most {MAX_CELLS} are supported.")
+        conflicts.append(
+            _conflict(
+                NUMA_TOO_MANY_NODES,
+                "GPUs",
+                f"the GPUs span {len(nodes)} NUMA nodes; at most {MAX_CELLS} are supported.",
+            )
+        )
     if spec.vcpus % cells_count:
         conflicts.append(
-            f"the GPUs sit on NUMA nodes {format_cpulist(nodes)}: {spec.vcpus} vCPUs cannot be split evenly "
-            f"over {cells_count} guest NUMA cells; ask for a multiple of {cells_count}."
+            _conflict(
+                VCPUS_UNEVEN,
+                "vCPUs",
+                f"the GPUs sit on NUMA nodes {format_cpulist(nodes)}: {spec.vcpus} vCPUs cannot be split evenly "
+                f"over {cells_count} guest NUMA cells;",
+                f"ask for a multiple of {cells_count}.",
+            )
         )
     hugepages = _use_hugepages(facts, spec, conflicts)
     granule_mib = 1024 if hugepages else 1
     if spec.memory_mib % (granule_mib * cells_count):
         unit = "GiB (1 GiB huge pages)" if hugepages else "MiB"
         conflicts.append(
-            f"memory {spec.memory_mib} MiB cannot be split evenly over {cells_count} guest NUMA cells in whole {unit}."
+            _conflict(
+                MEMORY_UNEVEN,
+                "memory",
+                f"memory {spec.memory_mib} MiB cannot be split evenly over {cells_count} guest NUMA cells "
+                f"in whole {unit}.",
+            )
         )
     pins, emulator = _pin_vcpus(facts, spec, policy, nodes, conflicts)
     _check_memory(facts, spec, nodes, hugepages, conflicts)
@@ -252,13 +369,15 @@ def plan_domain(
     )
 
 
-def _resolve_gpus(facts: HostFacts, spec: VmSpec, policy: HostPolicy, conflicts: list[str]) -> tuple[GpuCard, ...]:
+def _resolve_gpus(facts: HostFacts, spec: VmSpec, policy: HostPolicy, conflicts: list[Problem]) -> tuple[GpuCard, ...]:
     available = passthrough_gpus(facts, policy)
     if not spec.gpus:  # gpus: none, asked for explicitly
         return ()
     if spec.gpus == ("all",):
         if not available:
-            conflicts.append(f"the host has no passthrough GPU ({policy.gpus.describe()}).")
+            conflicts.append(
+                _conflict(GPU_NONE, "GPUs", f"the host has no passthrough GPU ({policy.gpus.describe()}).")
+            )
         return available
     known = ", ".join(f"gpu{i} ({card.gpu.address})" for i, card in enumerate(available)) or "none"
     by_address = {card.gpu.address: card for card in available}
@@ -270,19 +389,31 @@ def _resolve_gpus(facts: HostFacts, spec: VmSpec, policy: HostPolicy, conflicts:
             if index < len(available):
                 chosen.append(available[index])
             else:
-                conflicts.append(f"unknown GPU {name!r}: the host's passthrough GPUs are {known}.")
+                conflicts.append(
+                    _conflict(GPU_UNKNOWN, name, f"unknown GPU {name!r}: the host's passthrough GPUs are {known}.")
+                )
         elif name in by_address:
             chosen.append(by_address[name])
         elif name in all_cards:
             conflicts.append(
-                f"GPU {name} is not one of the host's passthrough GPUs ({policy.gpus.describe()}): "
-                f"the host keeps it. Passthrough GPUs: {known}."
+                _conflict(
+                    GPU_KEPT,
+                    name,
+                    f"GPU {name} is not one of the host's passthrough GPUs ({policy.gpus.describe()}): "
+                    f"the host keeps it. Passthrough GPUs: {known}.",
+                )
             )
         else:
-            conflicts.append(f"unknown GPU {name!r}: the host has no GPU at that address. Passthrough GPUs: {known}.")
+            conflicts.append(
+                _conflict(
+                    GPU_UNKNOWN,
+                    name,
+                    f"unknown GPU {name!r}: the host has no GPU at that address. Passthrough GPUs: {known}.",
+                )
+            )
     unique = {card.gpu.address: card for card in chosen}
     if len(unique) < len(chosen):
-        conflicts.append("the same GPU is named twice (an alias and its address).")
+        conflicts.append(_conflict(GPU_DUPLICATE, "GPUs", "the same GPU is named twice (an alias and its address)."))
     return tuple(sorted(unique.values(), key=lambda card: card.gpu.address))
 
 
@@ -295,28 +426,44 @@ class _Group:
 
 
 def _passthrough_groups(
-    facts: HostFacts, cards: Sequence[GpuCard], policy: HostPolicy, conflicts: list[str]
+    facts: HostFacts, cards: Sequence[GpuCard], policy: HostPolicy, conflicts: list[Problem]
 ) -> tuple[_Group, ...]:
     chosen = {card.gpu.address for card in cards}
-    card_of = {f.address: card for card in gpu_cards(facts) for f in card.functions}
     groups: list[_Group] = []
     placed: set[str] = set()
     for card in cards:
-        own = {f.address for f in card.functions}
-        extra = [f for f in functions_to_bind(facts, card) if f.address not in own]
-        other_gpus = sorted({card_of[f.address].gpu.address for f in extra if f.address in card_of})
-        for other in other_gpus:
-            if other not in chosen:
-                conflicts.append(
-                    f"GPU {card.gpu.address} shares IOMMU group {card.gpu.iommu_group} with GPU {other}: "
-                    "both go to the same guest or neither does; add it to gpus."
+        isolation = analyse_group(facts, card)
+        if isolation.listing is GroupListing.UNKNOWN:
+            conflicts.append(
+                _conflict(
+                    GROUP_UNKNOWN,
+                    card.gpu.address,
+                    f"GPU {card.gpu.address} is in IOMMU group {card.gpu.iommu_group}, but {isolation.unknown_reason}: "
+                    "what else would go to the guest is unknown;",
+                    "audit the host as root (gpuhost audit) and check the group's devices.",
                 )
-        intruders = [f for f in extra if f.address not in card_of]
+            )
+        for other in isolation.other_cards:
+            if other.gpu.address not in chosen:
+                conflicts.append(
+                    _conflict(
+                        GROUP_SPLIT,
+                        card.gpu.address,
+                        f"GPU {card.gpu.address} shares IOMMU group {card.gpu.iommu_group} with GPU "
+                        f"{other.gpu.address}: both go to the same guest or neither does;",
+                        "add it to gpus.",
+                    )
+                )
+        intruders = [f for f in isolation.intruders if not f.is_bridge]
         if intruders and card.gpu.address not in policy.allow_shared_group:
             conflicts.append(
-                f"GPU {card.gpu.address} shares IOMMU group {card.gpu.iommu_group} with "
-                f"{', '.join(f.describe() for f in intruders)}, which would go to the guest too; "
-                "accept that with gpuhost_allow_shared_group, or move the card."
+                _conflict(
+                    GROUP_INTRUDER,
+                    card.gpu.address,
+                    f"GPU {card.gpu.address} shares IOMMU group {card.gpu.iommu_group} with "
+                    f"{', '.join(f.describe() for f in intruders)}, which would go to the guest too;",
+                    "accept that with gpuhost_allow_shared_group, or move the card.",
+                )
             )
         functions = [f for f in (*card.functions, *intruders) if f.address not in placed]
         placed.update(f.address for f in functions)
@@ -327,19 +474,29 @@ def _passthrough_groups(
     return tuple(groups)
 
 
-def _check_functions(groups: Sequence[_Group], spec: VmSpec, taken: Mapping[str, str], conflicts: list[str]) -> None:
+def _check_functions(
+    groups: Sequence[_Group], spec: VmSpec, taken: Mapping[str, str], conflicts: list[Problem]
+) -> None:
     for group in groups:
         for device in group.devices:
             for function in device:
                 if function.driver != VFIO_PCI:
                     bound = f"bound to {function.driver}" if function.driver else "bound to no driver"
                     conflicts.append(
-                        f"{function.describe()} is {bound}, not vfio-pci: run `gpuhost apply` on the host "
-                        "(and reboot) before giving it to a guest."
+                        _conflict(
+                            FUNCTION_NOT_VFIO,
+                            function.address,
+                            f"{function.describe()} is {bound}, not vfio-pci:",
+                            "run `gpuhost apply` on the host (and reboot) before giving it to a guest.",
+                        )
                     )
                 owner = taken.get(function.address)
                 if owner is not None and owner != spec.name:
-                    conflicts.append(f"{function.describe()} is already given to domain {owner!r}.")
+                    conflicts.append(
+                        _conflict(
+                            GPU_TAKEN, function.address, f"{function.describe()} is already given to domain {owner!r}."
+                        )
+                    )
 
 
 def _card_node(facts: HostFacts, card: GpuCard) -> int | None:
@@ -351,25 +508,36 @@ def _card_node(facts: HostFacts, card: GpuCard) -> int | None:
     return None
 
 
-def _use_hugepages(facts: HostFacts, spec: VmSpec, conflicts: list[str]) -> bool:
+def _use_hugepages(facts: HostFacts, spec: VmSpec, conflicts: list[Problem]) -> bool:
     if spec.hugepages == "off":
         return False
-    pool = facts.hugepage_pool(HUGEPAGE_KIB)
+    pool = facts.hugepage_pool(GIB_KIB)
     reserved = pool is not None and (pool.total or 0) > 0
     if not reserved:
         if spec.hugepages == "on":
-            conflicts.append("hugepages: on, but the host has no 1 GiB huge pages reserved (run `gpuhost apply`).")
+            conflicts.append(
+                _conflict(
+                    HUGEPAGES_NONE_RESERVED,
+                    "huge pages",
+                    "hugepages: on, but the host has no 1 GiB huge pages reserved",
+                    "(run `gpuhost apply`).",
+                )
+            )
         return False
     if spec.memory_mib % 1024:
         conflicts.append(
-            f"memory {spec.memory_mib} MiB is not a whole number of GiB, which 1 GiB huge pages need "
-            "(or set hugepages: off)."
+            _conflict(
+                MEMORY_NOT_GIB,
+                "memory",
+                f"memory {spec.memory_mib} MiB is not a whole number of GiB, which 1 GiB huge pages need",
+                "(or set hugepages: off).",
+            )
         )
     return True
 
 
 def _pin_vcpus(
-    facts: HostFacts, spec: VmSpec, policy: HostPolicy, nodes: Sequence[int], conflicts: list[str]
+    facts: HostFacts, spec: VmSpec, policy: HostPolicy, nodes: Sequence[int], conflicts: list[Problem]
 ) -> tuple[tuple[tuple[int, int], ...], str | None]:
     if not nodes:
         return (), None
@@ -381,15 +549,26 @@ def _pin_vcpus(
     for cell, node_id in enumerate(nodes):
         node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
         if node is None or node.cpulist is None:
-            conflicts.append(f"the CPUs of NUMA node {node_id} are unknown; cannot pin vCPUs to them.")
+            conflicts.append(
+                _conflict(
+                    NODE_CPUS_UNKNOWN,
+                    f"NUMA node {node_id}",
+                    f"the CPUs of NUMA node {node_id} are unknown; cannot pin vCPUs to them.",
+                )
+            )
             continue
         usable = [cpu for cpu in parse_cpulist(node.cpulist) if cpu not in reserved]
         usable_all.extend(usable)
         if per_cell > len(usable):
             held = f" ({len(reserved)} reserved by gpuhost_reserved_cpus)" if reserved else ""
             conflicts.append(
-                f"{per_cell} vCPUs to pin on NUMA node {node_id} (CPUs {node.cpulist}{held}), which has "
-                f"{len(usable)} usable CPUs; ask for fewer vCPUs."
+                _conflict(
+                    VCPUS_NODE_TOO_SMALL,
+                    f"NUMA node {node_id}",
+                    f"{per_cell} vCPUs to pin on NUMA node {node_id} (CPUs {node.cpulist}{held}), which has "
+                    f"{len(usable)} usable CPUs;",
+                    "ask for fewer vCPUs.",
+                )
             )
             continue
         pins.extend((cell * per_cell + i, cpu) for i, cpu in enumerate(usable[:per_cell]))
@@ -398,28 +577,41 @@ def _pin_vcpus(
     return tuple(pins), emulator
 
 
-def _check_memory(facts: HostFacts, spec: VmSpec, nodes: Sequence[int], hugepages: bool, conflicts: list[str]) -> None:
+def _check_memory(
+    facts: HostFacts, spec: VmSpec, nodes: Sequence[int], hugepages: bool, conflicts: list[Problem]
+) -> None:
     cells = max(1, len(nodes))
     need_kib = spec.memory_mib * KIB_PER_MIB // cells
     if hugepages:
         pages = spec.memory_mib // 1024 // cells
-        pool = facts.hugepage_pool(HUGEPAGE_KIB)
+        pool = facts.hugepage_pool(GIB_KIB)
         if not nodes:
             free = pool.free if pool else None
             if free is None or free < pages * cells:
-                conflicts.append(f"{pages * cells} free 1 GiB huge pages needed, the host has {free} free.")
+                conflicts.append(
+                    _conflict(
+                        HUGEPAGES_NOT_FREE,
+                        "huge pages",
+                        f"{pages * cells} free 1 GiB huge pages needed, the host has {free} free.",
+                    )
+                )
             return
         for node_id in nodes:
             node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
-            node_pool = node.pool(HUGEPAGE_KIB) if node is not None else None
+            node_pool = node.pool(GIB_KIB) if node is not None else None
             free = node_pool.free if node_pool is not None else None
             if free is None and len(facts.numa_nodes) <= 1 and pool is not None:
                 free = pool.free
             if free is None or free < pages:
                 total = node_pool.total if node_pool is not None else None
                 conflicts.append(
-                    f"{pages} free 1 GiB huge pages needed on NUMA node {node_id}, which has {free} free "
-                    f"(of {total}); free some, reserve more, or ask for less memory."
+                    _conflict(
+                        HUGEPAGES_NOT_FREE,
+                        f"NUMA node {node_id}",
+                        f"{pages} free 1 GiB huge pages needed on NUMA node {node_id}, which has {free} free "
+                        f"(of {total});",
+                        "free some, reserve more, or ask for less memory.",
+                    )
                 )
         return
     for node_id in nodes:
@@ -427,11 +619,21 @@ def _check_memory(facts: HostFacts, spec: VmSpec, nodes: Sequence[int], hugepage
         total = node.mem_total_kib if node is not None else None
         if total is not None and need_kib > total:
             conflicts.append(
-                f"{need_kib // 1024} MiB of memory to bind to NUMA node {node_id}, which has {total // 1024} MiB."
+                _conflict(
+                    MEMORY_NODE_TOO_SMALL,
+                    f"NUMA node {node_id}",
+                    f"{need_kib // 1024} MiB of memory to bind to NUMA node {node_id}, which has {total // 1024} MiB.",
+                )
             )
     host_kib = facts.memory.total_kib if facts.memory is not None else None
     if not nodes and host_kib is not None and need_kib > host_kib:
-        conflicts.append(f"{spec.memory_mib} MiB of memory asked, the host has {host_kib // 1024} MiB.")
+        conflicts.append(
+            _conflict(
+                MEMORY_TOO_MUCH,
+                "memory",
+                f"{spec.memory_mib} MiB of memory asked, the host has {host_kib // 1024} MiB.",
+            )
+        )
 
 
 def _layout(

@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from gpuhost.audit import READY, audit_target
+from gpuhost.audit import AuditStatus, audit_target
 from gpuhost.cli.main import main
 from gpuhost.lab import fake_nvidia, fleet
 from gpuhost.lab import image as lab_image
@@ -262,7 +262,7 @@ def test_fault6_host_key_change_aborts_that_host_and_the_others_go_on(lab: Lab) 
     assert "nvidia-uninstall -s" in drivers  # the .run install was uninstalled silently
     # The audit's own verdict, independently of the playbook's verification.
     (target_b,) = inventory_targets(inventory, B, ConnectionDefaults())
-    assert audit_target(target_b).status == READY
+    assert audit_target(target_b).status is AuditStatus.READY
     cmdline_b = lab.hosts[B].cmdline()
     assert [t for t in cmdline_b if t.startswith("vfio-pci.ids=")] == [OPTIONS[0]]
     assert "gpuhost.trial=1" in cmdline_b  # B runs the trial entry, now committed as the default

@@ -25,7 +25,7 @@ class ActionModule(ActionBase):
         if plan["refusals"]:
             result["failed"] = True
             result["msg"] = "gpuhost refuses to configure this host; nothing was written:\n" + "\n".join(
-                f"- {r['message']} Fix: {r['fix']}" for r in plan["refusals"]
+                f"- {r['message']} Fix: {r['remedy']}" for r in plan["refusals"]
             )
         else:
             result["msg"] = (

@@ -24,7 +24,7 @@ class ActionModule(ActionBase):
             return {**result, "failed": True, "msg": str(error)}
         from gpuhost.plan.verify import verify_host
 
-        verification = verify_host(reading.host, reading.facts, reading.settings, plan)
+        verification = verify_host(reading.host, reading.facts, reading.settings, plan).to_json()
         result.update(changed=False, verification=verification, ansible_facts={"gpuhost_verification": verification})
         result["msg"] = verification["summary"]
         if enforce and not verification["ok"]:

@@ -27,7 +27,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 verification:
-  description: ok, summary, checks and the audit's errors.
+  description: >-
+    ok, status, summary, checks, the audit's errors, and problems
+    (code, severity, subject, message, remedy) for each failed check.
   returned: always
   type: dict
 """

@@ -1,0 +1,71 @@
+"""Every registered problem code is produced by some test, and README's tables are the registry's.
+
+tests/conftest.py records the code of every `Problem` built during the session (in every
+pytest-xdist worker) and, at the end of a run of the whole fast suite (every tests/test_*.py
+module, no -k or --deselect: the README's test command and CI), fails the session naming each
+registered code that no test produced (`unproduced` below). A partial run has not built every
+module's problems, so it is not judged.
+
+README's tables of audit findings, planner refusals and render conflicts are generated from the
+registry: regenerate them with GPUHOST_REGEN_GOLDEN=1 after registering a code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import gpuhost.audit
+import gpuhost.plan.planner
+import gpuhost.plan.verify
+import gpuhost.render.domain  # noqa: F401  (registers render's conflicts)
+from gpuhost.problems import REGISTRY, Stage, codes_of
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+REGENERATE = os.environ.get("GPUHOST_REGEN_GOLDEN") == "1"
+TABLE_STAGES = (Stage.AUDIT, Stage.PLAN, Stage.RENDER, Stage.VERIFY)
+
+
+def unproduced(produced: set[str]) -> list[str]:
+    """Registered codes of the stages with README tables that no test produced."""
+    return sorted(code for code, entry in REGISTRY.items() if entry.stage in TABLE_STAGES and code not in produced)
+
+
+def test_the_check_fails_for_a_code_nobody_produces() -> None:
+    """The check (tests/conftest.py) can fail: with nothing produced, every registered code is reported."""
+    assert unproduced(set()) == sorted(code for code, e in REGISTRY.items() if e.stage in TABLE_STAGES)
+    assert "gpu.group.unknown" in unproduced({"gpu.group.clean"})
+
+
+def markdown_table(stage: Stage) -> str:
+    rows = ["| code | severity | what |", "| --- | --- | --- |"]
+    for entry in codes_of(stage):
+        severity = entry.severity.value if entry.severity is not None else "varies"
+        rows.append(f"| `{entry.code}` | {severity} | {entry.summary.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+def _marked(stage: Stage) -> re.Pattern[str]:
+    name = re.escape(stage.value)
+    return re.compile(rf"(<!-- problem-codes:{name} -->\n)(.*?)(<!-- /problem-codes:{name} -->)", re.S)
+
+
+@pytest.mark.parametrize("stage", TABLE_STAGES, ids=lambda stage: stage.value)
+def test_readme_table_is_the_registry(stage: Stage) -> None:
+    text = README.read_text()
+    pattern = _marked(stage)
+    match = pattern.search(text)
+    assert match, f"README.md has no <!-- problem-codes:{stage.value} --> table"
+    expected = markdown_table(stage) + "\n"
+    if REGENERATE and match.group(2) != expected:
+        README.write_text(pattern.sub(lambda m: m.group(1) + expected + m.group(3), text))
+        return
+    readme_codes = re.findall(r"^\| `([^`]+)` \|", match.group(2), flags=re.M)
+    assert readme_codes == [entry.code for entry in codes_of(stage)], "regenerate with GPUHOST_REGEN_GOLDEN=1"
+    assert match.group(2) == expected, (
+        "README's table differs from the registry: regenerate with GPUHOST_REGEN_GOLDEN=1"
+    )
