@@ -123,3 +123,26 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     missing = main(["smoke-test", "--replay", "/nonexistent/run.json"])
     assert missing == 2
     assert "cannot read /nonexistent/run.json" in capsys.readouterr().err
+
+
+def test_delay_streams_reaches_the_suite_and_bad_values_are_refused() -> None:
+    from gpuhost.bench.runner import SmokeOptions, suite_command
+
+    command = suite_command(Path("/x/gpuhost-kernels"), SmokeOptions(quick=True, delay_streams_ms=20.0))
+    assert command == ["/x/gpuhost-kernels", "--device", "0", "--quick", "--delay-streams", "20"]
+    result = run_cli("--delay-streams", "0")
+    assert result.returncode == 2
+    assert "--delay-streams takes milliseconds in (0, 10000], not '0'" in result.stderr
+
+
+def test_stream_ordering_self_test_on_the_h100_reports_no_wrong_result() -> None:
+    # Recorded with --delay-streams 20 (every poison/fill/reset held 20 ms on its stream first):
+    # with the fix nothing is wrong, alone or beside a bf16 matmul loop; with the H2D poison put
+    # back on the legacy stream (capture-issue14.sh) the same mode reports the copy wrong.
+    issue = FIXTURES / "issue14"
+    for name in ("delay-full.json", "busy-delay-quick.json"):
+        suite = json.loads((issue / name).read_text())["suite"]
+        assert suite["stream_delay_ms"] == 20
+        assert [r["name"] for r in suite["results"] if not r["verified"]] == [], name
+    bug = json.loads((issue / "delay-bug-transfer.json").read_text())["suite"]
+    assert [r["name"] for r in bug["results"] if not r["verified"]] == ["h2d_pinned"]

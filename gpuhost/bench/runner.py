@@ -45,6 +45,10 @@ class SmokeOptions:
     rebuild: bool = False
     benchmarks: tuple[str, ...] = ()
     seed: int | None = None
+    # The stream-ordering self-test: every poison, fill and counter reset first holds its stream
+    # this many milliseconds (gpuhost-kernels --delay-streams), so a check that does not wait
+    # for them reports a wrong result.
+    delay_streams_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ def suite_command(binary: Path, options: SmokeOptions) -> list[str]:
         command += ["--bench", ",".join(options.benchmarks)]
     if options.seed is not None:
         command += ["--seed", str(options.seed)]
+    if options.delay_streams_ms is not None:
+        command += ["--delay-streams", f"{options.delay_streams_ms:g}"]
     return command
 
 

@@ -23,6 +23,16 @@ def _benchmark_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def _delay_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 10000:
+        raise argparse.ArgumentTypeError(f"--delay-streams takes milliseconds in (0, 10000], not {text!r}")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
@@ -56,6 +66,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rebuild", action="store_true", help="compile the kernels even if a cached build matches")
     parser.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh each run)")
+    parser.add_argument(
+        "--delay-streams",
+        type=_delay_ms,
+        metavar="MS",
+        help="stream-ordering self-test: hold each poison, fill and counter reset MS ms on its stream first, "
+        "so any check that does not wait for them reports a wrong result (timings stay valid)",
+    )
     parser.add_argument("--verbose", action="store_true", help="also print each threshold's reason")
     parser.add_argument(
         "--replay",
@@ -80,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         rebuild=args.rebuild,
         benchmarks=args.only,
         seed=args.seed,
+        delay_streams_ms=args.delay_streams,
     )
     outcome = replay(args.replay, options) if args.replay is not None else smoke_test(options)
     print(
