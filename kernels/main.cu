@@ -40,12 +40,13 @@ const Bench kBenches[] = {
     {"p2p", gh::bench_p2p, true, "peer access and P2P bandwidth between GPUs"},
 };
 
-std::string result_json(const gh::Result& r) {
+std::string result_json(const gh::Result& r, const char* benchmark) {
     std::vector<std::string> samples;
     for (const double s : r.timing.samples_ms) samples.push_back(gh::json_number(s));
     const bool timed = !r.timing.samples_ms.empty();
     return gh::Json()
         .str("name", r.name)
+        .str("benchmark", benchmark)
         .str("unit", r.unit)
         .num("value", r.value)
         .num("median_ms", timed ? r.timing.median_ms() : NAN)
@@ -160,7 +161,7 @@ int main(int argc, char** argv) {
             const auto t0 = std::chrono::steady_clock::now();
             std::cerr << "gpuhost-kernels: running " << b.name << "\n";
             try {
-                b.run(options, [&](gh::Result&& r) { results.push_back(result_json(r)); });
+                b.run(options, [&](gh::Result&& r) { results.push_back(result_json(r, b.name)); });
                 GH_CHECK(cudaDeviceSynchronize());
             } catch (const std::exception& error) {
                 errors.push_back(gh::Json().str("benchmark", b.name).str("message", error.what()).text());

@@ -86,7 +86,11 @@ def test_document_schema_and_round_trip(tmp_path: Path) -> None:
     assert parsed["model"]["pci_device_ids"] == ["2330"]
     copy_metric = next(m for m in parsed["metrics"] if m["metric"] == "copy")
     assert copy_metric["status"] == "PASS" and copy_metric["reference"] == 3350
-    assert copy_metric["percent_of_reference"] == pytest.approx(100 * copy_metric["value"] / 3350)
+    assert copy_metric["percent_of_reference"] == pytest.approx(100 * copy_metric["judged_value"] / 3350)
+    assert copy_metric["spread"]["samples"] > 0
+    assert copy_metric["spread"]["slowest"] <= copy_metric["value"] <= copy_metric["judged_value"]
+    assert copy_metric["spread"]["capability"] == copy_metric["judged_value"]
+    assert parsed["verdict"]["unstable"] == []
     # The document we write reads back as a recorded run and as a baseline.
     path = tmp_path / "run.json"
     path.write_text(text)

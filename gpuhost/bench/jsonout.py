@@ -5,7 +5,7 @@ Schema "gpuhost-smoke-test/1" (an object):
     schema            "gpuhost-smoke-test/1"
     gpuhost_version   str
     created           ISO-8601 UTC time of the run
-    verdict           {"status": "PASS"|"WARN"|"FAIL", "reasons": [str, ...]}
+    verdict           {"status": "PASS"|"WARN"|"FAIL", "reasons": [str, ...], "unstable": [str, ...]}
     model             null (unknown model) or {"name", "pci_device_ids": ["2330"], "memory_bandwidth_GBps",
                       "bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "pcie_gen", "pcie_width",
                       "nvlink_GBps", "sources": [str]}
@@ -16,7 +16,11 @@ Schema "gpuhost-smoke-test/1" (an object):
     checks            [{"check", "status", "detail", "gpu"}]: the environment checks
     metrics           [{"metric", "label", "value", "unit", "reference", "reference_kind",
                         "percent_of_reference", "baseline", "percent_of_baseline", "verified",
-                        "status", "reason"}]
+                        "status", "reason", "judged_value" (the capability figure judged: 75th
+                        percentile of the repetitions towards the fast end; "value" is their median),
+                        "spread": null (untimed) or {"samples", "slowest", "median", "fastest",
+                        "capability", "stability_pct", "groups": [{"count", "low", "high"}],
+                        "unstable"}}]
     timings           {"build_s", "build_cached", "suite_s", "total_s"}
     build             {"binary", "arch", "cache_key", "nvcc", "with_cublas"}
     suite             the kernel suite's own document, verbatim (results.py describes it)
@@ -37,6 +41,7 @@ from gpuhost import __version__
 from gpuhost.bench.environment import Environment, GpuEnvironment, PcieLink, RunSamples
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
+from gpuhost.bench.spread import Spread
 from gpuhost.bench.verdict import Verdict
 from gpuhost.errors import GpuhostError, InputError
 
@@ -86,6 +91,21 @@ def _samples(samples: tuple[RunSamples, ...]) -> list[dict[str, Any]]:
     return [{**dataclasses.asdict(s), "throttle_names": list(s.throttle_names)} for s in samples]
 
 
+def _spread(spread: Spread | None) -> dict[str, Any] | None:
+    if spread is None:
+        return None
+    return {
+        "samples": spread.samples,
+        "slowest": spread.worst,
+        "median": spread.median,
+        "fastest": spread.best,
+        "capability": spread.capability,
+        "stability_pct": spread.stability_pct,
+        "groups": [dataclasses.asdict(group) for group in spread.groups],
+        "unstable": spread.unstable,
+    }
+
+
 def build_document(
     *,
     verdict: Verdict,
@@ -102,7 +122,11 @@ def build_document(
         "schema": SCHEMA,
         "gpuhost_version": __version__,
         "created": when.isoformat(timespec="seconds"),
-        "verdict": {"status": verdict.status.value, "reasons": list(verdict.reasons)},
+        "verdict": {
+            "status": verdict.status.value,
+            "reasons": list(verdict.reasons),
+            "unstable": list(verdict.unstable),
+        },
         "model": _model(verdict.model),
         "model_table": model_table,
         "environment": _environment(environment),
@@ -124,6 +148,8 @@ def build_document(
                 "verified": m.verified,
                 "status": m.status.value,
                 "reason": m.reason,
+                "judged_value": m.judged_value,
+                "spread": _spread(m.spread),
             }
             for m in verdict.metrics
         ],

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from gpuhost.bench.environment import (
 from gpuhost.bench.jsonout import BuildInfo, Timings, load_baseline, load_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import SuiteRun, parse_suite_document
-from gpuhost.bench.verdict import Verdict, judge, judge_environment
+from gpuhost.bench.verdict import Status, Verdict, judge, judge_environment, rule_for
 from gpuhost.errors import EXIT_FINDINGS, GpuhostError, InputError
 
 SUITE_TIMEOUT_S = 600
@@ -108,6 +109,68 @@ def run_suite(binary: Path, options: SmokeOptions) -> dict[str, Any]:
     return document
 
 
+def below_pass(verdict: Verdict, document: dict[str, Any]) -> dict[str, str]:
+    """The verified, timed results judged below PASS, by name, with the benchmark that measures each
+    (a result of a suite older than issue 14 names no benchmark and is not re-measured)."""
+    benchmark_of = {
+        str(result.get("name")): str(result.get("benchmark"))
+        for result in document.get("results", [])
+        if isinstance(result, dict) and result.get("benchmark")
+    }
+    return {
+        metric.metric: benchmark_of[metric.metric]
+        for metric in verdict.metrics
+        if metric.status in (Status.WARN, Status.FAIL)
+        and metric.verified
+        and metric.spread is not None
+        and metric.metric in benchmark_of
+    }
+
+
+def _merged(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """One result from two measurements of it: their repetitions pooled, the figure rescaled to the
+    pooled median (the suite's figure is work over the median time, so the work cancels out)."""
+    samples = [*first["samples_ms"], *again["samples_ms"]]
+    median_ms = statistics.median(samples)
+    rule = rule_for(str(first["name"]))
+    lower_is_better = rule is not None and rule.lower_is_better
+    scale = median_ms / first["median_ms"] if lower_is_better else first["median_ms"] / median_ms
+    return {
+        **first,
+        "value": first["value"] * scale,
+        "median_ms": median_ms,
+        "min_ms": min(samples),
+        "max_ms": max(samples),
+        "reps": len(samples),
+        "samples_ms": samples,
+        "verified": bool(first["verified"]) and bool(again["verified"]),
+        "error": max(first.get("error") or 0.0, again.get("error") or 0.0),
+        "extra": {
+            **first.get("extra", {}),
+            "remeasured": {"first_value": first["value"], "again_value": again["value"], "first_reps": first["reps"]},
+        },
+    }
+
+
+def merge_remeasured(document: dict[str, Any], again: dict[str, Any], metrics: set[str]) -> dict[str, Any]:
+    """`document` with each result named in `metrics` pooled with its re-measurement from `again`;
+    a result that the second run lost or could not time keeps its first measurement."""
+    second = {
+        result["name"]: result
+        for result in again.get("results", [])
+        if isinstance(result, dict) and result.get("samples_ms") and result.get("value") is not None
+    }
+    results = []
+    for result in document.get("results", []):
+        name = result.get("name") if isinstance(result, dict) else None
+        if name in metrics and name in second and result.get("samples_ms") and result.get("median_ms"):
+            results.append(_merged(result, second[name]))
+        else:
+            results.append(result)
+    errors = [*document.get("errors", []), *again.get("errors", [])]
+    return {**document, "results": results, "errors": errors}
+
+
 def smoke_test(options: SmokeOptions) -> Outcome:
     started = time.monotonic()
     # Inputs first: a bad table or baseline should not wait for a build.
@@ -133,6 +196,13 @@ def smoke_test(options: SmokeOptions) -> Outcome:
         with NvmlSampler(nvml, tuple(range(count))) as sampler:
             # The sampler reads once as it starts, so even a very short run has a sample.
             document = run_suite(built.binary, options)
+            # Re-measure once before calling a result below PASS: a slow spell of the link or
+            # the host (seen on the H100 guest) should not decide the verdict on its own.
+            first = judge(parse_suite_document(document), model=table.lookup(gpu.pci_device_id), complete=False)
+            low = below_pass(first, document)
+            if low:
+                again = run_suite(built.binary, replace(options, benchmarks=tuple(sorted(set(low.values())))))
+                document = merge_remeasured(document, again, set(low))
         samples = sampler.results()
         suite_s = time.monotonic() - suite_started
     finally:
