@@ -149,3 +149,23 @@ def test_stream_ordering_self_test_on_the_h100_reports_no_wrong_result() -> None
         assert [r["name"] for r in suite["results"] if not r["verified"]] == [], name
     bug = json.loads((issue / "delay-bug-transfer.json").read_text())["suite"]
     assert [r["name"] for r in bug["results"] if not r["verified"]] == ["h2d_pinned"]
+
+
+def test_json_is_written_when_the_smoke_test_cannot_run_and_replay_and_baseline_refuse_it(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    result = run_cli("--quick", "--json", str(report))
+    assert result.returncode == 2
+    assert result.stderr == NO_DRIVER
+    document = json.loads(report.read_text())
+    assert document["schema"] == "gpuhost-smoke-test/1"
+    assert document["outcome"] == "cannot run"
+    assert document["exit_code"] == 2
+    assert "gpuhost smoke-test: error: " + document["reason"] + "\n" == NO_DRIVER
+    assert document["environment"] is None  # NVML never answered on this machine
+    refusal = "records a smoke-test that could not run (no NVIDIA driver in this machine"
+    replayed = run_cli("--replay", str(report))
+    assert replayed.returncode == 2
+    assert refusal in replayed.stderr and "no results to judge again (--replay)" in replayed.stderr
+    compared = run_cli("--replay", str(FIXTURES / "smoke-quick.json"), "--baseline", str(report))
+    assert compared.returncode == 2
+    assert refusal in compared.stderr and "no results to compare with (--baseline)" in compared.stderr

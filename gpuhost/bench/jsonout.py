@@ -25,6 +25,16 @@ Schema "gpuhost-smoke-test/1" (an object):
     build             {"binary", "arch", "cache_key", "nvcc", "with_cublas"}
     suite             the kernel suite's own document, verbatim (results.py describes it)
 
+When the smoke-test cannot run (or its suite crashes), `--json` still writes a document, a small one:
+
+    schema, gpuhost_version, created
+    outcome           "cannot run"
+    exit_code         2 (no GPU, driver, nvcc, bad input) or 1 (the suite crashed on the GPU)
+    reason            the error message, as printed
+    environment       what NVML showed before it stopped (as above), or null
+
+`--replay` and `--baseline` refuse such a document: it holds no results.
+
 Numbers that could not be measured are null. `--baseline` accepts this document or the
 suite's own document.
 """
@@ -159,6 +169,33 @@ def build_document(
     }
 
 
+CANNOT_RUN = "cannot run"
+
+
+def build_failure_document(
+    *, reason: str, exit_code: int, environment: Environment | None, created: datetime.datetime | None = None
+) -> dict[str, Any]:
+    """The document of a run that stopped before a verdict: why, and what was found until then."""
+    when = created or datetime.datetime.now(datetime.timezone.utc)
+    return {
+        "schema": SCHEMA,
+        "gpuhost_version": __version__,
+        "created": when.isoformat(timespec="seconds"),
+        "outcome": CANNOT_RUN,
+        "exit_code": exit_code,
+        "reason": reason,
+        "environment": _environment(environment),
+    }
+
+
+def _refuse_failure_document(document: Any, path: Path, use: str) -> None:
+    if isinstance(document, dict) and document.get("schema") == SCHEMA and document.get("outcome") == CANNOT_RUN:
+        raise InputError(
+            f"{path} records a smoke-test that could not run ({document.get('reason', 'no reason given')}): "
+            f"it holds no results to {use}; pass the --json of a run that finished"
+        )
+
+
 def dumps(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=1, sort_keys=False) + "\n"
 
@@ -171,6 +208,7 @@ def load_baseline(path: Path) -> SuiteRun:
         raise InputError(f"cannot read the baseline {path}: {error.strerror}") from error
     except json.JSONDecodeError as error:
         raise InputError(f"the baseline {path} is not JSON: {error}") from error
+    _refuse_failure_document(document, path, "compare with (--baseline)")
     if isinstance(document, dict) and document.get("schema") == SCHEMA:
         document = document.get("suite")
     try:
@@ -236,4 +274,5 @@ def load_recorded(path: Path) -> Recorded:
         raise InputError(f"cannot read {path}: {error.strerror}") from error
     except json.JSONDecodeError as error:
         raise InputError(f"{path} is not JSON: {error}") from error
+    _refuse_failure_document(document, path, "judge again (--replay)")
     return read_recorded(document)

@@ -7,6 +7,7 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,9 @@ def merge_remeasured(document: dict[str, Any], again: dict[str, Any], metrics: s
     return {**document, "results": results, "errors": errors}
 
 
-def smoke_test(options: SmokeOptions) -> Outcome:
+def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], None] | None = None) -> Outcome:
+    """One smoke test. `on_environment` hears what NVML showed as soon as it is read, so that a
+    run stopped later (no nvcc, a crashed suite) can still report it."""
     started = time.monotonic()
     # Inputs first: a bad table or baseline should not wait for a build.
     table = load_model_table(options.gpu_table)
@@ -180,6 +183,8 @@ def smoke_test(options: SmokeOptions) -> Outcome:
     count = open_nvml(nvml)
     try:
         environment = read_environment(nvml, count)
+        if on_environment is not None:
+            on_environment(environment)
         if not 0 <= options.device < count:
             raise InputError(f"--device {options.device}: this guest has {count} GPU(s), numbered from 0")
         gpu = environment.gpus[options.device]

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
+from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, GpuhostError, InputError
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
 
@@ -82,9 +82,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _write_json(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"--json: cannot write {path}: {error.strerror}") from error
+
+
 def run(args: argparse.Namespace) -> int:
     # Imported here so that `gpuhost --help` stays fast and import errors surface as errors.
     from gpuhost.bench import jsonout, report
+    from gpuhost.bench.environment import Environment
     from gpuhost.bench.runner import SmokeOptions, replay, smoke_test
     from gpuhost.bench.verdict import Status
 
@@ -99,7 +107,17 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         delay_streams_ms=args.delay_streams,
     )
-    outcome = replay(args.replay, options) if args.replay is not None else smoke_test(options)
+    found: list[Environment] = []
+    try:
+        outcome = replay(args.replay, options) if args.replay is not None else smoke_test(options, found.append)
+    except GpuhostError as error:
+        # A fleet collecting reports gets a reason instead of a missing file.
+        if args.json is not None:
+            failure = jsonout.build_failure_document(
+                reason=str(error), exit_code=error.exit_code, environment=found[-1] if found else None
+            )
+            _write_json(args.json, jsonout.dumps(failure))
+        raise
     print(
         report.render(
             outcome.verdict,
@@ -121,10 +139,7 @@ def run(args: argparse.Namespace) -> int:
             timings=outcome.timings,
             build=outcome.build,
         )
-        try:
-            args.json.write_text(jsonout.dumps(document), encoding="utf-8")
-        except OSError as error:
-            raise InputError(f"--json: cannot write {args.json}: {error.strerror}") from error
+        _write_json(args.json, jsonout.dumps(document))
         print(f"JSON written to {args.json}")
     if args.plot is not None:
         from gpuhost.bench.plot import draw_roofline
