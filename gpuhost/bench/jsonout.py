@@ -5,7 +5,12 @@ Schema "gpuhost-smoke-test/1" (an object):
     schema            "gpuhost-smoke-test/1"
     gpuhost_version   str
     created           ISO-8601 UTC time of the run
-    verdict           {"status": "PASS"|"WARN"|"FAIL", "reasons": [str, ...], "unstable": [str, ...]}
+    outcome           "PASS"|"WARN"|"FAIL"|"NOT REPRESENTATIVE" (another process used the GPU)
+    contention        null (recorded before issue 14) or {"processes": [{"gpu", "pid", "name",
+                      "used_memory_bytes", "kind": "compute"|"graphics", "seen": ["before"|"during"|"after"]}],
+                      "utilization_before_pct": [int|null per GPU], "readable": bool}
+    verdict           {"status": "PASS"|"WARN"|"FAIL", "outcome" (as above), "reasons": [str, ...],
+                      "unstable": [str, ...]}
     model             null (unknown model) or {"name", "pci_device_ids": ["2330"], "memory_bandwidth_GBps",
                       "bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "pcie_gen", "pcie_width",
                       "nvlink_GBps", "sources": [str]}
@@ -48,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost import __version__
+from gpuhost.bench.contention import Contention, GpuProcess
 from gpuhost.bench.environment import Environment, GpuEnvironment, PcieLink, RunSamples
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
@@ -125,6 +131,7 @@ def build_document(
     model_table: str,
     timings: Timings,
     build: BuildInfo,
+    contention: Contention | None = None,
     created: datetime.datetime | None = None,
 ) -> dict[str, Any]:
     when = created or datetime.datetime.now(datetime.timezone.utc)
@@ -132,8 +139,11 @@ def build_document(
         "schema": SCHEMA,
         "gpuhost_version": __version__,
         "created": when.isoformat(timespec="seconds"),
+        "outcome": verdict.outcome,
+        "contention": None if contention is None else dataclasses.asdict(contention),
         "verdict": {
             "status": verdict.status.value,
+            "outcome": verdict.outcome,
             "reasons": list(verdict.reasons),
             "unstable": list(verdict.unstable),
         },
@@ -227,6 +237,19 @@ class Recorded:
     samples: tuple[RunSamples, ...]
     timings: Timings
     build: BuildInfo
+    contention: Contention | None  # None: recorded before issue 14
+
+
+def _contention(raw: Any) -> Contention | None:
+    if raw is None:
+        return None
+    fields = _fields(Contention, raw, "contention")
+    processes = []
+    for i, raw_process in enumerate(fields["processes"] or []):
+        process = _fields(GpuProcess, raw_process, f"contention.processes[{i}]")
+        process["seen"] = tuple(process["seen"])
+        processes.append(GpuProcess(**process))
+    return Contention(tuple(processes), tuple(fields["utilization_before_pct"] or ()), bool(fields["readable"]))
 
 
 def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
@@ -264,6 +287,7 @@ def read_recorded(document: Any) -> Recorded:
         samples=samples,
         timings=Timings(**_fields(Timings, document.get("timings"), "timings")),
         build=BuildInfo(**_fields(BuildInfo, document.get("build"), "build")),
+        contention=_contention(document.get("contention")),
     )
 
 

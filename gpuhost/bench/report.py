@@ -118,5 +118,11 @@ def render(
     if verdict.unstable:
         lines.append("Unstable (said apart: the verdict judges capability, which these do not lower):")
         lines.extend(f"  - {line}" for line in verdict.unstable)
-    lines.append(f"VERDICT: {verdict.status.value}")
+    if verdict.representative:
+        lines.append(f"VERDICT: {verdict.status.value}")
+    else:
+        lines.append(
+            f"VERDICT: {verdict.outcome} (another process used the GPU: the results above, "
+            f"{verdict.status.value} as measured, describe a shared GPU)"
+        )
     return "\n".join(lines) + "\n"

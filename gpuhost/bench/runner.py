@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost.bench.build import BuiltSuite, build_suite, detect_toolchain, find_kernel_sources
+from gpuhost.bench.contention import Contention, GpuProcess, Phase, merge, read_processes
 from gpuhost.bench.environment import (
     Environment,
     GpuUnavailable,
@@ -64,6 +65,7 @@ class Outcome:
     timings: Timings
     build: BuildInfo
     with_baseline: bool
+    contention: Contention | None = None  # None: a recorded run from before issue 14
 
 
 def suite_command(binary: Path, options: SmokeOptions) -> list[str]:
@@ -172,6 +174,26 @@ def merge_remeasured(document: dict[str, Any], again: dict[str, Any], metrics: s
     return {**document, "results": results, "errors": errors}
 
 
+def _processes(nvml: Any, count: int, phase: Phase) -> tuple[tuple[GpuProcess, ...], bool]:
+    found: list[GpuProcess] = []
+    try:
+        for index in range(count):
+            found.extend(read_processes(nvml, nvml.nvmlDeviceGetHandleByIndex(index), index, phase))
+    except nvml.NVMLError:
+        return tuple(found), False
+    return tuple(found), True
+
+
+def _utilization(nvml: Any, count: int) -> tuple[int | None, ...]:
+    readings: list[int | None] = []
+    for index in range(count):
+        try:
+            readings.append(int(nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(index)).gpu))
+        except nvml.NVMLError:
+            readings.append(None)
+    return tuple(readings)
+
+
 def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], None] | None = None) -> Outcome:
     """One smoke test. `on_environment` hears what NVML showed as soon as it is read, so that a
     run stopped later (no nvcc, a crashed suite) can still report it."""
@@ -197,6 +219,9 @@ def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], No
             toolchain=toolchain,
             force=options.rebuild,
         )
+        # Contention: who else holds the GPUs before, during (the sampler) and after the run.
+        before, readable_before = _processes(nvml, count, "before")
+        utilization = _utilization(nvml, count)
         suite_started = time.monotonic()
         with NvmlSampler(nvml, tuple(range(count))) as sampler:
             # The sampler reads once as it starts, so even a very short run has a sample.
@@ -210,17 +235,29 @@ def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], No
                 document = merge_remeasured(document, again, set(low))
         samples = sampler.results()
         suite_s = time.monotonic() - suite_started
+        during, readable_during = sampler.processes()
+        after, readable_after = _processes(nvml, count, "after")
+        contention = Contention(
+            merge((*before, *during, *after)), utilization, readable_before and readable_during and readable_after
+        )
     finally:
         nvml.nvmlShutdown()
     run = parse_suite_document(document)
     models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in environment.gpus}
     findings = judge_environment(environment, samples, models)
     verdict = judge(
-        run, model=models[options.device], findings=findings, baseline=baseline, complete=not options.benchmarks
+        run,
+        model=models[options.device],
+        findings=findings,
+        baseline=baseline,
+        complete=not options.benchmarks,
+        contention=contention,
     )
     timings = Timings(built.seconds, built.cached, suite_s, time.monotonic() - started)
     build = BuildInfo(str(built.binary), built.arch, built.cache_key, toolchain.version, built.with_cublas)
-    return Outcome(verdict, run, document, environment, samples, table.origin, timings, build, baseline is not None)
+    return Outcome(
+        verdict, run, document, environment, samples, table.origin, timings, build, baseline is not None, contention
+    )
 
 
 def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
@@ -230,7 +267,13 @@ def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
     recorded = load_recorded(recorded_path)
     models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in recorded.environment.gpus}
     findings = judge_environment(recorded.environment, recorded.samples, models)
-    verdict = judge(recorded.run, model=models.get(recorded.run.device.index), findings=findings, baseline=baseline)
+    verdict = judge(
+        recorded.run,
+        model=models.get(recorded.run.device.index),
+        findings=findings,
+        baseline=baseline,
+        contention=recorded.contention,
+    )
     return Outcome(
         verdict,
         recorded.run,
@@ -241,4 +284,5 @@ def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
         recorded.timings,
         recorded.build,
         baseline is not None,
+        recorded.contention,
     )

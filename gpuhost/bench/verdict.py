@@ -35,6 +35,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpuhost.bench.contention import Contention
 from gpuhost.bench.environment import VIRTUALIZATION_MODES, Environment, GpuEnvironment, RunSamples
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import Measurement, SuiteRun
@@ -276,6 +277,16 @@ class Verdict:
     # One line per judged result whose repetitions split in two or spread wide: said apart from
     # the capability verdict, which it does not lower.
     unstable: tuple[str, ...] = ()
+    # False when another process used the GPU: the figures measure a shared GPU, and the outcome
+    # is "not representative" whatever the status says.
+    representative: bool = True
+
+    @property
+    def outcome(self) -> str:
+        return self.status.value if self.representative else NOT_REPRESENTATIVE
+
+
+NOT_REPRESENTATIVE = "NOT REPRESENTATIVE"
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -622,6 +633,44 @@ def judge_environment(
     return findings
 
 
+def judge_contention(contention: Contention | None) -> list[Finding]:
+    """Other processes on the GPUs around the run (none: a recorded run from before issue 14)."""
+    if contention is None:
+        return []
+    if contention.busy:
+        by_gpu: dict[int, list[str]] = {}
+        for process in contention.processes:
+            by_gpu.setdefault(process.gpu, []).append(process.describe())
+        return [
+            Finding(
+                "contention",
+                Status.WARN,
+                f"another process used the GPU around the run: {'; '.join(described)}. The figures measure a "
+                "shared GPU, not its capability: stop it and run again (or pass --allow-busy to judge them anyway)",
+                gpu,
+            )
+            for gpu, described in sorted(by_gpu.items())
+        ]
+    if not contention.readable:
+        return [
+            Finding(
+                "contention",
+                Status.INFO,
+                "NVML could not list the processes on the GPU: another process there would go unnoticed",
+            )
+        ]
+    utilization = ", ".join(
+        f"GPU {index} {'?' if pct is None else pct}%" for index, pct in enumerate(contention.utilization_before_pct)
+    )
+    return [
+        Finding(
+            "contention",
+            Status.PASS,
+            f"no other process on the GPU before, during or after the run (utilization before it: {utilization})",
+        )
+    ]
+
+
 def judge(
     run: SuiteRun,
     *,
@@ -629,10 +678,11 @@ def judge(
     findings: Iterable[Finding] = (),
     baseline: SuiteRun | None = None,
     complete: bool = True,
+    contention: Contention | None = None,
 ) -> Verdict:
     """The verdict on one suite run. `findings` are the environment's (judge_environment);
     `complete` is False when only some benchmarks were selected (no "not measured" warnings)."""
-    all_findings = list(findings)
+    all_findings = [*findings, *judge_contention(contention)]
     if baseline is not None and baseline.device.name != run.device.name:
         all_findings.append(
             Finding(
@@ -682,7 +732,8 @@ def judge(
         if m.spread is not None and m.spread.unstable and _is_judged(m.metric)
     )
     status = worst([*(f.status for f in all_findings), *(m.status for m in metrics)])
-    return Verdict(status, model, metrics, tuple(all_findings), tuple(reasons), unstable)
+    representative = contention is None or not contention.busy
+    return Verdict(status, model, metrics, tuple(all_findings), tuple(reasons), unstable, representative)
 
 
 def _is_judged(metric: str) -> bool:

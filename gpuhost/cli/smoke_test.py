@@ -1,6 +1,7 @@
 """`gpuhost smoke-test`: inside a guest, prove the passed-through GPU performs as its model should.
 
-Exit status: 0 PASS (or WARN), 1 FAIL, 2 cannot run (no GPU or driver, no nvcc, bad input).
+Exit status: 0 PASS (or WARN), 1 FAIL, 2 cannot run (no GPU or driver, no nvcc, bad input) or not
+representative (another process used the GPU; --allow-busy judges such a run: 0 or 1).
 Runs with the standard library, nvidia-ml-py and the CUDA toolkit; matplotlib only for --plot.
 """
 
@@ -10,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, GpuhostError, InputError
+from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError, InputError
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
 
@@ -72,6 +73,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="stream-ordering self-test: hold each poison, fill and counter reset MS ms on its stream first, "
         "so any check that does not wait for them reports a wrong result (timings stay valid)",
+    )
+    parser.add_argument(
+        "--allow-busy",
+        action="store_true",
+        help="judge a run that shared the GPU with another process (exit 0/1 instead of 2, 'not representative')",
     )
     parser.add_argument("--verbose", action="store_true", help="also print each threshold's reason")
     parser.add_argument(
@@ -138,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             model_table=outcome.model_table,
             timings=outcome.timings,
             build=outcome.build,
+            contention=outcome.contention,
         )
         _write_json(args.json, jsonout.dumps(document))
         print(f"JSON written to {args.json}")
@@ -147,4 +154,6 @@ def run(args: argparse.Namespace) -> int:
         draw_roofline(outcome.run, outcome.verdict.model, args.plot)
         print(f"roofline written to {args.plot}")
     sys.stdout.flush()
+    if not outcome.verdict.representative and not args.allow_busy:
+        return EXIT_UNUSABLE
     return EXIT_FINDINGS if outcome.verdict.status is Status.FAIL else EXIT_OK
