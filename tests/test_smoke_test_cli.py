@@ -169,3 +169,45 @@ def test_json_is_written_when_the_smoke_test_cannot_run_and_replay_and_baseline_
     compared = run_cli("--replay", str(FIXTURES / "smoke-quick.json"), "--baseline", str(report))
     assert compared.returncode == 2
     assert refusal in compared.stderr and "no results to compare with (--baseline)" in compared.stderr
+
+
+RUN2 = FIXTURES / "issue14" / "run2"
+
+
+def test_ten_runs_back_to_back_on_the_healthy_h100_all_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    # Recorded with this branch's judging (capture-issue14.sh, second run): the same verdict each time.
+    for index in range(1, 11):
+        recorded = json.loads((RUN2 / "runs" / f"full-{index}.json").read_text())
+        assert recorded["outcome"] == "PASS", index
+        assert main(["smoke-test", "--replay", str(RUN2 / "runs" / f"full-{index}.json")]) == 0
+        assert capsys.readouterr().out.rstrip().endswith("VERDICT: PASS")
+
+
+def test_a_run_beside_a_matmul_loop_is_not_representative_and_names_it(capsys: pytest.CaptureFixture[str]) -> None:
+    busy = RUN2 / "busy-full.json"
+    recorded = json.loads(busy.read_text())
+    assert [r["name"] for r in recorded["suite"]["results"] if not r["verified"]] == []  # nothing reported wrong
+    assert main(["smoke-test", "--replay", str(busy)]) == 2
+    out = capsys.readouterr().out
+    assert "another process used the GPU around the run: pid 1037 python3 (compute, 1.10 GiB; seen before, " in out
+    assert out.rstrip().endswith(
+        "VERDICT: NOT REPRESENTATIVE (another process used the GPU: the results above, FAIL as measured, "
+        "describe a shared GPU)"
+    )
+    assert main(["smoke-test", "--replay", str(busy), "--allow-busy"]) == 1
+
+
+def test_the_recorded_cannot_run_document_names_the_reason_and_the_gpu_found() -> None:
+    document = json.loads((RUN2 / "cannot-run.json").read_text())
+    assert document["outcome"] == "cannot run" and document["exit_code"] == 2
+    assert document["reason"] == "--device 5: this guest has 1 GPU(s), numbered from 0"
+    assert document["environment"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    refused = run_cli("--replay", str(RUN2 / "cannot-run.json"))
+    assert refused.returncode == 2 and "--device 5: this guest has 1 GPU(s)" in refused.stderr
+
+
+def test_the_longer_stream_hold_catches_both_reverted_poisons() -> None:
+    fixed = json.loads((RUN2 / "delay-transfer.json").read_text())["suite"]
+    assert fixed["stream_delay_ms"] == 200 and all(r["verified"] for r in fixed["results"])
+    bug = json.loads((RUN2 / "delay-bug.json").read_text())["suite"]
+    assert [r["name"] for r in bug["results"] if not r["verified"]] == ["h2d_pinned", "bidir_pinned"]
