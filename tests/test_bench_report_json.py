@@ -83,8 +83,9 @@ def test_document_schema_and_round_trip(tmp_path: Path) -> None:
         "suite",
         "outcome",  # issue 14: PASS/WARN/FAIL or NOT REPRESENTATIVE
         "contention",  # null: this recording predates the process checks
+        "health",  # likewise for the Xid and PCIe replay checks
     }
-    assert parsed["outcome"] == "PASS" and parsed["contention"] is None
+    assert parsed["outcome"] == "PASS" and parsed["contention"] is None and parsed["health"] is None
     assert parsed["verdict"]["status"] == "PASS"
     assert parsed["model"]["pci_device_ids"] == ["2330"]
     copy_metric = next(m for m in parsed["metrics"] if m["metric"] == "copy")
@@ -102,7 +103,7 @@ def test_document_schema_and_round_trip(tmp_path: Path) -> None:
     assert load_baseline(path) == rec.run
     # The recorded fixture itself is a document of this schema (written by the CLI on the H100).
     original = json.loads((FIXTURES / "smoke-full.json").read_text())
-    assert set(original) == set(parsed) - {"outcome", "contention"}  # keys added since, none renamed
+    assert set(original) == set(parsed) - {"outcome", "contention", "health"}  # keys added since, none renamed
     assert [m["metric"] for m in original["metrics"]] == [m["metric"] for m in parsed["metrics"]]
 
 

@@ -287,7 +287,7 @@ class NvmlSampler:
     def _read_processes(self, index: int) -> None:
         try:
             self._processes.extend(read_processes(self._nvml, self._handles[index], index, "during"))
-        except self._nvml.NVMLError:
+        except (self._nvml.NVMLError, AttributeError):  # AttributeError: a pynvml without process queries
             self._processes_readable = False
 
     def _loop(self) -> None:

@@ -9,6 +9,9 @@ Schema "gpuhost-smoke-test/1" (an object):
     contention        null (recorded before issue 14) or {"processes": [{"gpu", "pid", "name",
                       "used_memory_bytes", "kind": "compute"|"graphics", "seen": ["before"|"during"|"after"]}],
                       "utilization_before_pct": [int|null per GPU], "readable": bool}
+    health            null (recorded before issue 14) or {"xid_events": [{"address", "code", "detail"}]
+                      (NVRM Xid lines logged during the run), "kernel_log_readable", "pcie_replays_before",
+                      "pcie_replays_after": [int|null per GPU]}
     verdict           {"status": "PASS"|"WARN"|"FAIL", "outcome" (as above), "reasons": [str, ...],
                       "unstable": [str, ...]}
     model             null (unknown model) or {"name", "pci_device_ids": ["2330"], "memory_bandwidth_GBps",
@@ -55,6 +58,7 @@ from typing import Any
 from gpuhost import __version__
 from gpuhost.bench.contention import Contention, GpuProcess
 from gpuhost.bench.environment import Environment, GpuEnvironment, PcieLink, RunSamples
+from gpuhost.bench.health import Health, XidEvent
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
 from gpuhost.bench.spread import Spread
@@ -132,6 +136,7 @@ def build_document(
     timings: Timings,
     build: BuildInfo,
     contention: Contention | None = None,
+    health: Health | None = None,
     created: datetime.datetime | None = None,
 ) -> dict[str, Any]:
     when = created or datetime.datetime.now(datetime.timezone.utc)
@@ -141,6 +146,7 @@ def build_document(
         "created": when.isoformat(timespec="seconds"),
         "outcome": verdict.outcome,
         "contention": None if contention is None else dataclasses.asdict(contention),
+        "health": None if health is None else dataclasses.asdict(health),
         "verdict": {
             "status": verdict.status.value,
             "outcome": verdict.outcome,
@@ -238,6 +244,23 @@ class Recorded:
     timings: Timings
     build: BuildInfo
     contention: Contention | None  # None: recorded before issue 14
+    health: Health | None  # likewise
+
+
+def _health(raw: Any) -> Health | None:
+    if raw is None:
+        return None
+    fields = _fields(Health, raw, "health")
+    events = tuple(
+        XidEvent(**_fields(XidEvent, event, f"health.xid_events[{i}]"))
+        for i, event in enumerate(fields["xid_events"] or [])
+    )
+    return Health(
+        events,
+        bool(fields["kernel_log_readable"]),
+        tuple(fields["pcie_replays_before"] or ()),
+        tuple(fields["pcie_replays_after"] or ()),
+    )
 
 
 def _contention(raw: Any) -> Contention | None:
@@ -288,6 +311,7 @@ def read_recorded(document: Any) -> Recorded:
         timings=Timings(**_fields(Timings, document.get("timings"), "timings")),
         build=BuildInfo(**_fields(BuildInfo, document.get("build"), "build")),
         contention=_contention(document.get("contention")),
+        health=_health(document.get("health")),
     )
 
 

@@ -23,6 +23,7 @@ from gpuhost.bench.environment import (
     open_nvml,
     read_environment,
 )
+from gpuhost.bench.health import Health, judge_health, lines_since, parse_xid_lines, read_kernel_log
 from gpuhost.bench.jsonout import BuildInfo, Timings, load_baseline, load_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import SuiteRun, parse_suite_document
@@ -66,6 +67,7 @@ class Outcome:
     build: BuildInfo
     with_baseline: bool
     contention: Contention | None = None  # None: a recorded run from before issue 14
+    health: Health | None = None  # likewise
 
 
 def suite_command(binary: Path, options: SmokeOptions) -> list[str]:
@@ -184,6 +186,16 @@ def _processes(nvml: Any, count: int, phase: Phase) -> tuple[tuple[GpuProcess, .
     return tuple(found), True
 
 
+def _replays(nvml: Any, count: int) -> tuple[int | None, ...]:
+    counters: list[int | None] = []
+    for index in range(count):
+        try:
+            counters.append(int(nvml.nvmlDeviceGetPcieReplayCounter(nvml.nvmlDeviceGetHandleByIndex(index))))
+        except nvml.NVMLError:
+            counters.append(None)
+    return tuple(counters)
+
+
 def _utilization(nvml: Any, count: int) -> tuple[int | None, ...]:
     readings: list[int | None] = []
     for index in range(count):
@@ -222,6 +234,8 @@ def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], No
         # Contention: who else holds the GPUs before, during (the sampler) and after the run.
         before, readable_before = _processes(nvml, count, "before")
         utilization = _utilization(nvml, count)
+        log_before = read_kernel_log()
+        replays_before = _replays(nvml, count)
         suite_started = time.monotonic()
         with NvmlSampler(nvml, tuple(range(count))) as sampler:
             # The sampler reads once as it starts, so even a very short run has a sample.
@@ -237,6 +251,13 @@ def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], No
         suite_s = time.monotonic() - suite_started
         during, readable_during = sampler.processes()
         after, readable_after = _processes(nvml, count, "after")
+        log_after = read_kernel_log() if log_before is not None else None
+        health = Health(
+            parse_xid_lines(lines_since(log_before, log_after)) if log_before is not None and log_after else (),
+            log_before is not None and log_after is not None,
+            replays_before,
+            _replays(nvml, count),
+        )
         contention = Contention(
             merge((*before, *during, *after)), utilization, readable_before and readable_during and readable_after
         )
@@ -244,7 +265,7 @@ def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], No
         nvml.nvmlShutdown()
     run = parse_suite_document(document)
     models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in environment.gpus}
-    findings = judge_environment(environment, samples, models)
+    findings = [*judge_environment(environment, samples, models), *judge_health(health)]
     verdict = judge(
         run,
         model=models[options.device],
@@ -256,7 +277,17 @@ def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], No
     timings = Timings(built.seconds, built.cached, suite_s, time.monotonic() - started)
     build = BuildInfo(str(built.binary), built.arch, built.cache_key, toolchain.version, built.with_cublas)
     return Outcome(
-        verdict, run, document, environment, samples, table.origin, timings, build, baseline is not None, contention
+        verdict,
+        run,
+        document,
+        environment,
+        samples,
+        table.origin,
+        timings,
+        build,
+        baseline is not None,
+        contention,
+        health,
     )
 
 
@@ -266,7 +297,7 @@ def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
     baseline = load_baseline(options.baseline) if options.baseline else None
     recorded = load_recorded(recorded_path)
     models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in recorded.environment.gpus}
-    findings = judge_environment(recorded.environment, recorded.samples, models)
+    findings = [*judge_environment(recorded.environment, recorded.samples, models), *judge_health(recorded.health)]
     verdict = judge(
         recorded.run,
         model=models.get(recorded.run.device.index),
@@ -285,4 +316,5 @@ def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
         recorded.build,
         baseline is not None,
         recorded.contention,
+        recorded.health,
     )

@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             timings=outcome.timings,
             build=outcome.build,
             contention=outcome.contention,
+            health=outcome.health,
         )
         _write_json(args.json, jsonout.dumps(document))
         print(f"JSON written to {args.json}")
