@@ -211,3 +211,21 @@ def test_the_longer_stream_hold_catches_both_reverted_poisons() -> None:
     assert fixed["stream_delay_ms"] == 200 and all(r["verified"] for r in fixed["results"])
     bug = json.loads((RUN2 / "delay-bug.json").read_text())["suite"]
     assert [r["name"] for r in bug["results"] if not r["verified"]] == ["h2d_pinned", "bidir_pinned"]
+
+
+def test_a_final_run_records_health_and_contention_and_replays_the_same(capsys: pytest.CaptureFixture[str]) -> None:
+    # Third H100 run, with the Xid and PCIe replay checks: the kernel log was readable, no Xid, the
+    # replay counter stayed at 1, no other process; a replay judges it the same.
+    path = FIXTURES / "issue14" / "run3" / "full-1.json"
+    recorded = json.loads(path.read_text())
+    assert recorded["health"] == {
+        "xid_events": [],
+        "kernel_log_readable": True,
+        "pcie_replays_before": [1],
+        "pcie_replays_after": [1],
+    }
+    assert main(["smoke-test", "--replay", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "PASS    pcie replays [GPU 0]    replay counter steady at 1" in out
+    assert "PASS    xid                     no NVRM Xid event in the kernel log during the run" in out
+    assert out.rstrip().endswith("VERDICT: PASS")
