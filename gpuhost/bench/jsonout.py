@@ -126,6 +126,12 @@ def _spread(spread: Spread | None) -> dict[str, Any] | None:
     }
 
 
+def _header(created: datetime.datetime | None) -> dict[str, Any]:
+    """The keys every document starts with: which schema, which gpuhost, when."""
+    when = created or datetime.datetime.now(datetime.timezone.utc)
+    return {"schema": SCHEMA, "gpuhost_version": __version__, "created": when.isoformat(timespec="seconds")}
+
+
 def build_document(
     *,
     verdict: Verdict,
@@ -139,11 +145,8 @@ def build_document(
     health: Health | None = None,
     created: datetime.datetime | None = None,
 ) -> dict[str, Any]:
-    when = created or datetime.datetime.now(datetime.timezone.utc)
     return {
-        "schema": SCHEMA,
-        "gpuhost_version": __version__,
-        "created": when.isoformat(timespec="seconds"),
+        **_header(created),
         "outcome": verdict.outcome,
         "contention": None if contention is None else dataclasses.asdict(contention),
         "health": None if health is None else dataclasses.asdict(health),
@@ -192,11 +195,8 @@ def build_failure_document(
     *, reason: str, exit_code: int, environment: Environment | None, created: datetime.datetime | None = None
 ) -> dict[str, Any]:
     """The document of a run that stopped before a verdict: why, and what was found until then."""
-    when = created or datetime.datetime.now(datetime.timezone.utc)
     return {
-        "schema": SCHEMA,
-        "gpuhost_version": __version__,
-        "created": when.isoformat(timespec="seconds"),
+        **_header(created),
         "outcome": CANNOT_RUN,
         "exit_code": exit_code,
         "reason": reason,
