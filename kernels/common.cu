@@ -5,6 +5,28 @@
 
 namespace gh {
 
+namespace {
+double g_stream_delay_ms = 0.0;
+
+// One thread spinning on the global timer: holds its stream for a wall-clock time that does
+// not depend on the clocks or on what else runs.
+__global__ void spin_kernel(unsigned long long nanoseconds) {
+    unsigned long long start = 0, now = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < nanoseconds);
+}
+}  // namespace
+
+void set_stream_delay_ms(double ms) { g_stream_delay_ms = ms; }
+
+void delay_stream(cudaStream_t stream) {
+    if (g_stream_delay_ms <= 0.0) return;
+    spin_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned long long>(g_stream_delay_ms * 1e6));
+    GH_CHECK_LAUNCH();
+}
+
 __global__ void fill_uniform_kernel(float* data, size_t n, uint32_t seed, float lo, float hi) {
     const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
     for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
@@ -13,12 +35,14 @@ __global__ void fill_uniform_kernel(float* data, size_t n, uint32_t seed, float 
 }
 
 void fill_uniform(float* data, size_t n, uint32_t seed, float lo, float hi, cudaStream_t stream) {
+    delay_stream(stream);
     fill_uniform_kernel<<<4096, 256, 0, stream>>>(data, n, seed, lo, hi);
     GH_CHECK_LAUNCH();
 }
 
 void poison(void* data, size_t bytes, cudaStream_t stream) {
     // 0xFF bytes: a NaN in float, half and bfloat16 alike.
+    delay_stream(stream);
     GH_CHECK(cudaMemsetAsync(data, 0xFF, bytes, stream));
 }
 
@@ -27,6 +51,7 @@ DeviceCounter::~DeviceCounter() {
     if (ptr != nullptr) cudaFree(ptr);
 }
 void DeviceCounter::reset(cudaStream_t stream) {
+    delay_stream(stream);
     GH_CHECK(cudaMemsetAsync(ptr, 0, sizeof(unsigned long long), stream));
 }
 unsigned long long DeviceCounter::read() {

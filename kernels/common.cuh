@@ -61,6 +61,13 @@ __host__ __device__ inline float uniform(uint64_t index, uint32_t seed, float lo
     return lo + (hi - lo) * uniform01(index, seed);
 }
 
+// Stream-ordering self-test (gpuhost-kernels --delay-streams MS): every poison, fill and counter
+// reset first queues a spin kernel of MS milliseconds on its own stream. Work on a stream that
+// does not order with that one then overtakes it, and its check sees the poison or the stale
+// fill: a missing dependency turns into a reported wrong result instead of a rare one.
+void set_stream_delay_ms(double ms);
+void delay_stream(cudaStream_t stream);
+
 __global__ void fill_uniform_kernel(float* data, size_t n, uint32_t seed, float lo, float hi);
 void fill_uniform(float* data, size_t n, uint32_t seed, float lo, float hi, cudaStream_t stream = 0);
 // NaN everywhere: an element the kernel under test fails to write stays NaN and fails the check.
@@ -141,6 +148,7 @@ struct Options {
     int sm_count = 0;
     size_t l2_bytes = 0;
     size_t total_mem = 0;
+    double delay_ms = 0.0;  // --delay-streams: see set_stream_delay_ms
 };
 
 using Emit = std::function<void(Result&&)>;

@@ -1,11 +1,15 @@
 // gpuhost-kernels: runs the selected benchmarks and prints one JSON document on stdout.
 //
-//   gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--list]
+//   gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--delay-streams MS] [--list]
+//
+// --delay-streams MS is the stream-ordering self-test: each poison, fill and counter reset waits
+// MS ms on its own stream first (common.cuh), so any check that does not wait for them fails.
 //
 // Progress and diagnostics go to stderr. Exit status: 0 when every selected benchmark ran
 // (its results carry their own verification flags), 3 when one or more raised an error
 // (listed under "errors"), 2 on bad arguments or when no GPU can be used.
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -36,12 +40,13 @@ const Bench kBenches[] = {
     {"p2p", gh::bench_p2p, true, "peer access and P2P bandwidth between GPUs"},
 };
 
-std::string result_json(const gh::Result& r) {
+std::string result_json(const gh::Result& r, const char* benchmark) {
     std::vector<std::string> samples;
     for (const double s : r.timing.samples_ms) samples.push_back(gh::json_number(s));
     const bool timed = !r.timing.samples_ms.empty();
     return gh::Json()
         .str("name", r.name)
+        .str("benchmark", benchmark)
         .str("unit", r.unit)
         .num("value", r.value)
         .num("median_ms", timed ? r.timing.median_ms() : NAN)
@@ -59,7 +64,8 @@ std::string result_json(const gh::Result& r) {
 
 int usage(const char* message) {
     std::cerr << "gpuhost-kernels: " << message
-              << "\nusage: gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--list]\n";
+              << "\nusage: gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--delay-streams MS] "
+                 "[--list]\n";
     return 2;
 }
 
@@ -80,9 +86,17 @@ int main(int argc, char** argv) {
             }
             std::cout << gh::json_array(items) << std::endl;
             return 0;
-        } else if ((arg == "--bench" || arg == "--seed" || arg == "--device") && i + 1 < argc) {
+        } else if ((arg == "--bench" || arg == "--seed" || arg == "--device" || arg == "--delay-streams") &&
+                   i + 1 < argc) {
             const std::string value = argv[++i];
-            if (arg == "--seed") {
+            if (arg == "--delay-streams") {
+                char* end = nullptr;
+                options.delay_ms = std::strtod(value.c_str(), &end);
+                if (end == value.c_str() || *end != '\0' || !(options.delay_ms > 0.0) || options.delay_ms > 10000.0) {
+                    return usage(("--delay-streams takes milliseconds in (0, 10000], not '" + value + "'").c_str());
+                }
+                gh::set_stream_delay_ms(options.delay_ms);
+            } else if (arg == "--seed") {
                 options.seed = static_cast<uint32_t>(std::stoul(value));
             } else if (arg == "--device") {
                 options.device = std::stoi(value);
@@ -147,7 +161,7 @@ int main(int argc, char** argv) {
             const auto t0 = std::chrono::steady_clock::now();
             std::cerr << "gpuhost-kernels: running " << b.name << "\n";
             try {
-                b.run(options, [&](gh::Result&& r) { results.push_back(result_json(r)); });
+                b.run(options, [&](gh::Result&& r) { results.push_back(result_json(r, b.name)); });
                 GH_CHECK(cudaDeviceSynchronize());
             } catch (const std::exception& error) {
                 errors.push_back(gh::Json().str("benchmark", b.name).str("message", error.what()).text());
@@ -186,6 +200,7 @@ int main(int argc, char** argv) {
                      .integer("format", 1)
                      .boolean("quick", options.quick)
                      .integer("seed", options.seed)
+                     .num("stream_delay_ms", options.delay_ms)
                      .raw("device", device)
                      .raw("versions", versions)
                      .raw("benchmarks", gh::json_array(ran))

@@ -88,6 +88,7 @@ void bench_transfer(const Options& options, const Emit& emit) {
     GH_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
     GH_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
     host_fill(host_up.ptr, n, seed_up);
+    delay_stream(0);
     pattern_fill_kernel<<<2048, 256>>>(down.ptr, n, seed_down);
     GH_CHECK_LAUNCH();
     GH_CHECK(cudaDeviceSynchronize());
@@ -101,7 +102,10 @@ void bench_transfer(const Options& options, const Emit& emit) {
 
     // ---- pinned, one direction at a time
     {
-        poison(up.ptr, bytes);
+        // The poison goes on the copy's own stream: s1 is non-blocking, so it does not wait for
+        // the legacy default stream, and a poison queued there could land after the copy (a
+        // false "wrong result" whenever the legacy stream is held up, e.g. by another process).
+        poison(up.ptr, bytes, s1);
         h2d(s1);
         GH_CHECK(cudaStreamSynchronize(s1));
         const unsigned long long bad = device_mismatches(up.ptr, n, seed_up);
@@ -120,9 +124,8 @@ void bench_transfer(const Options& options, const Emit& emit) {
     }
     // ---- pinned, both directions at once on two streams
     {
-        cudaEvent_t start, up_done, down_done;
+        cudaEvent_t start, down_done;
         GH_CHECK(cudaEventCreate(&start));
-        GH_CHECK(cudaEventCreate(&up_done));
         GH_CHECK(cudaEventCreate(&down_done));
         auto both = [&](cudaStream_t) {
             GH_CHECK(cudaEventRecord(start, s1));
@@ -132,7 +135,9 @@ void bench_transfer(const Options& options, const Emit& emit) {
             GH_CHECK(cudaEventRecord(down_done, s2));
             GH_CHECK(cudaStreamWaitEvent(s1, down_done, 0));
         };
-        poison(up.ptr, bytes);
+        // On s1, before `both` records its start event there, which s2 waits for: both copies
+        // come after the poison (on the legacy stream it could land after the H2D copy).
+        poison(up.ptr, bytes, s1);
         std::memset(host_down.ptr, 0xFF, bytes);
         both(s1);
         GH_CHECK(cudaDeviceSynchronize());
@@ -144,7 +149,6 @@ void bench_transfer(const Options& options, const Emit& emit) {
                                "both at once (bytes of both directions counted)");
         emit(std::move(r));
         cudaEventDestroy(start);
-        cudaEventDestroy(up_done);
         cudaEventDestroy(down_done);
     }
     // ---- pageable (malloc'd) memory: the driver stages it through its own pinned buffers
@@ -195,9 +199,13 @@ __global__ void empty_kernel(int* flag) {
 
 void bench_launch(const Options& options, const Emit& emit) {
     DeviceBuffer<int> counter(1);
-    GH_CHECK(cudaMemset(counter.ptr, 0, sizeof(int)));
     cudaStream_t stream;
     GH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // Zeroed on the launches' own stream: cudaMemset on device memory does not wait on the host
+    // and the legacy stream does not order with a non-blocking one, so a late zeroing would
+    // erase counted launches and report launches as lost.
+    delay_stream(stream);
+    GH_CHECK(cudaMemsetAsync(counter.ptr, 0, sizeof(int), stream));
     for (int i = 0; i < 100; ++i) empty_kernel<<<1, 32, 0, stream>>>(counter.ptr);  // warm-up: module load
     GH_CHECK(cudaStreamSynchronize(stream));
     const int batch = options.quick ? 2000 : 10000;

@@ -165,6 +165,8 @@ def fake_nvml(init_error: int | None = None, count: int = 1, link_gen: int = 5) 
         nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x1 | 0x4,
         nvmlDeviceGetTemperature=lambda h, sensor: 43,
         nvmlDeviceGetPowerUsage=lambda h: 650000,
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [],
+        nvmlDeviceGetGraphicsRunningProcesses=lambda h: [],
     )
 
 
@@ -211,3 +213,4 @@ def test_sampler_keeps_the_best_link_and_the_union_of_reasons_without_idle() -> 
     assert samples.count >= 2 and samples.max_link_gen == 5
     assert samples.throttle_reasons == 0x4 and samples.throttle_names == ("sw_power_cap",)
     assert samples.max_power_w == 650.0 and samples.min_sm_clock_mhz == 1980
+    assert sampler.processes() == ((), True)  # nothing else on the GPU, and NVML could say so

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
+from gpuhost.bench.contention import GpuProcess, merge, read_processes
 from gpuhost.errors import GpuhostError, MissingDependencyError
 
 T = TypeVar("T")
@@ -235,8 +236,12 @@ class NvmlSampler:
     suite runs: GPUs drop their link speed and clocks when idle, so only readings under load
     say whether the link trained down or the clocks were held back."""
 
+    PROCESS_EVERY = 5  # samples between two reads of the GPU's process list (about 0.5 s)
+
     def __init__(self, nvml: Any, indices: tuple[int, ...], interval_s: float = 0.1) -> None:
         self._nvml = nvml
+        self._processes: list[GpuProcess] = []
+        self._processes_readable = True
         self._handles = {index: nvml.nvmlDeviceGetHandleByIndex(index) for index in indices}
         self._interval = interval_s
         self._data = {index: _Accumulator() for index in indices}
@@ -279,12 +284,26 @@ class NvmlSampler:
         if power is not None:
             acc.power = power if acc.power is None else max(acc.power, power)
 
+    def _read_processes(self, index: int) -> None:
+        try:
+            self._processes.extend(read_processes(self._nvml, self._handles[index], index, "during"))
+        except (self._nvml.NVMLError, AttributeError):  # AttributeError: a pynvml without process queries
+            self._processes_readable = False
+
     def _loop(self) -> None:
+        rounds = 0
         while True:
             for index in self._data:
                 self._sample(index)
+                if rounds % self.PROCESS_EVERY == 0:
+                    self._read_processes(index)
+            rounds += 1
             if self._stop.wait(self._interval):
                 break
+
+    def processes(self) -> tuple[tuple[GpuProcess, ...], bool]:
+        """Other processes seen on the GPUs while sampling, and whether NVML could list them."""
+        return merge(self._processes), self._processes_readable
 
     def results(self) -> tuple[RunSamples, ...]:
         return tuple(

@@ -5,7 +5,15 @@ Schema "gpuhost-smoke-test/1" (an object):
     schema            "gpuhost-smoke-test/1"
     gpuhost_version   str
     created           ISO-8601 UTC time of the run
-    verdict           {"status": "PASS"|"WARN"|"FAIL", "reasons": [str, ...]}
+    outcome           "PASS"|"WARN"|"FAIL"|"NOT REPRESENTATIVE" (another process used the GPU)
+    contention        null (recorded before issue 14) or {"processes": [{"gpu", "pid", "name",
+                      "used_memory_bytes", "kind": "compute"|"graphics", "seen": ["before"|"during"|"after"]}],
+                      "utilization_before_pct": [int|null per GPU], "readable": bool}
+    health            null (recorded before issue 14) or {"xid_events": [{"address", "code", "detail"}]
+                      (NVRM Xid lines logged during the run), "kernel_log_readable", "pcie_replays_before",
+                      "pcie_replays_after": [int|null per GPU]}
+    verdict           {"status": "PASS"|"WARN"|"FAIL", "outcome" (as above), "reasons": [str, ...],
+                      "unstable": [str, ...]}
     model             null (unknown model) or {"name", "pci_device_ids": ["2330"], "memory_bandwidth_GBps",
                       "bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "pcie_gen", "pcie_width",
                       "nvlink_GBps", "sources": [str]}
@@ -16,10 +24,24 @@ Schema "gpuhost-smoke-test/1" (an object):
     checks            [{"check", "status", "detail", "gpu"}]: the environment checks
     metrics           [{"metric", "label", "value", "unit", "reference", "reference_kind",
                         "percent_of_reference", "baseline", "percent_of_baseline", "verified",
-                        "status", "reason"}]
+                        "status", "reason", "judged_value" (the capability figure judged: 75th
+                        percentile of the repetitions towards the fast end; "value" is their median),
+                        "spread": null (untimed) or {"samples", "slowest", "median", "fastest",
+                        "capability", "stability_pct", "groups": [{"count", "low", "high"}],
+                        "unstable"}}]
     timings           {"build_s", "build_cached", "suite_s", "total_s"}
     build             {"binary", "arch", "cache_key", "nvcc", "with_cublas"}
     suite             the kernel suite's own document, verbatim (results.py describes it)
+
+When the smoke-test cannot run (or its suite crashes), `--json` still writes a document, a small one:
+
+    schema, gpuhost_version, created
+    outcome           "cannot run"
+    exit_code         2 (no GPU, driver, nvcc, bad input) or 1 (the suite crashed on the GPU)
+    reason            the error message, as printed
+    environment       what NVML showed before it stopped (as above), or null
+
+`--replay` and `--baseline` refuse such a document: it holds no results.
 
 Numbers that could not be measured are null. `--baseline` accepts this document or the
 suite's own document.
@@ -34,9 +56,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost import __version__
+from gpuhost.bench.contention import Contention, GpuProcess
 from gpuhost.bench.environment import Environment, GpuEnvironment, PcieLink, RunSamples
+from gpuhost.bench.health import Health, XidEvent
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
+from gpuhost.bench.spread import Spread
 from gpuhost.bench.verdict import Verdict
 from gpuhost.errors import GpuhostError, InputError
 
@@ -86,6 +111,27 @@ def _samples(samples: tuple[RunSamples, ...]) -> list[dict[str, Any]]:
     return [{**dataclasses.asdict(s), "throttle_names": list(s.throttle_names)} for s in samples]
 
 
+def _spread(spread: Spread | None) -> dict[str, Any] | None:
+    if spread is None:
+        return None
+    return {
+        "samples": spread.samples,
+        "slowest": spread.worst,
+        "median": spread.median,
+        "fastest": spread.best,
+        "capability": spread.capability,
+        "stability_pct": spread.stability_pct,
+        "groups": [dataclasses.asdict(group) for group in spread.groups],
+        "unstable": spread.unstable,
+    }
+
+
+def _header(created: datetime.datetime | None) -> dict[str, Any]:
+    """The keys every document starts with: which schema, which gpuhost, when."""
+    when = created or datetime.datetime.now(datetime.timezone.utc)
+    return {"schema": SCHEMA, "gpuhost_version": __version__, "created": when.isoformat(timespec="seconds")}
+
+
 def build_document(
     *,
     verdict: Verdict,
@@ -95,14 +141,21 @@ def build_document(
     model_table: str,
     timings: Timings,
     build: BuildInfo,
+    contention: Contention | None = None,
+    health: Health | None = None,
     created: datetime.datetime | None = None,
 ) -> dict[str, Any]:
-    when = created or datetime.datetime.now(datetime.timezone.utc)
     return {
-        "schema": SCHEMA,
-        "gpuhost_version": __version__,
-        "created": when.isoformat(timespec="seconds"),
-        "verdict": {"status": verdict.status.value, "reasons": list(verdict.reasons)},
+        **_header(created),
+        "outcome": verdict.outcome,
+        "contention": None if contention is None else dataclasses.asdict(contention),
+        "health": None if health is None else dataclasses.asdict(health),
+        "verdict": {
+            "status": verdict.status.value,
+            "outcome": verdict.outcome,
+            "reasons": list(verdict.reasons),
+            "unstable": list(verdict.unstable),
+        },
         "model": _model(verdict.model),
         "model_table": model_table,
         "environment": _environment(environment),
@@ -124,6 +177,8 @@ def build_document(
                 "verified": m.verified,
                 "status": m.status.value,
                 "reason": m.reason,
+                "judged_value": m.judged_value,
+                "spread": _spread(m.spread),
             }
             for m in verdict.metrics
         ],
@@ -131,6 +186,30 @@ def build_document(
         "build": dataclasses.asdict(build),
         "suite": suite_document,
     }
+
+
+CANNOT_RUN = "cannot run"
+
+
+def build_failure_document(
+    *, reason: str, exit_code: int, environment: Environment | None, created: datetime.datetime | None = None
+) -> dict[str, Any]:
+    """The document of a run that stopped before a verdict: why, and what was found until then."""
+    return {
+        **_header(created),
+        "outcome": CANNOT_RUN,
+        "exit_code": exit_code,
+        "reason": reason,
+        "environment": _environment(environment),
+    }
+
+
+def _refuse_failure_document(document: Any, path: Path, use: str) -> None:
+    if isinstance(document, dict) and document.get("schema") == SCHEMA and document.get("outcome") == CANNOT_RUN:
+        raise InputError(
+            f"{path} records a smoke-test that could not run ({document.get('reason', 'no reason given')}): "
+            f"it holds no results to {use}; pass the --json of a run that finished"
+        )
 
 
 def dumps(document: dict[str, Any]) -> str:
@@ -145,6 +224,7 @@ def load_baseline(path: Path) -> SuiteRun:
         raise InputError(f"cannot read the baseline {path}: {error.strerror}") from error
     except json.JSONDecodeError as error:
         raise InputError(f"the baseline {path} is not JSON: {error}") from error
+    _refuse_failure_document(document, path, "compare with (--baseline)")
     if isinstance(document, dict) and document.get("schema") == SCHEMA:
         document = document.get("suite")
     try:
@@ -163,6 +243,36 @@ class Recorded:
     samples: tuple[RunSamples, ...]
     timings: Timings
     build: BuildInfo
+    contention: Contention | None  # None: recorded before issue 14
+    health: Health | None  # likewise
+
+
+def _health(raw: Any) -> Health | None:
+    if raw is None:
+        return None
+    fields = _fields(Health, raw, "health")
+    events = tuple(
+        XidEvent(**_fields(XidEvent, event, f"health.xid_events[{i}]"))
+        for i, event in enumerate(fields["xid_events"] or [])
+    )
+    return Health(
+        events,
+        bool(fields["kernel_log_readable"]),
+        tuple(fields["pcie_replays_before"] or ()),
+        tuple(fields["pcie_replays_after"] or ()),
+    )
+
+
+def _contention(raw: Any) -> Contention | None:
+    if raw is None:
+        return None
+    fields = _fields(Contention, raw, "contention")
+    processes = []
+    for i, raw_process in enumerate(fields["processes"] or []):
+        process = _fields(GpuProcess, raw_process, f"contention.processes[{i}]")
+        process["seen"] = tuple(process["seen"])
+        processes.append(GpuProcess(**process))
+    return Contention(tuple(processes), tuple(fields["utilization_before_pct"] or ()), bool(fields["readable"]))
 
 
 def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
@@ -200,6 +310,8 @@ def read_recorded(document: Any) -> Recorded:
         samples=samples,
         timings=Timings(**_fields(Timings, document.get("timings"), "timings")),
         build=BuildInfo(**_fields(BuildInfo, document.get("build"), "build")),
+        contention=_contention(document.get("contention")),
+        health=_health(document.get("health")),
     )
 
 
@@ -210,4 +322,5 @@ def load_recorded(path: Path) -> Recorded:
         raise InputError(f"cannot read {path}: {error.strerror}") from error
     except json.JSONDecodeError as error:
         raise InputError(f"{path} is not JSON: {error}") from error
+    _refuse_failure_document(document, path, "judge again (--replay)")
     return read_recorded(document)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from gpuhost.bench.jsonout import Timings
 from gpuhost.bench.results import SuiteRun
-from gpuhost.bench.verdict import MetricVerdict, Verdict
+from gpuhost.bench.verdict import Verdict
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
@@ -22,12 +22,11 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int
     return [line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)]
 
 
-def _value(metric: MetricVerdict) -> str:
-    if metric.value is None:
+def _number(value: float | None, unit: str) -> str:
+    if value is None:
         return "-"
-    value = metric.value
     text = f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}" if abs(value) < 1000 else f"{value:.0f}"
-    return f"{text} {metric.unit}"
+    return f"{text} {unit}".rstrip()
 
 
 def _percent(value: float | None) -> str:
@@ -70,26 +69,41 @@ def render(
         )
     )
     lines.append("")
-    lines.append("Results (median of timed repetitions; each result checked against a reference first)")
-    headers = ["status", "measurement", "value", "% datasheet", "datasheet"]
+    lines.append(
+        "Results (judged: the 75th percentile of the timed repetitions towards the fast end; each result checked "
+        "against a reference first)"
+    )
+    headers = ["status", "measurement", "judged", "% datasheet", "datasheet"]
     if with_baseline:
         headers += ["% baseline", "baseline"]
+    headers += ["slowest", "median", "fastest", "stability"]
     rows = []
     for m in verdict.metrics:
         reference = "-" if m.reference is None else f"{m.reference:.4g} {m.unit}"
         row = [
             m.status.value + ("" if m.verified else "!"),
             m.label,
-            _value(m),
+            _number(m.judged_value, m.unit),
             _percent(m.percent_of_reference),
             reference,
         ]
         if with_baseline:
             row += [_percent(m.percent_of_baseline), "-" if m.baseline is None else f"{m.baseline:.4g} {m.unit}"]
+        spread = m.spread
+        if spread is None:
+            row += ["-", _number(m.value, ""), "-", "-"]
+        else:
+            row += [
+                _number(spread.worst, ""),
+                _number(spread.median, ""),
+                _number(spread.best, ""),
+                f"{spread.stability_pct:.1f}%" + (" ~" if spread.unstable else ""),
+            ]
         rows.append(row)
-    lines.extend(_table(headers, rows, {2, 3, 4, 5, 6}))
+    lines.extend(_table(headers, rows, set(range(2, len(headers)))))
     if any(not m.verified for m in verdict.metrics):
         lines.append("  ! = the result did not match its reference")
+    lines.append("  stability = 10th-90th percentile width over the median; ~ = unstable (see below)")
     if verbose:
         lines.append("")
         lines.append("Why each threshold")
@@ -101,5 +115,14 @@ def render(
     if verdict.reasons:
         lines.append("Findings:")
         lines.extend(f"  - {reason}" for reason in verdict.reasons)
-    lines.append(f"VERDICT: {verdict.status.value}")
+    if verdict.unstable:
+        lines.append("Unstable (said apart: the verdict judges capability, which these do not lower):")
+        lines.extend(f"  - {line}" for line in verdict.unstable)
+    if verdict.representative:
+        lines.append(f"VERDICT: {verdict.status.value}")
+    else:
+        lines.append(
+            f"VERDICT: {verdict.outcome} (another process used the GPU: the results above, "
+            f"{verdict.status.value} as measured, describe a shared GPU)"
+        )
     return "\n".join(lines) + "\n"

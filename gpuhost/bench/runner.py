@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gpuhost.bench.build import BuiltSuite, build_suite, detect_toolchain, find_kernel_sources
+from gpuhost.bench.contention import Contention, GpuProcess, Phase, merge, read_processes
 from gpuhost.bench.environment import (
     Environment,
     GpuUnavailable,
@@ -20,10 +23,11 @@ from gpuhost.bench.environment import (
     open_nvml,
     read_environment,
 )
+from gpuhost.bench.health import Health, judge_health, lines_since, parse_xid_lines, read_kernel_log
 from gpuhost.bench.jsonout import BuildInfo, Timings, load_baseline, load_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import SuiteRun, parse_suite_document
-from gpuhost.bench.verdict import Verdict, judge, judge_environment
+from gpuhost.bench.verdict import Status, Verdict, judge, judge_environment, rule_for
 from gpuhost.errors import EXIT_FINDINGS, GpuhostError, InputError
 
 SUITE_TIMEOUT_S = 600
@@ -45,6 +49,10 @@ class SmokeOptions:
     rebuild: bool = False
     benchmarks: tuple[str, ...] = ()
     seed: int | None = None
+    # The stream-ordering self-test: every poison, fill and counter reset first holds its stream
+    # this many milliseconds (gpuhost-kernels --delay-streams), so a check that does not wait
+    # for them reports a wrong result.
+    delay_streams_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,8 @@ class Outcome:
     timings: Timings
     build: BuildInfo
     with_baseline: bool
+    contention: Contention | None = None  # None: a recorded run from before issue 14
+    health: Health | None = None  # likewise
 
 
 def suite_command(binary: Path, options: SmokeOptions) -> list[str]:
@@ -68,6 +78,8 @@ def suite_command(binary: Path, options: SmokeOptions) -> list[str]:
         command += ["--bench", ",".join(options.benchmarks)]
     if options.seed is not None:
         command += ["--seed", str(options.seed)]
+    if options.delay_streams_ms is not None:
+        command += ["--delay-streams", f"{options.delay_streams_ms:g}"]
     return command
 
 
@@ -102,7 +114,101 @@ def run_suite(binary: Path, options: SmokeOptions) -> dict[str, Any]:
     return document
 
 
-def smoke_test(options: SmokeOptions) -> Outcome:
+def below_pass(verdict: Verdict, document: dict[str, Any]) -> dict[str, str]:
+    """The verified, timed results judged below PASS, by name, with the benchmark that measures each
+    (a result of a suite older than issue 14 names no benchmark and is not re-measured)."""
+    benchmark_of = {
+        str(result.get("name")): str(result.get("benchmark"))
+        for result in document.get("results", [])
+        if isinstance(result, dict) and result.get("benchmark")
+    }
+    return {
+        metric.metric: benchmark_of[metric.metric]
+        for metric in verdict.metrics
+        if metric.status in (Status.WARN, Status.FAIL)
+        and metric.verified
+        and metric.spread is not None
+        and metric.metric in benchmark_of
+    }
+
+
+def _merged(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """One result from two measurements of it: their repetitions pooled, the figure rescaled to the
+    pooled median (the suite's figure is work over the median time, so the work cancels out)."""
+    samples = [*first["samples_ms"], *again["samples_ms"]]
+    median_ms = statistics.median(samples)
+    rule = rule_for(str(first["name"]))
+    lower_is_better = rule is not None and rule.lower_is_better
+    scale = median_ms / first["median_ms"] if lower_is_better else first["median_ms"] / median_ms
+    return {
+        **first,
+        "value": first["value"] * scale,
+        "median_ms": median_ms,
+        "min_ms": min(samples),
+        "max_ms": max(samples),
+        "reps": len(samples),
+        "samples_ms": samples,
+        "verified": bool(first["verified"]) and bool(again["verified"]),
+        "error": max(first.get("error") or 0.0, again.get("error") or 0.0),
+        "extra": {
+            **first.get("extra", {}),
+            "remeasured": {"first_value": first["value"], "again_value": again["value"], "first_reps": first["reps"]},
+        },
+    }
+
+
+def merge_remeasured(document: dict[str, Any], again: dict[str, Any], metrics: set[str]) -> dict[str, Any]:
+    """`document` with each result named in `metrics` pooled with its re-measurement from `again`;
+    a result that the second run lost or could not time keeps its first measurement."""
+    second = {
+        result["name"]: result
+        for result in again.get("results", [])
+        if isinstance(result, dict) and result.get("samples_ms") and result.get("value") is not None
+    }
+    results = []
+    for result in document.get("results", []):
+        name = result.get("name") if isinstance(result, dict) else None
+        if name in metrics and name in second and result.get("samples_ms") and result.get("median_ms"):
+            results.append(_merged(result, second[name]))
+        else:
+            results.append(result)
+    errors = [*document.get("errors", []), *again.get("errors", [])]
+    return {**document, "results": results, "errors": errors}
+
+
+def _processes(nvml: Any, count: int, phase: Phase) -> tuple[tuple[GpuProcess, ...], bool]:
+    found: list[GpuProcess] = []
+    try:
+        for index in range(count):
+            found.extend(read_processes(nvml, nvml.nvmlDeviceGetHandleByIndex(index), index, phase))
+    except nvml.NVMLError:
+        return tuple(found), False
+    return tuple(found), True
+
+
+def _replays(nvml: Any, count: int) -> tuple[int | None, ...]:
+    counters: list[int | None] = []
+    for index in range(count):
+        try:
+            counters.append(int(nvml.nvmlDeviceGetPcieReplayCounter(nvml.nvmlDeviceGetHandleByIndex(index))))
+        except nvml.NVMLError:
+            counters.append(None)
+    return tuple(counters)
+
+
+def _utilization(nvml: Any, count: int) -> tuple[int | None, ...]:
+    readings: list[int | None] = []
+    for index in range(count):
+        try:
+            readings.append(int(nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(index)).gpu))
+        except nvml.NVMLError:
+            readings.append(None)
+    return tuple(readings)
+
+
+def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], None] | None = None) -> Outcome:
+    """One smoke test. `on_environment` hears what NVML showed as soon as it is read, so that a
+    run stopped later (no nvcc, a crashed suite) can still report it."""
     started = time.monotonic()
     # Inputs first: a bad table or baseline should not wait for a build.
     table = load_model_table(options.gpu_table)
@@ -111,6 +217,8 @@ def smoke_test(options: SmokeOptions) -> Outcome:
     count = open_nvml(nvml)
     try:
         environment = read_environment(nvml, count)
+        if on_environment is not None:
+            on_environment(environment)
         if not 0 <= options.device < count:
             raise InputError(f"--device {options.device}: this guest has {count} GPU(s), numbered from 0")
         gpu = environment.gpus[options.device]
@@ -123,23 +231,64 @@ def smoke_test(options: SmokeOptions) -> Outcome:
             toolchain=toolchain,
             force=options.rebuild,
         )
+        # Contention: who else holds the GPUs before, during (the sampler) and after the run.
+        before, readable_before = _processes(nvml, count, "before")
+        utilization = _utilization(nvml, count)
+        log_before = read_kernel_log()
+        replays_before = _replays(nvml, count)
         suite_started = time.monotonic()
         with NvmlSampler(nvml, tuple(range(count))) as sampler:
             # The sampler reads once as it starts, so even a very short run has a sample.
             document = run_suite(built.binary, options)
+            # Re-measure once before calling a result below PASS: a slow spell of the link or
+            # the host (seen on the H100 guest) should not decide the verdict on its own.
+            first = judge(parse_suite_document(document), model=table.lookup(gpu.pci_device_id), complete=False)
+            low = below_pass(first, document)
+            if low:
+                again = run_suite(built.binary, replace(options, benchmarks=tuple(sorted(set(low.values())))))
+                document = merge_remeasured(document, again, set(low))
         samples = sampler.results()
         suite_s = time.monotonic() - suite_started
+        during, readable_during = sampler.processes()
+        after, readable_after = _processes(nvml, count, "after")
+        log_after = read_kernel_log() if log_before is not None else None
+        health = Health(
+            parse_xid_lines(lines_since(log_before, log_after)) if log_before is not None and log_after else (),
+            log_before is not None and log_after is not None,
+            replays_before,
+            _replays(nvml, count),
+        )
+        contention = Contention(
+            merge((*before, *during, *after)), utilization, readable_before and readable_during and readable_after
+        )
     finally:
         nvml.nvmlShutdown()
     run = parse_suite_document(document)
     models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in environment.gpus}
-    findings = judge_environment(environment, samples, models)
+    findings = [*judge_environment(environment, samples, models), *judge_health(health)]
     verdict = judge(
-        run, model=models[options.device], findings=findings, baseline=baseline, complete=not options.benchmarks
+        run,
+        model=models[options.device],
+        findings=findings,
+        baseline=baseline,
+        complete=not options.benchmarks,
+        contention=contention,
     )
     timings = Timings(built.seconds, built.cached, suite_s, time.monotonic() - started)
     build = BuildInfo(str(built.binary), built.arch, built.cache_key, toolchain.version, built.with_cublas)
-    return Outcome(verdict, run, document, environment, samples, table.origin, timings, build, baseline is not None)
+    return Outcome(
+        verdict,
+        run,
+        document,
+        environment,
+        samples,
+        table.origin,
+        timings,
+        build,
+        baseline is not None,
+        contention,
+        health,
+    )
 
 
 def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
@@ -148,8 +297,14 @@ def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
     baseline = load_baseline(options.baseline) if options.baseline else None
     recorded = load_recorded(recorded_path)
     models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in recorded.environment.gpus}
-    findings = judge_environment(recorded.environment, recorded.samples, models)
-    verdict = judge(recorded.run, model=models.get(recorded.run.device.index), findings=findings, baseline=baseline)
+    findings = [*judge_environment(recorded.environment, recorded.samples, models), *judge_health(recorded.health)]
+    verdict = judge(
+        recorded.run,
+        model=models.get(recorded.run.device.index),
+        findings=findings,
+        baseline=baseline,
+        contention=recorded.contention,
+    )
     return Outcome(
         verdict,
         recorded.run,
@@ -160,4 +315,6 @@ def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
         recorded.timings,
         recorded.build,
         baseline is not None,
+        recorded.contention,
+        recorded.health,
     )

@@ -19,6 +19,10 @@ Thresholds (fraction of the datasheet figure; PASS at or above `pass_at`, FAIL b
 | launch_roundtrip | absolute | <= 25 us | > 100 us | 5-11 us with the wait; more: trapped doorbells, busy vCPU |
 | p2p copies | NVLink (or PCIe), one direction | 70% | 30% | a direct path runs near link speed; via host far below |
 
+Each timed result is judged on its capability figure, the 75th percentile of its repetitions
+towards the fast end (gpuhost.bench.spread), not on its median; the spread (slowest, median,
+fastest, stability) is reported beside it, and an unstable one gets its own line.
+
 Against a baseline (an earlier run, e.g. bare metal): PASS at >= 95% of the baseline's figure,
 FAIL below 90%, because well-configured KVM passthrough reaches 98-100% of bare metal; for the
 microsecond launch latencies, which jitter by ~10% run to run, PASS within 1.33x and FAIL past 2x.
@@ -31,9 +35,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpuhost.bench.contention import Contention
 from gpuhost.bench.environment import VIRTUALIZATION_MODES, Environment, GpuEnvironment, RunSamples
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import Measurement, SuiteRun
+from gpuhost.bench.spread import CAPABILITY_PERCENTILE, Spread, figures_of, spread_of
 
 
 class Status(enum.Enum):
@@ -249,6 +255,8 @@ class MetricVerdict:
     verified: bool
     status: Status
     reason: str
+    judged_value: float | None = None  # the capability figure the status was decided on
+    spread: Spread | None = None  # of the timed repetitions; None for untimed results
 
 
 @dataclass(frozen=True)
@@ -266,6 +274,19 @@ class Verdict:
     metrics: tuple[MetricVerdict, ...]
     findings: tuple[Finding, ...]
     reasons: tuple[str, ...]  # one line per WARN/FAIL, naming the measurement or check
+    # One line per judged result whose repetitions split in two or spread wide: said apart from
+    # the capability verdict, which it does not lower.
+    unstable: tuple[str, ...] = ()
+    # False when another process used the GPU: the figures measure a shared GPU, and the outcome
+    # is "not representative" whatever the status says.
+    representative: bool = True
+
+    @property
+    def outcome(self) -> str:
+        return self.status.value if self.representative else NOT_REPRESENTATIVE
+
+
+NOT_REPRESENTATIVE = "NOT REPRESENTATIVE"
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -309,6 +330,21 @@ def measured_ridge(measurement: Measurement) -> float | None:
     return measurement.value * 1000.0 / max(bandwidths)
 
 
+def measurement_spread(measurement: Measurement, lower_is_better: bool) -> Spread | None:
+    """The spread of a timed result's repetitions (None when it has no samples)."""
+    if measurement.value is None or not measurement.median_ms or not measurement.samples_ms:
+        return None
+    figures = figures_of(measurement.value, measurement.median_ms, measurement.samples_ms, lower_is_better)
+    return spread_of(figures, measurement.unit, lower_is_better)
+
+
+def _judged(measurement: Measurement, rule: Rule | None) -> float | None:
+    if measurement.value is None:
+        return None
+    spread = measurement_spread(measurement, rule is not None and rule.lower_is_better)
+    return spread.capability if spread is not None else measurement.value
+
+
 def judge_measurement(
     measurement: Measurement, model: GpuModel | None, baseline: Measurement | None, gpu_count: int
 ) -> MetricVerdict:
@@ -319,7 +355,9 @@ def judge_measurement(
         label = f"{label}, GPU {pair.group(1)} -> GPU {pair.group(2)}"
     elif measurement.name == "p2p_access":
         label = "GPU pairs with peer access"
-    value = measurement.value
+    spread = measurement_spread(measurement, rule is not None and rule.lower_is_better)
+    # Judged on the capability figure; the median stays the reported `value`.
+    value = _judged(measurement, rule)
     statuses: list[Status] = []
     reasons: list[str] = []
     reference_kind: str | None = None
@@ -332,6 +370,8 @@ def judge_measurement(
     if value is None:
         statuses.append(Status.FAIL)
         reasons.append("not measured")
+    elif spread is not None and rule is not None and rule.pass_at is not None:
+        reasons.append(f"the {CAPABILITY_PERCENTILE}th percentile of {spread.samples} repetitions towards the fast end")
 
     if measurement.name == "p2p_access":
         pairs = int(measurement.params.get("ordered_pairs", 0))
@@ -383,16 +423,23 @@ def judge_measurement(
             statuses.append(Status.INFO)
             reasons.append(rule.why)
 
+    remeasured = measurement.extra.get("remeasured")
+    if isinstance(remeasured, dict):
+        reasons.append(
+            f"re-measured once: {_fmt(float(remeasured.get('first_value') or 0), measurement.unit)} at first, "
+            f"{_fmt(float(remeasured.get('again_value') or 0), measurement.unit)} again; judged on both together"
+        )
     ridge = measured_ridge(measurement) if measurement.name == "roofline" else None
     if ridge is not None:
         reasons.append(f"the sweep turns compute-bound near {ridge:.0f} FLOP/byte")
 
     baseline_value: float | None = None
     baseline_percent: float | None = None
-    if baseline is not None and baseline.value is not None and value is not None and baseline.value > 0 and value > 0:
-        baseline_value = baseline.value
+    baseline_judged = _judged(baseline, rule) if baseline is not None else None
+    if baseline_judged is not None and value is not None and baseline_judged > 0 and value > 0:
+        baseline_value = baseline_judged
         lower_better = rule is not None and rule.lower_is_better
-        fraction = baseline.value / value if lower_better else value / baseline.value
+        fraction = baseline_value / value if lower_better else value / baseline_value
         baseline_percent = 100.0 * fraction
         if rule is not None and rule.pass_at is not None:  # judged rules only
             status = (
@@ -414,7 +461,7 @@ def judge_measurement(
     return MetricVerdict(
         metric=measurement.name,
         label=label,
-        value=value,
+        value=measurement.value,
         unit=measurement.unit,
         reference=reference,
         reference_kind=reference_kind,
@@ -424,6 +471,8 @@ def judge_measurement(
         verified=measurement.verified,
         status=final,
         reason="; ".join(reasons),
+        judged_value=value,
+        spread=spread,
     )
 
 
@@ -584,6 +633,44 @@ def judge_environment(
     return findings
 
 
+def judge_contention(contention: Contention | None) -> list[Finding]:
+    """Other processes on the GPUs around the run (none: a recorded run from before issue 14)."""
+    if contention is None:
+        return []
+    if contention.busy:
+        by_gpu: dict[int, list[str]] = {}
+        for process in contention.processes:
+            by_gpu.setdefault(process.gpu, []).append(process.describe())
+        return [
+            Finding(
+                "contention",
+                Status.WARN,
+                f"another process used the GPU around the run: {'; '.join(described)}. The figures measure a "
+                "shared GPU, not its capability: stop it and run again (or pass --allow-busy to judge them anyway)",
+                gpu,
+            )
+            for gpu, described in sorted(by_gpu.items())
+        ]
+    if not contention.readable:
+        return [
+            Finding(
+                "contention",
+                Status.INFO,
+                "NVML could not list the processes on the GPU: another process there would go unnoticed",
+            )
+        ]
+    utilization = ", ".join(
+        f"GPU {index} {'?' if pct is None else pct}%" for index, pct in enumerate(contention.utilization_before_pct)
+    )
+    return [
+        Finding(
+            "contention",
+            Status.PASS,
+            f"no other process on the GPU before, during or after the run (utilization before it: {utilization})",
+        )
+    ]
+
+
 def judge(
     run: SuiteRun,
     *,
@@ -591,10 +678,11 @@ def judge(
     findings: Iterable[Finding] = (),
     baseline: SuiteRun | None = None,
     complete: bool = True,
+    contention: Contention | None = None,
 ) -> Verdict:
     """The verdict on one suite run. `findings` are the environment's (judge_environment);
     `complete` is False when only some benchmarks were selected (no "not measured" warnings)."""
-    all_findings = list(findings)
+    all_findings = [*findings, *judge_contention(contention)]
     if baseline is not None and baseline.device.name != run.device.name:
         all_findings.append(
             Finding(
@@ -636,7 +724,18 @@ def judge(
     ]
     for m in metrics:
         if m.status in (Status.WARN, Status.FAIL):
-            value = "not measured" if m.value is None else _fmt(m.value, m.unit)
+            value = "not measured" if m.judged_value is None else _fmt(m.judged_value, m.unit)
             reasons.append(f"{m.status.value} {m.metric}: {value}; {m.reason}")
+    unstable = tuple(
+        f"{m.metric}: {m.spread.describe_instability()}"
+        for m in metrics
+        if m.spread is not None and m.spread.unstable and _is_judged(m.metric)
+    )
     status = worst([*(f.status for f in all_findings), *(m.status for m in metrics)])
-    return Verdict(status, model, metrics, tuple(all_findings), tuple(reasons))
+    representative = contention is None or not contention.busy
+    return Verdict(status, model, metrics, tuple(all_findings), tuple(reasons), unstable, representative)
+
+
+def _is_judged(metric: str) -> bool:
+    rule = rule_for(metric)
+    return rule is not None and rule.pass_at is not None

@@ -1,6 +1,7 @@
 """`gpuhost smoke-test`: inside a guest, prove the passed-through GPU performs as its model should.
 
-Exit status: 0 PASS (or WARN), 1 FAIL, 2 cannot run (no GPU or driver, no nvcc, bad input).
+Exit status: 0 PASS (or WARN), 1 FAIL, 2 cannot run (no GPU or driver, no nvcc, bad input) or not
+representative (another process used the GPU; --allow-busy judges such a run: 0 or 1).
 Runs with the standard library, nvidia-ml-py and the CUDA toolkit; matplotlib only for --plot.
 """
 
@@ -10,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
+from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError, InputError
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
 
@@ -21,6 +22,16 @@ def _benchmark_list(text: str) -> tuple[str, ...]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
     return names
+
+
+def _delay_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 10000:
+        raise argparse.ArgumentTypeError(f"--delay-streams takes milliseconds in (0, 10000], not {text!r}")
+    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +67,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rebuild", action="store_true", help="compile the kernels even if a cached build matches")
     parser.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh each run)")
+    parser.add_argument(
+        "--delay-streams",
+        type=_delay_ms,
+        metavar="MS",
+        help="stream-ordering self-test: hold each poison, fill and counter reset MS ms on its stream first, "
+        "so any check that does not wait for them reports a wrong result (timings stay valid)",
+    )
+    parser.add_argument(
+        "--allow-busy",
+        action="store_true",
+        help="judge a run that shared the GPU with another process (exit 0/1 instead of 2, 'not representative')",
+    )
     parser.add_argument("--verbose", action="store_true", help="also print each threshold's reason")
     parser.add_argument(
         "--replay",
@@ -65,9 +88,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _write_json(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"--json: cannot write {path}: {error.strerror}") from error
+
+
 def run(args: argparse.Namespace) -> int:
     # Imported here so that `gpuhost --help` stays fast and import errors surface as errors.
     from gpuhost.bench import jsonout, report
+    from gpuhost.bench.environment import Environment
     from gpuhost.bench.runner import SmokeOptions, replay, smoke_test
     from gpuhost.bench.verdict import Status
 
@@ -80,8 +111,19 @@ def run(args: argparse.Namespace) -> int:
         rebuild=args.rebuild,
         benchmarks=args.only,
         seed=args.seed,
+        delay_streams_ms=args.delay_streams,
     )
-    outcome = replay(args.replay, options) if args.replay is not None else smoke_test(options)
+    found: list[Environment] = []
+    try:
+        outcome = replay(args.replay, options) if args.replay is not None else smoke_test(options, found.append)
+    except GpuhostError as error:
+        # A fleet collecting reports gets a reason instead of a missing file.
+        if args.json is not None:
+            failure = jsonout.build_failure_document(
+                reason=str(error), exit_code=error.exit_code, environment=found[-1] if found else None
+            )
+            _write_json(args.json, jsonout.dumps(failure))
+        raise
     print(
         report.render(
             outcome.verdict,
@@ -102,11 +144,10 @@ def run(args: argparse.Namespace) -> int:
             model_table=outcome.model_table,
             timings=outcome.timings,
             build=outcome.build,
+            contention=outcome.contention,
+            health=outcome.health,
         )
-        try:
-            args.json.write_text(jsonout.dumps(document), encoding="utf-8")
-        except OSError as error:
-            raise InputError(f"--json: cannot write {args.json}: {error.strerror}") from error
+        _write_json(args.json, jsonout.dumps(document))
         print(f"JSON written to {args.json}")
     if args.plot is not None:
         from gpuhost.bench.plot import draw_roofline
@@ -114,4 +155,6 @@ def run(args: argparse.Namespace) -> int:
         draw_roofline(outcome.run, outcome.verdict.model, args.plot)
         print(f"roofline written to {args.plot}")
     sys.stdout.flush()
+    if not outcome.verdict.representative and not args.allow_busy:
+        return EXIT_UNUSABLE
     return EXIT_FINDINGS if outcome.verdict.status is Status.FAIL else EXIT_OK

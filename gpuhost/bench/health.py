@@ -1,0 +1,185 @@
+"""GPU health the way DCGM reports it: NVRM Xid events in the kernel log during the run, and PCIe
+replay counter growth (NVML) across it.
+
+The driver logs each Xid as `NVRM: Xid (PCI:0000:cb:00): 13, pid=..., name=..., <detail>`
+(older drivers: `NVRM: Xid (0000:01:00): 3, ...`). Meanings and what to check follow NVIDIA's Xid
+catalog (docs.nvidia.com/deploy/xid-errors).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+
+from gpuhost.bench.verdict import Finding, Status
+
+XID_LINE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<address>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\): (?P<code>\d+),\s*(?P<detail>.*)"
+)
+
+
+@dataclass(frozen=True)
+class XidMeaning:
+    name: str
+    status: Status  # FAIL: the GPU or its link is faulty or must be reset; WARN: usually the application
+    check: str
+
+
+XID_MEANINGS: dict[int, XidMeaning] = {
+    13: XidMeaning(
+        "graphics engine exception",
+        Status.WARN,
+        "usually an application's illegal instruction or address; if it repeats across applications, run "
+        "`dcgmi diag -r 3`",
+    ),
+    31: XidMeaning(
+        "GPU memory page fault (MMU fault)",
+        Status.WARN,
+        "usually an application's illegal memory access; repeated on this GPU only: run `dcgmi diag -r 3`",
+    ),
+    43: XidMeaning(
+        "GPU stopped processing (a channel was reset)",
+        Status.WARN,
+        "the application faulted and its work was stopped; the GPU itself can carry on",
+    ),
+    48: XidMeaning(
+        "double-bit ECC error",
+        Status.FAIL,
+        "uncorrectable memory error: reset the GPU (from the host) so the row is remapped; if it recurs, RMA",
+    ),
+    63: XidMeaning(
+        "ECC page retirement or row remapping recorded",
+        Status.WARN,
+        "a memory row was marked for remapping: reset the GPU to apply it",
+    ),
+    64: XidMeaning(
+        "ECC page retirement or row remapping failed",
+        Status.FAIL,
+        "the GPU could not remap a failing row: it needs service (RMA)",
+    ),
+    74: XidMeaning(
+        "NVLink error",
+        Status.FAIL,
+        "check the NVLink bridges or the baseboard, reset the GPUs; if it persists, service",
+    ),
+    79: XidMeaning(
+        "GPU has fallen off the bus",
+        Status.FAIL,
+        "the PCIe link was lost: check the slot, riser and power, the host's AER messages (`dmesg` on the "
+        "host); reset or reboot the host",
+    ),
+    92: XidMeaning(
+        "high single-bit ECC error rate",
+        Status.WARN,
+        "memory corrects errors at a high rate: watch remapped rows, run `dcgmi diag -r 3`",
+    ),
+    94: XidMeaning(
+        "contained ECC error",
+        Status.FAIL,
+        "an uncorrectable error was contained to one application: reset the GPU when it is idle to remap the row",
+    ),
+    95: XidMeaning(
+        "uncontained ECC error",
+        Status.FAIL,
+        "an uncorrectable error reached every application on the GPU: reset the GPU now; if it recurs, RMA",
+    ),
+}
+UNKNOWN_XID = XidMeaning(
+    "an Xid this gpuhost does not name",
+    Status.WARN,
+    "look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)",
+)
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    address: str  # PCI domain:bus:device as the driver logs it, e.g. 0000:cb:00
+    code: int
+    detail: str
+
+    @property
+    def meaning(self) -> XidMeaning:
+        return XID_MEANINGS.get(self.code, UNKNOWN_XID)
+
+
+@dataclass(frozen=True)
+class Health:
+    """Kernel-log Xid events that appeared during the run, and PCIe replay counters around it."""
+
+    xid_events: tuple[XidEvent, ...]
+    kernel_log_readable: bool
+    pcie_replays_before: tuple[int | None, ...]  # per GPU index
+    pcie_replays_after: tuple[int | None, ...]
+
+
+def parse_xid_lines(text: str) -> tuple[XidEvent, ...]:
+    events = []
+    for line in text.splitlines():
+        match = XID_LINE.search(line)
+        if match:
+            events.append(XidEvent(match["address"].lower(), int(match["code"]), match["detail"].strip()))
+    return tuple(events)
+
+
+def lines_since(before: str, after: str) -> str:
+    """The kernel-log lines in `after` that came after the last line of `before` (the ring buffer
+    may have dropped old lines in between, so match on that last line, not on a count)."""
+    previous = before.rstrip("\n").splitlines()
+    current = after.splitlines()
+    if not previous:
+        return after
+    last = previous[-1]
+    for index in range(len(current) - 1, -1, -1):
+        if current[index] == last:
+            return "\n".join(current[index + 1 :])
+    return after
+
+
+def read_kernel_log() -> str | None:
+    """The kernel ring buffer through dmesg; None when it cannot be read (no permission, no dmesg)."""
+    try:
+        completed = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return completed.stdout if completed.returncode == 0 else None
+
+
+def judge_health(health: Health | None) -> list[Finding]:
+    """One finding per Xid event during the run, one per GPU whose replay counter grew."""
+    if health is None:
+        return []
+    findings = []
+    if not health.kernel_log_readable:
+        findings.append(
+            Finding("xid", Status.INFO, "the kernel log could not be read (dmesg): Xid events would go unseen")
+        )
+    elif not health.xid_events:
+        findings.append(Finding("xid", Status.PASS, "no NVRM Xid event in the kernel log during the run"))
+    for event in health.xid_events:
+        meaning = event.meaning
+        findings.append(
+            Finding(
+                f"xid {event.code}",
+                meaning.status,
+                f"NVRM Xid {event.code} ({meaning.name}) on PCI {event.address} during the run: {event.detail}. "
+                f"Check: {meaning.check}",
+            )
+        )
+    for index, (before, after) in enumerate(zip(health.pcie_replays_before, health.pcie_replays_after, strict=False)):
+        if before is None or after is None:
+            continue
+        if after > before:
+            findings.append(
+                Finding(
+                    "pcie replays",
+                    Status.WARN,
+                    f"the PCIe replay counter grew by {after - before} during the run ({before} -> {after}): the "
+                    "link retransmitted packets (signal integrity). Reseat the GPU or riser, check the slot and "
+                    "cables; growing replays often precede Xid 79",
+                    index,
+                )
+            )
+        else:
+            findings.append(Finding("pcie replays", Status.PASS, f"replay counter steady at {after}", index))
+    return findings
