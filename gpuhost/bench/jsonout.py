@@ -21,7 +21,8 @@ Schema "gpuhost-smoke-test/1" (an object):
     environment       {"driver_version", "cuda_driver_version", "gpus": [{every GpuEnvironment field;
                       "link": {current_gen, current_width, max_gen, max_width, gpu_max_gen}}]}
     samples           [{every RunSamples field, "throttle_names": [str]}]: NVML readings during the run
-    checks            [{"check", "status", "detail", "gpu"}]: the environment checks
+    checks            [{"check", "status", "detail", "gpu", "code", "severity", "remedy"}]: the environment
+                      checks; code/severity/remedy are the row's gpuhost.problems.Problem (null on a PASS)
     metrics           [{"metric", "label", "value", "unit", "reference", "reference_kind",
                         "percent_of_reference", "baseline", "percent_of_baseline", "verified",
                         "status", "reason", "judged_value" (the capability figure judged: 75th
@@ -62,7 +63,7 @@ from gpuhost.bench.health import Health, XidEvent
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
 from gpuhost.bench.spread import Spread
-from gpuhost.bench.verdict import Verdict
+from gpuhost.bench.verdict import CheckOutcome, Verdict
 from gpuhost.errors import GpuhostError, InputError
 
 SCHEMA = "gpuhost-smoke-test/1"
@@ -100,6 +101,19 @@ def _model(model: GpuModel | None) -> dict[str, Any] | None:
         "pcie_width": model.pcie_width,
         "nvlink_GBps": model.nvlink_gbps,
         "sources": list(model.sources),
+    }
+
+
+def _check(outcome: CheckOutcome) -> dict[str, Any]:
+    problem = outcome.problem
+    return {
+        "check": outcome.check,
+        "status": outcome.status.value,
+        "detail": outcome.detail,
+        "gpu": outcome.gpu,
+        "code": problem.code if problem else None,
+        "severity": problem.severity.value if problem else None,
+        "remedy": problem.remedy if problem else None,
     }
 
 
@@ -160,9 +174,7 @@ def build_document(
         "model_table": model_table,
         "environment": _environment(environment),
         "samples": _samples(samples),
-        "checks": [
-            {"check": f.check, "status": f.status.value, "detail": f.detail, "gpu": f.gpu} for f in verdict.findings
-        ],
+        "checks": [_check(c) for c in verdict.checks],
         "metrics": [
             {
                 "metric": m.metric,
