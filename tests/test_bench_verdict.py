@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuhost.bench.environment import GpuEnvironment, PcieLink, RunSamples
+from gpuhost.bench.environment import GpuEnvironment, PcieLinkReading, RunSamples
 from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import Measurement, SuiteError, SuiteRun, parse_suite_document
@@ -243,7 +243,7 @@ def test_downtrained_link_under_load_fails() -> None:
 
 
 def test_slot_capping_the_link_warns() -> None:
-    capped = _gpu(link=PcieLink(4, 16, 4, 16, 5))
+    capped = _gpu(link=PcieLinkReading(4, 16, 4, 16, 5))
     findings = judge_gpu(capped, _samples(max_link_gen=4), h100())
     assert _status(findings, "pcie link") is Status.WARN
 

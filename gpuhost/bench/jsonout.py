@@ -58,7 +58,7 @@ from typing import Any
 
 from gpuhost import __version__
 from gpuhost.bench.contention import Contention, GpuProcess
-from gpuhost.bench.environment import Environment, GpuEnvironment, PcieLink, RunSamples
+from gpuhost.bench.environment import Environment, GpuEnvironment, PcieLinkReading, RunSamples
 from gpuhost.bench.health import Health, XidEvent
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
@@ -305,7 +305,7 @@ def read_recorded(document: Any) -> Recorded:
     gpus = []
     for i, raw_gpu in enumerate(environment_fields.pop("gpus") or []):
         gpu = _fields(GpuEnvironment, raw_gpu, f"environment.gpus[{i}]")
-        gpu["link"] = PcieLink(**_fields(PcieLink, gpu["link"], f"environment.gpus[{i}].link"))
+        gpu["link"] = PcieLinkReading(**_fields(PcieLinkReading, gpu["link"], f"environment.gpus[{i}].link"))
         gpu["compute_capability"] = tuple(gpu["compute_capability"])
         gpus.append(GpuEnvironment(**gpu))
     environment = Environment(**environment_fields, gpus=tuple(gpus))
