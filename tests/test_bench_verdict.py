@@ -327,7 +327,7 @@ def test_a_check_that_does_not_pass_is_a_registered_problem() -> None:
     assert unknown.problem is not None
     assert unknown.problem.code == MODEL_UNKNOWN and unknown.problem.severity is Severity.WARNING
     assert unknown.problem.subject == "GPU 0" and "GPU 0" in unknown.problem.message
-    assert "H100" in unknown.problem.message and "models.py" in unknown.problem.remedy
+    assert "H100" in unknown.problem.message and "gpu_models.json" in unknown.problem.remedy
     down = next(c for c in judge_gpu(_gpu(), _samples(max_link_gen=4), h100()) if c.check == "pcie link")
     assert down.problem is not None and down.problem.code == PCIE_LINK and down.problem.severity is Severity.ERROR
     assert "Gen4 x16" in down.problem.message and down.status is Status.FAIL

@@ -559,12 +559,12 @@ def _link_text(gen: int | None, width: int | None) -> str:
 
 # Each per-GPU check's code and what to check when it is not a pass.
 _GPU_CHECKS: dict[str, tuple[str, str]] = {
-    "model": (MODEL_UNKNOWN, "add the model to gpuhost/bench/models.py to judge it against its datasheet"),
+    "model": (MODEL_UNKNOWN, "add its datasheet figures to gpuhost/data/gpu_models.json (or pass --gpu-table)"),
     "pcie link": (PCIE_LINK, "reseat the GPU or riser; check the slot's BIOS link speed and the VM's root port"),
-    "virtualization": (VIRTUALIZATION, "run the smoke-test in a guest with the GPU passed through (vfio-pci)"),
+    "virtualization": (VIRTUALIZATION, "none on bare metal; in a guest, pass the GPU through with vfio-pci"),
     "ecc": (ECC, "enable ECC (nvidia-smi -e 1) and reset the GPU"),
     "memory health": (MEMORY_HEALTH, "reset the GPU from the host; if remapping failed, have it serviced"),
-    "clocks": (CLOCKS, "check the GPU's cooling and power delivery"),
+    "clocks": (CLOCKS, "check the GPU's cooling and power delivery (not sampled: check NVML in the guest)"),
     "bar1": (BAR1, "enlarge the VM's 64-bit MMIO window (or enable resizable BAR)"),
     "persistence": (PERSISTENCE, "run nvidia-persistenced in the guest"),
 }
