@@ -23,7 +23,7 @@ def test_report_shows_checks_results_percentages_and_verdict() -> None:
     table = load_model_table()
     model = table.lookup(0x2330)
     findings = judge_environment(rec.environment, rec.samples, {0: model})
-    verdict = judge(rec.run, model=model, findings=findings)
+    verdict = judge(rec.run, model=model, checks=findings)
     text = render(verdict, rec.run, timings=rec.timings, model_table=table.origin)
     assert "Environment (NVML)" in text and "pcie link [GPU 0]" in text and "Gen5 x16 under load" in text
     copy_line = next(line for line in text.splitlines() if "copy, bytes read + written" in line)
@@ -53,7 +53,7 @@ def test_document_schema_and_round_trip(tmp_path: Path) -> None:
     rec = load_recorded(FIXTURES / "smoke-full.json")
     model = load_model_table().lookup(0x2330)
     findings = judge_environment(rec.environment, rec.samples, {0: model})
-    verdict = judge(rec.run, model=model, findings=findings)
+    verdict = judge(rec.run, model=model, checks=findings)
     document = build_document(
         verdict=verdict,
         suite_document=rec.suite_document,
@@ -95,6 +95,19 @@ def test_document_schema_and_round_trip(tmp_path: Path) -> None:
     assert copy_metric["spread"]["slowest"] <= copy_metric["value"] <= copy_metric["judged_value"]
     assert copy_metric["spread"]["capability"] == copy_metric["judged_value"]
     assert parsed["verdict"]["unstable"] == []
+    # The checks keep check/status/detail/gpu and add the Problem's code/severity/remedy (null on a PASS).
+    rows = {row["check"]: row for row in parsed["checks"]}
+    assert rows["pcie link"] == {
+        "check": "pcie link",
+        "status": "PASS",
+        "detail": rows["pcie link"]["detail"],
+        "gpu": 0,
+        "code": None,
+        "severity": None,
+        "remedy": None,
+    }
+    assert rows["driver"]["status"] == "INFO" and rows["driver"]["code"] == "smoke.driver"
+    assert rows["driver"]["severity"] == "info" and rows["driver"]["gpu"] is None
     # The document we write reads back as a recorded run and as a baseline.
     path = tmp_path / "run.json"
     path.write_text(text)
@@ -151,7 +164,7 @@ def test_recorded_verdict_matches_the_device_run() -> None:
     original = json.loads((FIXTURES / "smoke-full.json").read_text())
     rec = read_recorded(original)
     model = load_model_table().lookup(0x2330)
-    verdict = judge(rec.run, model=model, findings=judge_environment(rec.environment, rec.samples, {0: model}))
+    verdict = judge(rec.run, model=model, checks=judge_environment(rec.environment, rec.samples, {0: model}))
     assert verdict.status is Status(original["verdict"]["status"])
     assert {m.metric: m.status.value for m in verdict.metrics} == {
         m["metric"]: m["status"] for m in original["metrics"]

@@ -9,13 +9,18 @@ from typing import Any
 
 import pytest
 
-from gpuhost.bench.environment import GpuEnvironment, PcieLink, RunSamples
+from gpuhost.bench.environment import GpuEnvironment, PcieLinkReading, RunSamples
 from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import Measurement, SuiteError, SuiteRun, parse_suite_document
 from gpuhost.bench.verdict import (
+    DRIVER,
     FULL_METRICS,
+    GPUS,
+    MODEL_UNKNOWN,
+    PCIE_LINK,
     Status,
+    found,
     judge,
     judge_environment,
     judge_gpu,
@@ -24,6 +29,7 @@ from gpuhost.bench.verdict import (
     rule_for,
     worst,
 )
+from gpuhost.problems import Severity
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h100-smoke"
 H100 = 0x2330
@@ -164,7 +170,7 @@ def test_baseline_from_another_gpu_is_not_compared() -> None:
     other = recorded("h200x2-smoke-full.json")
     verdict = judge(rec.run, model=h100(), baseline=other.run)
     assert all(m.baseline is None for m in verdict.metrics)
-    assert any(f.check == "baseline" and f.status is Status.WARN for f in verdict.findings)
+    assert any(f.check == "baseline" and f.status is Status.WARN for f in verdict.checks)
 
 
 def test_latency_limits() -> None:
@@ -237,7 +243,7 @@ def test_downtrained_link_under_load_fails() -> None:
 
 
 def test_slot_capping_the_link_warns() -> None:
-    capped = _gpu(link=PcieLink(4, 16, 4, 16, 5))
+    capped = _gpu(link=PcieLinkReading(4, 16, 4, 16, 5))
     findings = judge_gpu(capped, _samples(max_link_gen=4), h100())
     assert _status(findings, "pcie link") is Status.WARN
 
@@ -312,3 +318,23 @@ def test_parsed_fixture_types() -> None:
     run = parse_suite_document(json.loads((FIXTURES / "suite-raw.json").read_text()))
     assert isinstance(run.measurements[0], Measurement)
     assert run.device.name == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_check_that_does_not_pass_is_a_registered_problem() -> None:
+    """A WARN/FAIL/INFO row carries its Problem (code, severity, GPU, value, remedy); a PASS row none."""
+    rec = recorded()
+    unknown = next(c for c in judge_environment(rec.environment, rec.samples, {0: None}) if c.check == "model")
+    assert unknown.problem is not None
+    assert unknown.problem.code == MODEL_UNKNOWN and unknown.problem.severity is Severity.WARNING
+    assert unknown.problem.subject == "GPU 0" and "GPU 0" in unknown.problem.message
+    assert "H100" in unknown.problem.message and "gpu_models.json" in unknown.problem.remedy
+    down = next(c for c in judge_gpu(_gpu(), _samples(max_link_gen=4), h100()) if c.check == "pcie link")
+    assert down.problem is not None and down.problem.code == PCIE_LINK and down.problem.severity is Severity.ERROR
+    assert "Gen4 x16" in down.problem.message and down.status is Status.FAIL
+    checks = judge_environment(rec.environment, rec.samples, {0: h100()})
+    assert next(c for c in checks if c.check == "pcie link").problem is None
+    verdict = judge(rec.run, model=h100(), checks=checks)
+    assert [p.code for p in verdict.problems] == [GPUS, DRIVER]  # the recorded H100 passes every other check
+    assert all(p.severity is Severity.INFO and p.subject == "environment" for p in verdict.problems)
+    with pytest.raises(ValueError, match="a pass is not a problem"):
+        found(MODEL_UNKNOWN, Status.PASS, "model", "known")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import gpuhost.audit
+import gpuhost.bench.health  # registers the smoke-test's health codes; verdict's come with it
 import gpuhost.plan.planner
 import gpuhost.plan.verify
 import gpuhost.render.domain  # noqa: F401  (registers render's conflicts)
@@ -27,7 +28,7 @@ from gpuhost.problems import REGISTRY, Stage, codes_of
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 REGENERATE = os.environ.get("GPUHOST_REGEN_GOLDEN") == "1"
-TABLE_STAGES = (Stage.AUDIT, Stage.PLAN, Stage.RENDER, Stage.VERIFY)
+TABLE_STAGES = (Stage.AUDIT, Stage.PLAN, Stage.RENDER, Stage.VERIFY, Stage.SMOKE_TEST)
 
 
 def unproduced(produced: set[str]) -> list[str]:

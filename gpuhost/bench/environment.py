@@ -47,7 +47,7 @@ class GpuUnavailable(GpuhostError):
 
 
 @dataclass(frozen=True)
-class PcieLink:
+class PcieLinkReading:
     current_gen: int | None
     current_width: int | None
     max_gen: int | None  # the most this GPU and its slot can train to together (NVML "max")
@@ -63,7 +63,7 @@ class GpuEnvironment:
     pci_device_id: int  # e.g. 0x2330 (the upper half of NVML's 0x233010de)
     compute_capability: tuple[int, int]
     memory_bytes: int | None
-    link: PcieLink
+    link: PcieLinkReading
     virtualization_mode: int | None
     ecc_current: bool | None
     ecc_pending: bool | None
@@ -181,7 +181,7 @@ def read_gpu(nvml: Any, index: int) -> GpuEnvironment:
         pci_device_id=(int(pci.pciDeviceId) >> 16) & 0xFFFF,
         compute_capability=(int(major), int(minor)),
         memory_bytes=int(memory.total) if memory is not None else None,
-        link=PcieLink(
+        link=PcieLinkReading(
             current_gen=_maybe(nvml, lambda: int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle))),
             current_width=_maybe(nvml, lambda: int(nvml.nvmlDeviceGetCurrPcieLinkWidth(handle))),
             max_gen=_maybe(nvml, lambda: int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))),

@@ -12,7 +12,8 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from gpuhost.bench.verdict import Finding, Status
+from gpuhost.bench.verdict import CheckOutcome, Status, found, passed
+from gpuhost.problems import Severity, Stage, register
 
 XID_LINE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<address>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\): (?P<code>\d+),\s*(?P<detail>.*)"
@@ -145,41 +146,62 @@ def read_kernel_log() -> str | None:
     return completed.stdout if completed.returncode == 0 else None
 
 
-def judge_health(health: Health | None) -> list[Finding]:
-    """One finding per Xid event during the run, one per GPU whose replay counter grew."""
+XID_UNREADABLE = register(
+    "smoke.xid.unreadable", Stage.SMOKE_TEST, Severity.INFO, "the kernel log is unreadable: Xid events go unseen"
+)
+XID_EVENT = register(
+    "smoke.xid.event", Stage.SMOKE_TEST, None, "an NVRM Xid event during the run (severity from the Xid catalog)"
+)
+PCIE_REPLAYS = register(
+    "smoke.pcie-replays", Stage.SMOKE_TEST, Severity.WARNING, "the PCIe replay counter grew during the run"
+)
+
+
+def judge_health(health: Health | None) -> list[CheckOutcome]:
+    """One row per Xid event during the run, one per GPU whose replay counter grew."""
     if health is None:
         return []
-    findings = []
+    outcomes = []
     if not health.kernel_log_readable:
-        findings.append(
-            Finding("xid", Status.INFO, "the kernel log could not be read (dmesg): Xid events would go unseen")
+        outcomes.append(
+            found(
+                XID_UNREADABLE,
+                Status.INFO,
+                "xid",
+                "the kernel log could not be read (dmesg): Xid events would go unseen",
+                remedy="run the smoke-test as a user who may read the kernel log (dmesg)",
+            )
         )
     elif not health.xid_events:
-        findings.append(Finding("xid", Status.PASS, "no NVRM Xid event in the kernel log during the run"))
+        outcomes.append(passed("xid", "no NVRM Xid event in the kernel log during the run"))
     for event in health.xid_events:
         meaning = event.meaning
-        findings.append(
-            Finding(
-                f"xid {event.code}",
+        outcomes.append(
+            found(
+                XID_EVENT,
                 meaning.status,
+                f"xid {event.code}",
                 f"NVRM Xid {event.code} ({meaning.name}) on PCI {event.address} during the run: {event.detail}. "
                 f"Check: {meaning.check}",
+                remedy=meaning.check,
             )
         )
     for index, (before, after) in enumerate(zip(health.pcie_replays_before, health.pcie_replays_after, strict=False)):
         if before is None or after is None:
             continue
         if after > before:
-            findings.append(
-                Finding(
-                    "pcie replays",
+            outcomes.append(
+                found(
+                    PCIE_REPLAYS,
                     Status.WARN,
+                    "pcie replays",
                     f"the PCIe replay counter grew by {after - before} during the run ({before} -> {after}): the "
                     "link retransmitted packets (signal integrity). Reseat the GPU or riser, check the slot and "
                     "cables; growing replays often precede Xid 79",
                     index,
+                    "reseat the GPU or riser; check the slot and cables",
                 )
             )
         else:
-            findings.append(Finding("pcie replays", Status.PASS, f"replay counter steady at {after}", index))
-    return findings
+            outcomes.append(passed("pcie replays", f"replay counter steady at {after}", index))
+    return outcomes

@@ -21,7 +21,8 @@ Schema "gpuhost-smoke-test/1" (an object):
     environment       {"driver_version", "cuda_driver_version", "gpus": [{every GpuEnvironment field;
                       "link": {current_gen, current_width, max_gen, max_width, gpu_max_gen}}]}
     samples           [{every RunSamples field, "throttle_names": [str]}]: NVML readings during the run
-    checks            [{"check", "status", "detail", "gpu"}]: the environment checks
+    checks            [{"check", "status", "detail", "gpu", "code", "severity", "remedy"}]: the environment
+                      checks; code/severity/remedy are the row's gpuhost.problems.Problem (null on a PASS)
     metrics           [{"metric", "label", "value", "unit", "reference", "reference_kind",
                         "percent_of_reference", "baseline", "percent_of_baseline", "verified",
                         "status", "reason", "judged_value" (the capability figure judged: 75th
@@ -57,12 +58,12 @@ from typing import Any
 
 from gpuhost import __version__
 from gpuhost.bench.contention import Contention, GpuProcess
-from gpuhost.bench.environment import Environment, GpuEnvironment, PcieLink, RunSamples
+from gpuhost.bench.environment import Environment, GpuEnvironment, PcieLinkReading, RunSamples
 from gpuhost.bench.health import Health, XidEvent
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
 from gpuhost.bench.spread import Spread
-from gpuhost.bench.verdict import Verdict
+from gpuhost.bench.verdict import CheckOutcome, Verdict
 from gpuhost.errors import GpuhostError, InputError
 
 SCHEMA = "gpuhost-smoke-test/1"
@@ -100,6 +101,19 @@ def _model(model: GpuModel | None) -> dict[str, Any] | None:
         "pcie_width": model.pcie_width,
         "nvlink_GBps": model.nvlink_gbps,
         "sources": list(model.sources),
+    }
+
+
+def _check(outcome: CheckOutcome) -> dict[str, Any]:
+    problem = outcome.problem
+    return {
+        "check": outcome.check,
+        "status": outcome.status.value,
+        "detail": outcome.detail,
+        "gpu": outcome.gpu,
+        "code": problem.code if problem else None,
+        "severity": problem.severity.value if problem else None,
+        "remedy": problem.remedy if problem else None,
     }
 
 
@@ -160,9 +174,7 @@ def build_document(
         "model_table": model_table,
         "environment": _environment(environment),
         "samples": _samples(samples),
-        "checks": [
-            {"check": f.check, "status": f.status.value, "detail": f.detail, "gpu": f.gpu} for f in verdict.findings
-        ],
+        "checks": [_check(c) for c in verdict.checks],
         "metrics": [
             {
                 "metric": m.metric,
@@ -293,7 +305,7 @@ def read_recorded(document: Any) -> Recorded:
     gpus = []
     for i, raw_gpu in enumerate(environment_fields.pop("gpus") or []):
         gpu = _fields(GpuEnvironment, raw_gpu, f"environment.gpus[{i}]")
-        gpu["link"] = PcieLink(**_fields(PcieLink, gpu["link"], f"environment.gpus[{i}].link"))
+        gpu["link"] = PcieLinkReading(**_fields(PcieLinkReading, gpu["link"], f"environment.gpus[{i}].link"))
         gpu["compute_capability"] = tuple(gpu["compute_capability"])
         gpus.append(GpuEnvironment(**gpu))
     environment = Environment(**environment_fields, gpus=tuple(gpus))

@@ -62,8 +62,8 @@ def render(
         _table(
             ["status", "check", "detail"],
             [
-                [f.status.value, f.check + (f" [GPU {f.gpu}]" if f.gpu is not None else ""), f.detail]
-                for f in verdict.findings
+                [c.status.value, c.check + (f" [GPU {c.gpu}]" if c.gpu is not None else ""), c.detail]
+                for c in verdict.checks
             ],
             set(),
         )

@@ -265,11 +265,11 @@ def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], No
         nvml.nvmlShutdown()
     run = parse_suite_document(document)
     models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in environment.gpus}
-    findings = [*judge_environment(environment, samples, models), *judge_health(health)]
+    checks = [*judge_environment(environment, samples, models), *judge_health(health)]
     verdict = judge(
         run,
         model=models[options.device],
-        findings=findings,
+        checks=checks,
         baseline=baseline,
         complete=not options.benchmarks,
         contention=contention,
@@ -297,11 +297,11 @@ def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
     baseline = load_baseline(options.baseline) if options.baseline else None
     recorded = load_recorded(recorded_path)
     models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in recorded.environment.gpus}
-    findings = [*judge_environment(recorded.environment, recorded.samples, models), *judge_health(recorded.health)]
+    checks = [*judge_environment(recorded.environment, recorded.samples, models), *judge_health(recorded.health)]
     verdict = judge(
         recorded.run,
         model=models.get(recorded.run.device.index),
-        findings=findings,
+        checks=checks,
         baseline=baseline,
         contention=recorded.contention,
     )

@@ -40,6 +40,7 @@ from gpuhost.bench.environment import VIRTUALIZATION_MODES, Environment, GpuEnvi
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import Measurement, SuiteRun
 from gpuhost.bench.spread import CAPABILITY_PERCENTILE, Spread, figures_of, spread_of
+from gpuhost.problems import Problem, Severity, Stage, register
 
 
 class Status(enum.Enum):
@@ -259,12 +260,78 @@ class MetricVerdict:
     spread: Spread | None = None  # of the timed repetitions; None for untimed results
 
 
+# The smoke-test's problem codes: one per check (its severity varies with the case where None).
+MODEL_UNKNOWN = register("smoke.model.unknown", Stage.SMOKE_TEST, Severity.WARNING, "GPU not in the model table")
+PCIE_LINK = register(
+    "smoke.pcie-link", Stage.SMOKE_TEST, None, "PCIe link down-trained (error), capped or unreadable (warning)"
+)
+VIRTUALIZATION = register(
+    "smoke.virtualization", Stage.SMOKE_TEST, None, "not a passthrough guest: bare metal (info) or vGPU/other (warning)"
+)
+ECC = register("smoke.ecc", Stage.SMOKE_TEST, None, "ECC unreadable (info) or disabled (warning on datacenter GPUs)")
+MEMORY_HEALTH = register(
+    "smoke.memory-health",
+    Stage.SMOKE_TEST,
+    None,
+    "row remapping failed (error), remaps/retirements pending or uncorrectable (warning), unreadable (info)",
+)
+CLOCKS = register(
+    "smoke.clocks", Stage.SMOKE_TEST, None, "hardware slowdown (error), thermal slowdown (warning), not sampled (info)"
+)
+BAR1 = register("smoke.bar1", Stage.SMOKE_TEST, None, "BAR1 smaller than GPU memory (warning) or unreadable (info)")
+PERSISTENCE = register("smoke.persistence", Stage.SMOKE_TEST, Severity.INFO, "persistence mode off or unreadable")
+GPUS = register("smoke.gpus", Stage.SMOKE_TEST, Severity.INFO, "the GPUs the run saw")
+DRIVER = register("smoke.driver", Stage.SMOKE_TEST, Severity.INFO, "the driver and CUDA versions")
+CONTENTION = register(
+    "smoke.contention",
+    Stage.SMOKE_TEST,
+    None,
+    "another process used the GPU (warning; the run is not representative) or the processes are unreadable (info)",
+)
+BASELINE_OTHER_GPU = register(
+    "smoke.baseline.other-gpu", Stage.SMOKE_TEST, Severity.WARNING, "the baseline ran on another GPU model"
+)
+BENCHMARK_NO_CUBLAS = register(
+    "smoke.benchmark.no-cublas", Stage.SMOKE_TEST, Severity.WARNING, "suite built without cuBLAS: GEMMs unmeasured"
+)
+BENCHMARK_FAILED = register("smoke.benchmark.failed", Stage.SMOKE_TEST, Severity.ERROR, "a benchmark did not complete")
+METRIC_MISSING = register(
+    "smoke.metric.missing", Stage.SMOKE_TEST, Severity.WARNING, "an expected measurement is missing"
+)
+
+_SEVERITY_OF = {Status.FAIL: Severity.ERROR, Status.WARN: Severity.WARNING, Status.INFO: Severity.INFO}
+_STATUS_OF = {severity: status for status, severity in _SEVERITY_OF.items()}
+
+
 @dataclass(frozen=True)
-class Finding:
-    check: str
-    status: Status
-    detail: str
+class CheckOutcome:
+    """One row of the environment table: a check that passed, or the Problem it found.
+
+    Problem has no PASS (a pass is not a problem), but the table and the JSON `checks` list show
+    passing checks too, so a row carries either nothing (passed) or its Problem.
+    """
+
+    check: str  # e.g. 'pcie link', 'xid 79'
+    detail: str  # the row's text, as the table and the JSON show it
     gpu: int | None = None
+    problem: Problem | None = None  # None: the check passed
+
+    @property
+    def status(self) -> Status:
+        return Status.PASS if self.problem is None else _STATUS_OF[self.problem.severity]
+
+
+def passed(check: str, detail: str, gpu: int | None = None) -> CheckOutcome:
+    return CheckOutcome(check, detail, gpu)
+
+
+def found(code: str, status: Status, check: str, detail: str, gpu: int | None = None, remedy: str = "") -> CheckOutcome:
+    """A check's INFO/WARN/FAIL row, its Problem naming the GPU (or 'environment') and the value."""
+    if status is Status.PASS:
+        raise ValueError(f"check {check!r}: a pass is not a problem (use passed())")
+    subject = f"GPU {gpu}" if gpu is not None else "environment"
+    message = f"{check} (GPU {gpu}): {detail}" if gpu is not None else f"{check}: {detail}"
+    return CheckOutcome(check, detail, gpu, Problem(code, _SEVERITY_OF[status], subject, message, remedy))
 
 
 @dataclass(frozen=True)
@@ -272,7 +339,7 @@ class Verdict:
     status: Status
     model: GpuModel | None
     metrics: tuple[MetricVerdict, ...]
-    findings: tuple[Finding, ...]
+    checks: tuple[CheckOutcome, ...]
     reasons: tuple[str, ...]  # one line per WARN/FAIL, naming the measurement or check
     # One line per judged result whose repetitions split in two or spread wide: said apart from
     # the capability verdict, which it does not lower.
@@ -284,6 +351,11 @@ class Verdict:
     @property
     def outcome(self) -> str:
         return self.status.value if self.representative else NOT_REPRESENTATIVE
+
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        """The environment checks' problems (INFO/WARN/FAIL rows), in table order."""
+        return tuple(check.problem for check in self.checks if check.problem is not None)
 
 
 NOT_REPRESENTATIVE = "NOT REPRESENTATIVE"
@@ -485,11 +557,28 @@ def _link_text(gen: int | None, width: int | None) -> str:
     return f"Gen{gen if gen is not None else '?'} x{width if width is not None else '?'}"
 
 
-def judge_gpu(gpu: GpuEnvironment, samples: RunSamples | None, model: GpuModel | None) -> list[Finding]:
-    findings: list[Finding] = []
+# Each per-GPU check's code and what to check when it is not a pass.
+_GPU_CHECKS: dict[str, tuple[str, str]] = {
+    "model": (MODEL_UNKNOWN, "add its datasheet figures to gpuhost/data/gpu_models.json (or pass --gpu-table)"),
+    "pcie link": (PCIE_LINK, "reseat the GPU or riser; check the slot's BIOS link speed and the VM's root port"),
+    "virtualization": (VIRTUALIZATION, "none on bare metal; in a guest, pass the GPU through with vfio-pci"),
+    "ecc": (ECC, "enable ECC (nvidia-smi -e 1) and reset the GPU"),
+    "memory health": (MEMORY_HEALTH, "reset the GPU from the host; if remapping failed, have it serviced"),
+    "clocks": (CLOCKS, "check the GPU's cooling and power delivery (not sampled: check NVML in the guest)"),
+    "bar1": (BAR1, "enlarge the VM's 64-bit MMIO window (or enable resizable BAR)"),
+    "persistence": (PERSISTENCE, "run nvidia-persistenced in the guest"),
+}
+
+
+def judge_gpu(gpu: GpuEnvironment, samples: RunSamples | None, model: GpuModel | None) -> list[CheckOutcome]:
+    outcomes: list[CheckOutcome] = []
 
     def add(check: str, status: Status, detail: str) -> None:
-        findings.append(Finding(check, status, detail, gpu.index))
+        if status is Status.PASS:
+            outcomes.append(passed(check, detail, gpu.index))
+        else:
+            code, remedy = _GPU_CHECKS[check]
+            outcomes.append(found(code, status, check, detail, gpu.index, remedy))
 
     pci_id = f"10de:{gpu.pci_device_id:04x}"
     if model is None:
@@ -612,28 +701,28 @@ def judge_gpu(gpu: GpuEnvironment, samples: RunSamples | None, model: GpuModel |
             "disabled: the driver re-initialises the GPU for each first CUDA process (slower start); "
             "run nvidia-persistenced in the guest",
         )
-    return findings
+    return outcomes
 
 
 def judge_environment(
     environment: Environment,
     samples: tuple[RunSamples, ...],
     models: dict[int, GpuModel | None],
-) -> list[Finding]:
+) -> list[CheckOutcome]:
     cuda = environment.cuda_driver_version
     cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "unknown"
     names = ", ".join(f"{g.index}: {g.name} (10de:{g.pci_device_id:04x}) at {g.pci_bus_id}" for g in environment.gpus)
-    findings = [
-        Finding("gpus", Status.INFO, f"{len(environment.gpus)} visible: {names}"),
-        Finding("driver", Status.INFO, f"driver {environment.driver_version}, CUDA {cuda_text}"),
+    outcomes = [
+        found(GPUS, Status.INFO, "gpus", f"{len(environment.gpus)} visible: {names}"),
+        found(DRIVER, Status.INFO, "driver", f"driver {environment.driver_version}, CUDA {cuda_text}"),
     ]
     by_index = {s.index: s for s in samples}
     for gpu in environment.gpus:
-        findings.extend(judge_gpu(gpu, by_index.get(gpu.index), models.get(gpu.index)))
-    return findings
+        outcomes.extend(judge_gpu(gpu, by_index.get(gpu.index), models.get(gpu.index)))
+    return outcomes
 
 
-def judge_contention(contention: Contention | None) -> list[Finding]:
+def judge_contention(contention: Contention | None) -> list[CheckOutcome]:
     """Other processes on the GPUs around the run (none: a recorded run from before issue 14)."""
     if contention is None:
         return []
@@ -642,20 +731,23 @@ def judge_contention(contention: Contention | None) -> list[Finding]:
         for process in contention.processes:
             by_gpu.setdefault(process.gpu, []).append(process.describe())
         return [
-            Finding(
-                "contention",
+            found(
+                CONTENTION,
                 Status.WARN,
+                "contention",
                 f"another process used the GPU around the run: {'; '.join(described)}. The figures measure a "
                 "shared GPU, not its capability: stop it and run again (or pass --allow-busy to judge them anyway)",
                 gpu,
+                "stop the other process and run again (or pass --allow-busy)",
             )
             for gpu, described in sorted(by_gpu.items())
         ]
     if not contention.readable:
         return [
-            Finding(
-                "contention",
+            found(
+                CONTENTION,
                 Status.INFO,
+                "contention",
                 "NVML could not list the processes on the GPU: another process there would go unnoticed",
             )
         ]
@@ -663,9 +755,8 @@ def judge_contention(contention: Contention | None) -> list[Finding]:
         f"GPU {index} {'?' if pct is None else pct}%" for index, pct in enumerate(contention.utilization_before_pct)
     )
     return [
-        Finding(
+        passed(
             "contention",
-            Status.PASS,
             f"no other process on the GPU before, during or after the run (utilization before it: {utilization})",
         )
     ]
@@ -675,36 +766,46 @@ def judge(
     run: SuiteRun,
     *,
     model: GpuModel | None,
-    findings: Iterable[Finding] = (),
+    checks: Iterable[CheckOutcome] = (),
     baseline: SuiteRun | None = None,
     complete: bool = True,
     contention: Contention | None = None,
 ) -> Verdict:
-    """The verdict on one suite run. `findings` are the environment's (judge_environment);
+    """The verdict on one suite run. `checks` are the environment's (judge_environment, judge_health);
     `complete` is False when only some benchmarks were selected (no "not measured" warnings)."""
-    all_findings = [*findings, *judge_contention(contention)]
+    all_checks = [*checks, *judge_contention(contention)]
     if baseline is not None and baseline.device.name != run.device.name:
-        all_findings.append(
-            Finding(
-                "baseline",
+        all_checks.append(
+            found(
+                BASELINE_OTHER_GPU,
                 Status.WARN,
+                "baseline",
                 f"the baseline ran on {baseline.device.name}, this run on {run.device.name}: not compared",
+                remedy="compare with a baseline recorded on the same GPU model",
             )
         )
         baseline = None
     for error in run.errors:
         if error.message.startswith(NO_CUBLAS) or NO_CUBLAS in error.message:
-            all_findings.append(
-                Finding(
-                    f"benchmark {error.benchmark}",
+            all_checks.append(
+                found(
+                    BENCHMARK_NO_CUBLAS,
                     Status.WARN,
+                    f"benchmark {error.benchmark}",
                     "cuBLAS was not found when the suite was built: GEMM throughput unproven (install the CUDA "
                     "toolkit's libcublas, or `pip install nvidia-cublas`)",
+                    remedy="install the CUDA toolkit's libcublas (or `pip install nvidia-cublas`) and run again",
                 )
             )
         else:
-            all_findings.append(
-                Finding(f"benchmark {error.benchmark}", Status.FAIL, f"did not complete: {error.message}")
+            all_checks.append(
+                found(
+                    BENCHMARK_FAILED,
+                    Status.FAIL,
+                    f"benchmark {error.benchmark}",
+                    f"did not complete: {error.message}",
+                    remedy="read the benchmark's error; check the GPU's Xid events and the driver",
+                )
             )
     metrics = tuple(
         judge_measurement(m, model, baseline.get(m.name) if baseline else None, run.device.count)
@@ -715,12 +816,12 @@ def judge(
     expected = QUICK_METRICS if run.quick else FULL_METRICS
     for name in expected:
         if complete and name not in measured and not failed_benchmarks:
-            all_findings.append(Finding(f"metric {name}", Status.WARN, "expected but not measured"))
+            all_checks.append(found(METRIC_MISSING, Status.WARN, f"metric {name}", "expected but not measured"))
 
     reasons = [
-        f"{f.status.value} {f.check}" + (f" (GPU {f.gpu})" if f.gpu is not None else "") + f": {f.detail}"
-        for f in all_findings
-        if f.status in (Status.WARN, Status.FAIL)
+        f"{c.status.value} {c.check}" + (f" (GPU {c.gpu})" if c.gpu is not None else "") + f": {c.detail}"
+        for c in all_checks
+        if c.status in (Status.WARN, Status.FAIL)
     ]
     for m in metrics:
         if m.status in (Status.WARN, Status.FAIL):
@@ -731,9 +832,9 @@ def judge(
         for m in metrics
         if m.spread is not None and m.spread.unstable and _is_judged(m.metric)
     )
-    status = worst([*(f.status for f in all_findings), *(m.status for m in metrics)])
+    status = worst([*(c.status for c in all_checks), *(m.status for m in metrics)])
     representative = contention is None or not contention.busy
-    return Verdict(status, model, metrics, tuple(all_findings), tuple(reasons), unstable, representative)
+    return Verdict(status, model, metrics, tuple(all_checks), tuple(reasons), unstable, representative)
 
 
 def _is_judged(metric: str) -> bool:
