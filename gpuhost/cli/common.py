@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuhost.cli.text import make_console, printable, untrusted
 from gpuhost.errors import InputError, NoHostsSelected
 from gpuhost.rollout.report import TaskProgress, TaskResult
 from gpuhost.targets import (
@@ -122,9 +122,7 @@ def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, Hos
 
 
 def rollout_console() -> Console:
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    return make_console(soft_wrap=True)
 
 
 def progress_printer(console: Console, *, verbose: bool, timed: bool) -> Callable[[TaskProgress], None]:
@@ -134,11 +132,12 @@ def progress_printer(console: Console, *, verbose: bool, timed: bool) -> Callabl
         if verbose:
             return
         if not timed:  # rollback's lines: host, result, task
-            console.print(f"[bold]{line.host}[/]  {RESULT_STYLE[line.result]}  {line.task}")
+            console.print(f"[bold]{untrusted(line.host)}[/]  {RESULT_STYLE[line.result]}  {untrusted(line.task)}")
             return
-        detail = f": {line.detail}" if line.detail else ""
-        console.print(f"{line.seconds:6.0f}s  [bold]{line.host}[/]  {RESULT_STYLE[line.result]}  {line.task}{detail}")
+        detail = untrusted(f": {line.detail}" if line.detail else "")
+        host, task = untrusted(line.host), untrusted(line.task)
+        console.print(f"{line.seconds:6.0f}s  [bold]{host}[/]  {RESULT_STYLE[line.result]}  {task}{detail}")
         for diff_line in line.diff:
-            console.print(f"        {diff_line}", markup=False)
+            console.print(f"        {printable(diff_line)}", markup=False)
 
     return show

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol, cast
 
 from gpuhost import __version__
+from gpuhost.cli.text import printable
 from gpuhost.errors import EXIT_UNUSABLE, GpuhostError
 
 # verb -> (module, one-line help)
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _load(args.verb).run(args)
     except GpuhostError as error:
-        print(f"gpuhost {args.verb}: error: {error}", file=sys.stderr)
+        print(f"gpuhost {args.verb}: error: {printable(error)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print(f"gpuhost {args.verb}: interrupted", file=sys.stderr)
