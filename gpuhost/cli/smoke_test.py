@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
+from gpuhost.errors import EXIT_FINDINGS, EXIT_OK
+from gpuhost.output import write_output
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
 
@@ -103,10 +104,7 @@ def run(args: argparse.Namespace) -> int:
             timings=outcome.timings,
             build=outcome.build,
         )
-        try:
-            args.json.write_text(jsonout.dumps(document), encoding="utf-8")
-        except OSError as error:
-            raise InputError(f"--json: cannot write {args.json}: {error.strerror}") from error
+        write_output(args.json, jsonout.dumps(document), "--json")
         print(f"JSON written to {args.json}")
     if args.plot is not None:
         from gpuhost.bench.plot import draw_roofline
