@@ -18,6 +18,7 @@ from gpuhost.targets import (
     inventory_targets,
     local_target,
     snapshot_target,
+    validate_connect_timeout,
 )
 
 if TYPE_CHECKING:
@@ -32,6 +33,17 @@ RESULT_STYLE = {
     TaskResult.CHANGED: "[yellow]changed[/]",
     TaskResult.OK: "ok",
 }
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts such as --forks: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
 
 
 def add_target_options(parser: argparse.ArgumentParser, *, snapshots: bool) -> None:
@@ -77,13 +89,14 @@ def resolve_targets(args: argparse.Namespace) -> list[Target]:
     """Every target named on the command line, validated before anything connects."""
     key = args.private_key
     if key is not None and not key.expanduser().is_file():
-        raise InputError(f"--private-key {key}: no such file.")
+        what = "is a directory" if key.expanduser().is_dir() else "no such file"
+        raise InputError(f"--private-key {key}: {what}. Name an OpenSSH private key file.")
     defaults = ConnectionDefaults(
         user=args.user,
         key_file=key.expanduser() if key else None,
         known_hosts_file=args.known_hosts.expanduser() if args.known_hosts else None,
         accept_new_host_keys=args.accept_new_host_keys,
-        connect_timeout=args.connect_timeout,
+        connect_timeout=validate_connect_timeout(args.connect_timeout),
         gpus=args.gpus,
         role=args.role,
     )
