@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gpuhost.audit import NOT_READY, READY, HostAudit, audit_fleet, audit_to_json
 from gpuhost.checks import Severity
-from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.cli.common import add_target_options, positive_int, resolve_targets
 from gpuhost.cli.text import make_console, untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, MissingDependencyError
 from gpuhost.selection import functions_to_bind
@@ -28,7 +28,7 @@ STATUS_STYLE = {READY: "bold green", NOT_READY: "bold red"}
 def configure(parser: argparse.ArgumentParser) -> None:
     add_target_options(parser, snapshots=True)
     parser.add_argument("--json", action="store_true", help="one JSON object per host per line (JSON Lines)")
-    parser.add_argument("-f", "--forks", type=int, default=64, help="hosts audited in parallel (default 64)")
+    parser.add_argument("-f", "--forks", type=positive_int, default=64, help="hosts audited in parallel (default 64)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show info findings too")
 
 

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.cli.common import add_target_options, positive_int, resolve_targets
 from gpuhost.cli.text import make_console, printable, untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.plan import HostPlan
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def configure(parser: argparse.ArgumentParser) -> None:
     add_target_options(parser, snapshots=True)
     parser.add_argument("--json", action="store_true", help="print the plans as JSON (schema gpuhost.plan/1)")
-    parser.add_argument("--forks", type=int, default=10, help="hosts read in parallel (default 10)")
+    parser.add_argument("--forks", type=positive_int, default=10, help="hosts read in parallel (default 10)")
     parser.add_argument("--show-files", action="store_true", help="print the full content of the files written")
 
 
