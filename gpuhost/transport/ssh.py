@@ -98,11 +98,16 @@ class SshTransport:
             try:
                 load = client.load_host_keys if path == known_hosts else client.load_system_host_keys
                 load(str(path))
-            except (ssh_lib.SSHException, ValueError, OSError) as error:  # InvalidHostKey, bad base64, binary
+            except (ssh_lib.hostkeys.InvalidHostKey, ssh_lib.SSHException, ValueError, OSError) as error:
+                # InvalidHostKey carries (line, cause): name the line, not a tuple's repr.
+                if isinstance(error, ssh_lib.hostkeys.InvalidHostKey):
+                    detail = f"malformed line {error.line[:200]!r}"
+                else:
+                    detail = f"{type(error).__name__}: {error}"
                 raise TransportError(
                     "input",
-                    f"{target}: cannot read the known_hosts file {path}: {type(error).__name__}: {error}. "
-                    "Fix or remove its malformed line (ssh-keygen -R HOST rewrites the file).",
+                    f"{target}: cannot read the known_hosts file {path}: {detail}. "
+                    "Fix or remove that line (ssh-keygen -R HOST -f FILE rewrites the file).",
                 ) from error
         if options.accept_new_host_keys:
             client.set_missing_host_key_policy(_accept_new_policy(ssh_lib, known_hosts))
