@@ -16,6 +16,7 @@ from typing import Protocol, cast
 from gpuhost import __version__
 from gpuhost.cli.text import printable
 from gpuhost.errors import EXIT_UNUSABLE, GpuhostError
+from gpuhost.transport import TransportError
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -72,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GpuhostError as error:
         print(f"gpuhost {args.verb}: error: {printable(error)}", file=sys.stderr)
         return error.exit_code
+    except TransportError as error:  # a verb's one host could not be reached (guest logs, ...)
+        print(f"gpuhost {args.verb}: error: {printable(error)}", file=sys.stderr)
+        return EXIT_UNUSABLE
     except KeyboardInterrupt:
         print(f"gpuhost {args.verb}: interrupted", file=sys.stderr)
         return 130
