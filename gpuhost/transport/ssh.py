@@ -147,7 +147,9 @@ class SshTransport:
                 raise TransportError(
                     "auth", f"{target}: the private key {options.key_file} cannot be used: {error}. {_KEY_FIX}"
                 ) from error
-            if "No existing session" in str(error):  # the server accepted TCP, then said nothing in time
+            # The server accepted TCP, then said nothing in time: no banner (paramiko keeps the
+            # socket timeout as the context), or no session after it.
+            if isinstance(error.__context__, TimeoutError) or "No existing session" in str(error):
                 raise TransportError(
                     "timeout",
                     f"{target}: the SSH server did not complete the handshake within {options.connect_timeout:g} s",
