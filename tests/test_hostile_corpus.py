@@ -341,3 +341,15 @@ def test_damaged_lab_state_is_named(
     assert_clean(out, err)
     assert status == 2 and "lab state file" in err and "remove it" in err, err
     assert (tmp_path / "state.json").read_bytes() == content, "a damaged state file is left for the operator"
+
+
+def test_a_huge_bad_value_is_shortened_in_the_message(
+    tmp_path: Path, listener: Listener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 13 class 13: a multi-megabyte value is named, not repeated whole; the fix still shows."""
+    huge = "x" * 3_000_000
+    inventory = write_inventory({"name": "huge", "vars": {"gpuhost_reserved_cpus": huge}}, tmp_path, listener.port)
+    status, out, err = run(capsys, ["audit", "--json", "-i", str(inventory)])
+    assert_clean(out, err)
+    assert status == 2 and "gpuhost_reserved_cpus" in err and "characters left out" in err
+    assert len(err) < 5000 and err.rstrip().endswith(("'.", "'"))

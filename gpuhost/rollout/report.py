@@ -91,7 +91,7 @@ class RolloutReport:
 
     def exit_code(self) -> int:
         """0 every host ready (check mode: ready or not-ready), 2 a host could not be reached (as
-        audit and plan), else 1; a run that reported no host is 1 too."""
+        audit and plan), 130 interrupted (Ctrl-C), else 1; a run that reported no host is 1 too."""
         if self.data.get("ansible_status") == CANCELED:
             return EXIT_INTERRUPTED
         statuses = [self.status(host) for host in self.hosts]
