@@ -40,7 +40,7 @@ class HostAudit:
     selection: GpuSelection | None
     findings: tuple[Problem, ...]
     error: str | None  # why the host could not be audited
-    error_kind: str | None  # unreachable, auth, host-key-unknown, host-key-changed, timeout, command, input
+    error_kind: str | None  # unreachable, auth, host-key-unknown, host-key-changed, timeout, command, input, internal
     round_trips: int
     seconds: float
 
@@ -83,7 +83,12 @@ def audit_target(target: Target) -> HostAudit:
         return _failed(target, f"{target.name}: {error}", "command", round_trips, started)
     except GpuhostError as error:
         return _failed(target, str(error), "input", round_trips, started)
-    role, selection, findings = run_checks(target.name, facts, target.policy)
+    except Exception as error:  # the fleet barrier: one host's surprise is that host's error
+        return _failed(target, unexpected_error(target.name, error), "internal", round_trips, started)
+    try:
+        role, selection, findings = run_checks(target.name, facts, target.policy)
+    except Exception as error:  # as above: odd facts fail this host closed, never the run
+        return _failed(target, unexpected_error(target.name, error), "internal", round_trips, started)
     return HostAudit(
         target=target,
         facts=facts,
@@ -95,6 +100,13 @@ def audit_target(target: Target) -> HostAudit:
         round_trips=round_trips,
         seconds=time.monotonic() - started,
     )
+
+
+def unexpected_error(host: str, error: BaseException) -> str:
+    """The message of a per-host failure that no layer anticipated: it names the host and what broke,
+    so the run goes on and the operator can report it (the host is not audited, never ready)."""
+    detail = str(error)[:300] or "no detail"
+    return f"{host}: unexpected {type(error).__name__} ({detail}); the host was not audited. Please report this."
 
 
 def _failed(target: Target, message: str, kind: str, round_trips: int, started: float) -> HostAudit:

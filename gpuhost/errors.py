@@ -10,6 +10,7 @@ from pathlib import Path
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_UNUSABLE = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT (128 + 2)
 
 
 class GpuhostError(Exception):

@@ -47,6 +47,12 @@ class GpuSelector:
             )
         addresses, ids = [], []
         for item in items:
+            if isinstance(item, int | float) and not isinstance(item, bool):
+                # YAML 1.1 reads an unquoted 0000:41:00.0 as a base-60 number (2460.0).
+                raise InputError(
+                    f"{where}: {variable} entry {item!r} is a number: YAML read an unquoted PCI address as one. "
+                    "Quote PCI addresses, e.g. - '0000:41:00.0'."
+                )
             text = str(item).strip()
             if _ADDRESS.match(text):
                 addresses.append(text.lower() if text.count(":") == 2 else f"0000:{text.lower()}")
@@ -55,7 +61,7 @@ class GpuSelector:
             else:
                 raise InputError(
                     f"{where}: {variable} entry {text!r} is neither a PCI address (0000:41:00.0) "
-                    "nor a vendor:device ID (10de:2330). Fix the inventory value."
+                    f"nor a vendor:device ID (10de:2330). Fix {variable}."
                 )
         if not addresses and not ids:
             raise InputError(f"{where}: {variable} is an empty list; use 'all' or name the GPUs.")

@@ -6,6 +6,7 @@ Every value that will reach a connection or a host is validated here, before any
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -24,6 +25,9 @@ from gpuhost.transport.ssh import SshOptions
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
 _USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 _INVENTORY_NAME = re.compile(r"^[A-Za-z0-9_.:\[\]-]{1,255}$")
+# A last label that inet_aton would read as a number (decimal, octal, 0x hex): '2130706433', '127.1',
+# '0x7f000001' are addresses in disguise, and no top-level domain is numeric (RFC 3696).
+_NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$", re.IGNORECASE)
 _ADHOC = re.compile(r"^(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@]+)(?::(?P<port>[^:]+))?$")
 
 LOCAL = "local"
@@ -76,39 +80,58 @@ class ConnectionDefaults:
     role: str = "auto"
 
 
-def validate_host(value: object, where: str) -> str:
+def validate_host(value: object, where: str, fix: str = "ansible_host") -> str:
+    """A host name, or an IP address in its canonical form ('10.0.0.5', 'fe80::1'). Numbers that
+    resolvers read as addresses ('2130706433', YAML's 0x7f000001, '127.1') are refused: they reach
+    an address nobody wrote."""
     text = str(value).strip()
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
     try:
-        ipaddress.ip_address(text)
-        return text
+        address = ipaddress.ip_address(text)
     except ValueError:
-        pass
-    if not _HOSTNAME.match(text):
+        address = None
+    if address is not None and text.lower() in (str(address), address.exploded):
+        return text
+    if isinstance(value, bool | int | float) or address is not None or not _HOSTNAME.match(text):
+        reason = "is not in canonical form" if address is not None else "is not a valid host name or IP address"
         raise InputError(
-            f"{where}: {value!r} is not a valid host name or IP address. Fix ansible_host (or the host argument)."
+            f"{where}: {value!r} {reason}. Write a host name or a dotted address like 10.0.0.5 "
+            f"(quoted in YAML). Fix {fix}."
+        )
+    if _NUMERIC_LABEL.match(text.rstrip(".").rsplit(".", 1)[-1]):
+        raise InputError(
+            f"{where}: {value!r} is a number that resolvers read as an IP address, not a host name. "
+            f"Write the address as four dotted decimals, e.g. 10.0.0.5 (quoted in YAML). Fix {fix}."
         )
     return text
 
 
-def validate_user(value: object, where: str) -> str:
+def validate_user(value: object, where: str, fix: str = "ansible_user") -> str:
     text = str(value)
-    if not _USER.match(text):
+    # A YAML number (ansible_user: 0) is no login name; str() of it would be '0', and 0 is falsy.
+    if not isinstance(value, str) or not _USER.match(text):
         raise InputError(
-            f"{where}: user {value!r} is not a valid login name (letters, digits, '_', '.', '-'). Fix ansible_user."
+            f"{where}: user {value!r} is not a valid login name (letters, digits, '_', '.', '-'; starting with "
+            f"a letter or '_'). Fix {fix}."
         )
     return text
 
 
-def validate_port(value: object, where: str) -> int:
+def validate_port(value: object, where: str, fix: str = "ansible_port") -> int:
     try:
         port = int(str(value))
     except ValueError:
         port = -1
     if not 1 <= port <= 65535 or str(value).strip() != str(port):
-        raise InputError(f"{where}: port {value!r} is not a number from 1 to 65535. Fix ansible_port.")
+        raise InputError(f"{where}: port {value!r} is not a number from 1 to 65535. Fix {fix}.")
     return port
+
+
+def validate_connect_timeout(value: float) -> float:
+    if not (math.isfinite(value) and 0 < value <= 3600):
+        raise InputError(f"--connect-timeout {value!r}: give seconds, more than 0 and at most 3600 (e.g. 15).")
+    return value
 
 
 def _local_path(value: object, where: str, what: str) -> Path:
@@ -121,7 +144,8 @@ def _local_path(value: object, where: str, what: str) -> Path:
 def validate_key_file(value: object, where: str) -> Path:
     path = _local_path(value, where, "private key")
     if not path.is_file():
-        raise InputError(f"{where}: private key file {path} does not exist. Fix ansible_ssh_private_key_file.")
+        what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else "does not exist"
+        raise InputError(f"{where}: private key file {path} {what}. Fix ansible_ssh_private_key_file.")
     return path
 
 
@@ -131,12 +155,18 @@ def validate_known_hosts(value: object, where: str) -> Path:
 
 def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, where: str) -> HostConfig:
     """Every `gpuhost_*` value of a host, validated (InputError naming `where`, the variable and the fix)."""
-    gpus_value = defaults.gpus if defaults.gpus is not None else variables.get("gpuhost_gpus")
+    from_command_line = defaults.gpus is not None
+    gpus_value = defaults.gpus if from_command_line else variables.get("gpuhost_gpus")
     role = str(variables.get("gpuhost_role", defaults.role))
     if role not in ROLES:
         raise InputError(f"{where}: gpuhost_role {role!r} is not one of {', '.join(ROLES)}.")
     allowed = allowed_shared_groups(variables, where)
-    audit = AuditPolicy(gpus=GpuSelector.parse(gpus_value, where), role=role, allow_shared_group=allowed)
+    gpus = (
+        GpuSelector.parse(gpus_value, "command line", variable="--gpus")
+        if from_command_line
+        else GpuSelector.parse(gpus_value, where)
+    )
+    audit = AuditPolicy(gpus=gpus, role=role, allow_shared_group=allowed)
     return HostConfig(
         audit=audit,
         plan=PlanSettings.from_variables(variables, where, gpus=defaults.gpus),
@@ -165,9 +195,10 @@ def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:
     where = f"host {spec!r}"
     if not match:
         raise InputError(f"{where}: write hosts as [user@]host[:port], e.g. root@10.0.0.5 or admin@gpu02:2222.")
-    user = validate_user(match.group("user") or defaults.user or "root", where)
-    host = validate_host(match.group("host"), where)
-    port = validate_port(match.group("port") or 22, where)
+    fix = "the host argument"
+    user = validate_user(match.group("user") or defaults.user or "root", where, fix)
+    host = validate_host(match.group("host"), where, fix)
+    port = validate_port(match.group("port") or 22, where, fix)
     options = SshOptions(
         host=host,
         port=port,
@@ -203,13 +234,18 @@ def _inventory_target(name: str, variables: Mapping[str, Any], defaults: Connect
     options = SshOptions(
         host=validate_host(variables.get("ansible_host", name), where),
         port=validate_port(variables.get("ansible_port", 22), where),
-        user=validate_user(variables.get("ansible_user") or defaults.user or "root", where),
+        user=validate_user(_first_set(variables.get("ansible_user"), defaults.user, "root"), where),
         key_file=validate_key_file(key, where) if key else defaults.key_file,
         known_hosts_file=validate_known_hosts(known_hosts, where) if known_hosts else defaults.known_hosts_file,
         accept_new_host_keys=defaults.accept_new_host_keys,
         connect_timeout=defaults.connect_timeout,
     )
     return Target(name=name, kind=SSH, policy=config.audit, ssh=options, variables=variables, config=config)
+
+
+def _first_set(*values: object) -> object:
+    """The first value that is set: unlike `or`, a YAML 0 or '' stays (and is refused), never 'root'."""
+    return next(value for value in values if value is not None)
 
 
 def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, Any]]]:

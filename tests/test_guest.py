@@ -255,6 +255,82 @@ def test_disk_volume_is_copy_on_write_on_the_base_image() -> None:
     assert "<capacity unit='bytes'>21474836480</capacity>" in xml and "<format type='qcow2'/>" in xml
 
 
+class RecordingPool:
+    """What libvirt_host asks of a storage pool: the volume XML it creates, the volumes it deletes."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+
+    def createXML(self, xml: str, _flags: int) -> RecordingVolume:  # libvirt's method name
+        self.created.append(xml)
+        return RecordingVolume(self, "train-1-seed.iso")
+
+    def storageVolLookupByName(self, name: str) -> RecordingVolume:  # libvirt's method name
+        return RecordingVolume(self, name)
+
+
+class RecordingVolume:
+    def __init__(self, pool: RecordingPool, name: str) -> None:
+        self.pool, self.name = pool, name
+
+    def upload(self, *_: object) -> None:
+        pass
+
+    def path(self) -> str:
+        return f"/var/lib/libvirt/images/{self.name}"
+
+    def delete(self, _flags: int) -> None:
+        self.pool.deleted.append(self.name)
+
+
+class RecordingStream:
+    def __init__(self) -> None:
+        self.sent = b""
+
+    def send(self, data: bytes) -> None:
+        self.sent += data
+
+    def finish(self) -> None:
+        pass
+
+
+class RecordingConnection:
+    def __init__(self) -> None:
+        self.stream = RecordingStream()
+
+    def newStream(self, _flags: int) -> RecordingStream:  # libvirt's method name
+        return self.stream
+
+
+class RecordingDomain:
+    def __init__(self) -> None:
+        self.updates: list[tuple[str, int]] = []
+
+    def updateDeviceFlags(self, xml: str, flags: int) -> None:  # libvirt's method name
+        self.updates.append((xml, flags))
+
+
+def test_the_seed_is_private_to_its_owner_and_removed_once_the_key_is_confirmed() -> None:
+    """Issue 13 class 14: the seed carries the guest's SSH host private key."""
+    import libvirt
+
+    pool, conn = RecordingPool(), RecordingConnection()
+    iso = build_seed_iso(seed_config())
+    path = libvirt_host.upload_volume(conn, pool, "train-1-seed.iso", iso)
+    assert "<mode>0600</mode>" in pool.created[0] and "0644" not in pool.created[0]
+    assert conn.stream.sent == iso and path.endswith("train-1-seed.iso")
+    domain = RecordingDomain()
+    assert libvirt_host.remove_seed(domain, pool, "train-1-seed.iso") is True
+    ((xml, flags),) = domain.updates
+    # The drive the template attached (sda on SATA), now without a source: ejected live and in the definition.
+    assert "<target dev='sda' bus='sata'/>" in xml and "<source" not in xml
+    assert flags == libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG
+    assert pool.deleted == ["train-1-seed.iso"]
+    template = (FIXTURES.parent.parent / "templates/domain.xml.j2").read_text()
+    assert "<target dev='sda' bus='sata'/>" in template, "remove_seed must name the drive the template attaches"
+
+
 # --- the SSH jump, through a real sshd --------------------------------------------------------
 
 

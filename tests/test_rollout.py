@@ -235,3 +235,20 @@ def test_a_key_missing_from_known_hosts_is_not_called_an_interception() -> None:
     changed = host_key_message(HOST_KEY_CHANGED)
     assert changed is not None and "someone may be intercepting" in changed
     assert host_key_message("Failed to connect to the host via ssh: Connection refused") is None
+
+
+def test_a_canceled_apply_exits_130_and_keeps_the_previous_report(
+    inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13 class 8: Ctrl-C during a rollout (ansible-runner's status 'canceled')."""
+
+    def run(**kwargs: Any) -> SimpleNamespace:
+        return SimpleNamespace(stats={}, rc=-1, status="canceled")
+
+    monkeypatch.setattr("ansible_runner.run", run)
+    report_path = tmp_path / "report.json"
+    report_path.write_text('{"schema": "gpuhost.apply/1", "hosts": {"gpu01": {"status": "ready"}}}\n')
+    previous = report_path.read_bytes()
+    assert main(["apply", "-i", str(inventory), "--yes", "--report", str(report_path)]) == 130
+    assert report_path.read_bytes() == previous
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".report")) == []

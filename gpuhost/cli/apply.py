@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuhost.cli.common import progress_printer, rollout_console
+from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.rollout.engine import ApplyRequest, parse_serial
 from gpuhost.rollout.report import RolloutReport
@@ -117,12 +118,14 @@ def print_report(report: RolloutReport, console: Console) -> None:
         else:
             detail = verification.get("summary") or entry.get("message") or ""
         table.add_row(
-            name,
-            entry.get("status", "?"),
+            untrusted(name),
+            untrusted(entry.get("status", "?")),
             "yes" if entry.get("rebooted") else "no",
-            "-" if entry.get("hugepages") is None else str(entry["hugepages"]),
-            detail,
+            "-" if entry.get("hugepages") is None else untrusted(entry["hugepages"]),
+            untrusted(detail),
         )
     console.print(table)
     data = report.data
-    console.print(f"ansible: {data.get('ansible_status')} (rc {data.get('ansible_rc')}) in {data.get('seconds')} s")
+    console.print(
+        untrusted(f"ansible: {data.get('ansible_status')} (rc {data.get('ansible_rc')}) in {data.get('seconds')} s")
+    )

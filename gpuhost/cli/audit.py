@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING
 
 from gpuhost.audit import AuditStatus, HostAudit, audit_fleet, audit_to_json
 from gpuhost.checks import Role, Severity
-from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.cli.common import add_target_options, positive_int, resolve_targets
+from gpuhost.cli.text import make_console, untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, MissingDependencyError
 from gpuhost.selection import functions_to_bind
 from gpuhost.targets import Target
@@ -28,7 +28,7 @@ STATUS_STYLE = {AuditStatus.READY: "bold green", AuditStatus.NOT_READY: "bold re
 def configure(parser: argparse.ArgumentParser) -> None:
     add_target_options(parser, snapshots=True)
     parser.add_argument("--json", action="store_true", help="one JSON object per host per line (JSON Lines)")
-    parser.add_argument("-f", "--forks", type=int, default=64, help="hosts audited in parallel (default 64)")
+    parser.add_argument("-f", "--forks", type=positive_int, default=64, help="hosts audited in parallel (default 64)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show info findings too")
 
 
@@ -58,17 +58,15 @@ def exit_status(results: list[HostAudit]) -> int:
 
 def _console() -> Console:
     try:
-        from rich.console import Console
+        import rich  # noqa: F401
     except ImportError as error:
         raise MissingDependencyError("rich", "controller", "The audit report") from error
-    # Reports piped to a file or CI log would wrap at 80 columns: use a width tables fit in.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    return make_console()
 
 
 def _audit_with_progress(targets: list[Target], forks: int) -> list[HostAudit]:
     if len(targets) == 1:
         return audit_fleet(targets, forks)
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     progress = Progress(
@@ -77,14 +75,14 @@ def _audit_with_progress(targets: list[Target], forks: int) -> list[HostAudit]:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("{task.description}"),
-        console=Console(stderr=True),
+        console=make_console(stderr=True, fixed_width=False),
         transient=True,
     )
     with progress:
         task = progress.add_task("", total=len(targets))
 
         def done(result: HostAudit) -> None:
-            progress.update(task, advance=1, description=f"{result.target.name}: {result.status}")
+            progress.update(task, advance=1, description=untrusted(f"{result.target.name}: {result.status}"))
 
         return audit_fleet(targets, forks, on_done=done)
 
@@ -116,14 +114,15 @@ def headline(result: HostAudit) -> str:
 def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
     from rich.table import Table
 
-    name = result.target.name
+    name = untrusted(result.target.name)
     if result.error is not None:
-        console.print(f"[bold red]{name}: NOT AUDITED[/] ({result.error_kind}) — {result.error}")
+        console.print(f"[bold red]{name}: NOT AUDITED[/] ({result.error_kind}) — {untrusted(result.error)}")
         return
     status = result.status
     errors, warnings = result.count(Severity.ERROR), result.count(Severity.WARNING)
+    summary = untrusted(headline(result))
     console.print(
-        f"[bold]{name}[/]: [{STATUS_STYLE[status]}]{status.replace('-', ' ').upper()}[/] — {headline(result)} "
+        f"[bold]{name}[/]: [{STATUS_STYLE[status]}]{status.replace('-', ' ').upper()}[/] — {summary} "
         f"({errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)})"
     )
     facts, selection = result.facts, result.selection
@@ -141,13 +140,13 @@ def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
             ]
             verdict = "[red]not ready[/]" if gpu_errors else "[green]ready[/]" if selected else "kept by host"
             table.add_row(
-                gpu.address,
-                gpu.vendor_device,
+                untrusted(gpu.address),
+                untrusted(gpu.vendor_device),
                 "yes" if selected else "no",
                 "-" if gpu.iommu_group is None else str(gpu.iommu_group),
-                " ".join(f.address.rsplit(":", 1)[-1] for f in bound),
-                ", ".join(sorted({f.driver or "none" for f in bound})),
-                gpu.link.describe(),
+                untrusted(" ".join(f.address.rsplit(":", 1)[-1] for f in bound)),
+                untrusted(", ".join(sorted({f.driver or "none" for f in bound}))),
+                untrusted(gpu.link.describe()),
                 "-" if gpu.numa_node is None or gpu.numa_node < 0 else str(gpu.numa_node),
                 verdict,
             )
@@ -155,9 +154,11 @@ def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
     shown = [f for f in result.findings if verbose or f.severity != Severity.INFO]
     for finding in shown:
         style = SEVERITY_STYLE[finding.severity]
-        console.print(f"  [{style}]{finding.severity.value:7}[/] {finding.code}: {finding.message}", soft_wrap=True)
+        console.print(
+            f"  [{style}]{finding.severity.value:7}[/] {finding.code}: {untrusted(finding.message)}", soft_wrap=True
+        )
         if finding.remedy and finding.severity != Severity.INFO:
-            console.print(f"          fix: {finding.remedy}", soft_wrap=True)
+            console.print(f"          fix: {untrusted(finding.remedy)}", soft_wrap=True)
     hidden = len(result.findings) - len(shown)
     if hidden:
         console.print(f"  [dim]{hidden} info finding(s) hidden; -v shows them[/]")
@@ -173,9 +174,9 @@ def _print_fleet_summary(console: Console, results: list[HostAudit]) -> None:
     for result in results:
         style = STATUS_STYLE.get(result.status, "bold red")
         table.add_row(
-            result.target.name,
+            untrusted(result.target.name),
             f"[{style}]{result.status}[/]",
-            headline(result) if result.error is None else (result.error_kind or "error"),
+            untrusted(headline(result)) if result.error is None else (result.error_kind or "error"),
             str(result.count(Severity.ERROR)),
             str(result.count(Severity.WARNING)),
             f"{result.seconds:.1f}s",

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuhost.cli.text import make_console, printable, untrusted
 from gpuhost.errors import InputError, NoHostsSelected
 from gpuhost.rollout.report import TaskProgress, TaskResult
 from gpuhost.targets import (
@@ -18,6 +18,7 @@ from gpuhost.targets import (
     inventory_targets,
     local_target,
     snapshot_target,
+    validate_connect_timeout,
 )
 
 if TYPE_CHECKING:
@@ -32,6 +33,17 @@ RESULT_STYLE = {
     TaskResult.CHANGED: "[yellow]changed[/]",
     TaskResult.OK: "ok",
 }
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts such as --forks: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
 
 
 def add_target_options(parser: argparse.ArgumentParser, *, snapshots: bool) -> None:
@@ -77,13 +89,14 @@ def resolve_targets(args: argparse.Namespace) -> list[Target]:
     """Every target named on the command line, validated before anything connects."""
     key = args.private_key
     if key is not None and not key.expanduser().is_file():
-        raise InputError(f"--private-key {key}: no such file.")
+        what = "is a directory" if key.expanduser().is_dir() else "no such file"
+        raise InputError(f"--private-key {key}: {what}. Name an OpenSSH private key file.")
     defaults = ConnectionDefaults(
         user=args.user,
         key_file=key.expanduser() if key else None,
         known_hosts_file=args.known_hosts.expanduser() if args.known_hosts else None,
         accept_new_host_keys=args.accept_new_host_keys,
-        connect_timeout=args.connect_timeout,
+        connect_timeout=validate_connect_timeout(args.connect_timeout),
         gpus=args.gpus,
         role=args.role,
     )
@@ -122,9 +135,7 @@ def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, Hos
 
 
 def rollout_console() -> Console:
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    return make_console(soft_wrap=True)
 
 
 def progress_printer(console: Console, *, verbose: bool, timed: bool) -> Callable[[TaskProgress], None]:
@@ -134,11 +145,12 @@ def progress_printer(console: Console, *, verbose: bool, timed: bool) -> Callabl
         if verbose:
             return
         if not timed:  # rollback's lines: host, result, task
-            console.print(f"[bold]{line.host}[/]  {RESULT_STYLE[line.result]}  {line.task}")
+            console.print(f"[bold]{untrusted(line.host)}[/]  {RESULT_STYLE[line.result]}  {untrusted(line.task)}")
             return
-        detail = f": {line.detail}" if line.detail else ""
-        console.print(f"{line.seconds:6.0f}s  [bold]{line.host}[/]  {RESULT_STYLE[line.result]}  {line.task}{detail}")
+        detail = untrusted(f": {line.detail}" if line.detail else "")
+        host, task = untrusted(line.host), untrusted(line.task)
+        console.print(f"{line.seconds:6.0f}s  [bold]{host}[/]  {RESULT_STYLE[line.result]}  {task}{detail}")
         for diff_line in line.diff:
-            console.print(f"        {diff_line}", markup=False)
+            console.print(f"        {printable(diff_line)}", markup=False)
 
     return show

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from gpuhost.cli.common import add_target_options, resolve_vm
+from gpuhost.cli.text import printable
 from gpuhost.errors import EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.guest.state import GuestDir, default_state_root
 from gpuhost.render.spec import HostPolicy, VmSpec
@@ -91,11 +92,11 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "logs":
         if not args.provision:
             print(f"== serial console of {spec.name} (on {target.name})")
-            print(lifecycle.serial_log(target, spec, policy), end="")
+            print(printable(lifecycle.serial_log(target, spec, policy)), end="")
         if not args.serial:
             print(f"== provisioning log ({state.provision_log})")
             try:
-                print(state.provision_log.read_text(), end="")
+                print(printable(state.provision_log.read_text(errors="replace")), end="")
             except OSError:
                 print("(none yet)")
         return EXIT_OK

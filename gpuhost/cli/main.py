@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from typing import Protocol, cast
 
 from gpuhost import __version__
+from gpuhost.cli.text import printable, shortened
 from gpuhost.errors import EXIT_UNUSABLE, GpuhostError
+from gpuhost.transport import TransportError
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -69,8 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _load(args.verb).run(args)
     except GpuhostError as error:
-        print(f"gpuhost {args.verb}: error: {error}", file=sys.stderr)
+        print(f"gpuhost {args.verb}: error: {printable(shortened(str(error)))}", file=sys.stderr)
         return error.exit_code
+    except TransportError as error:  # a verb's one host could not be reached (guest logs, ...)
+        print(f"gpuhost {args.verb}: error: {printable(shortened(str(error)))}", file=sys.stderr)
+        return EXIT_UNUSABLE
     except KeyboardInterrupt:
         print(f"gpuhost {args.verb}: interrupted", file=sys.stderr)
         return 130

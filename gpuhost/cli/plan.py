@@ -7,7 +7,8 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.cli.common import add_target_options, positive_int, resolve_targets
+from gpuhost.cli.text import make_console, printable, untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.plan import HostPlan
 from gpuhost.plan.fleet import PlanOutcome, plan_fleet
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 def configure(parser: argparse.ArgumentParser) -> None:
     add_target_options(parser, snapshots=True)
     parser.add_argument("--json", action="store_true", help="print the plans as JSON (schema gpuhost.plan/1)")
-    parser.add_argument("--forks", type=int, default=10, help="hosts read in parallel (default 10)")
+    parser.add_argument("--forks", type=positive_int, default=10, help="hosts read in parallel (default 10)")
     parser.add_argument("--show-files", action="store_true", help="print the full content of the files written")
 
 
@@ -59,9 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_plans(outcomes: list[PlanOutcome], show_files: bool = False) -> None:
-    from rich.console import Console
-
-    console = Console(highlight=False, soft_wrap=True)
+    console = make_console(soft_wrap=True, fixed_width=False)
     for outcome in outcomes:
         print_plan_outcome(outcome, console, show_files=show_files)
         if outcome.plan is not None:
@@ -71,19 +70,22 @@ def print_plans(outcomes: list[PlanOutcome], show_files: bool = False) -> None:
 def print_plan_outcome(outcome: PlanOutcome, console: Console, show_files: bool = False) -> None:
     """A host's plan, or why it has none (plan, and apply before it asks)."""
     if outcome.plan is None:
-        console.print(f"[bold]{outcome.host}[/]: [red]cannot plan[/]: {outcome.error}")
+        console.print(f"[bold]{untrusted(outcome.host)}[/]: [red]cannot plan[/]: {untrusted(outcome.error)}")
         return
     for line in describe_plan(outcome.plan, show_files=show_files):
-        console.print(line, markup=False) if not line.startswith("[") else console.print(line)
+        console.print(printable(line), markup=False) if not line.startswith("[") else console.print(line)
 
 
 def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:
     """The plan as lines of text (rich markup only at the start of headline lines)."""
     if plan.refusals:
-        lines = [f"[bold]{plan.host}[/]: [red]refused[/], nothing will be written"]
+        lines = [f"[bold]{untrusted(plan.host)}[/]: [red]refused[/], nothing will be written"]
         lines += [f"  - {r.message}\n    fix: {r.remedy}" for r in plan.refusals]
         return lines
-    lines = [f"[bold]{plan.host}[/]: " + ("[yellow]reboot needed[/]" if plan.reboot_needed else "[green]no reboot[/]")]
+    lines = [
+        f"[bold]{untrusted(plan.host)}[/]: "
+        + ("[yellow]reboot needed[/]" if plan.reboot_needed else "[green]no reboot[/]")
+    ]
     for function in plan.functions:
         lines.append(f"  vfio-pci <- {function.address} [{function.vendor_device}] (now: {function.driver or 'none'})")
     how = "vfio-pci.ids=" + ",".join(plan.vfio_ids) if plan.vfio_ids else "driver_override by address"

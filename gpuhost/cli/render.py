@@ -20,6 +20,7 @@ from gpuhost.errors import EXIT_OK, GpuhostError, InputError
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import HostFacts
 from gpuhost.facts.snapshot import open_snapshot
+from gpuhost.output import write_output
 from gpuhost.render.domain import render_domain
 from gpuhost.render.spec import validate_name
 from gpuhost.render.validate import validate_domain_xml
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_validate:
         validate_domain_xml(xml)
     if args.output is not None:
-        args.output.write_text(xml, encoding="utf-8")
+        write_output(args.output, xml, "-o")
     else:
         sys.stdout.write(xml)
     return EXIT_OK

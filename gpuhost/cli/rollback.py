@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuhost.cli.common import progress_printer, rollout_console
+from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.rollout.engine import RollbackRequest
 from gpuhost.rollout.report import HostOutcome, HostStatus
@@ -73,17 +74,18 @@ def _check_hosts(targets: list[Target], failures: dict[str, HostOutcome], second
     for target in targets:
         failure = failures.get(target.name)
         if failure is not None:
-            table.add_row(target.name, failure.status.value, failure.message)
+            table.add_row(untrusted(target.name), failure.status.value, untrusted(failure.message))
             unreachable = unreachable or failure.status is HostStatus.UNREACHABLE
             not_rolled_back = True
             continue
         audit = audit_target(target)
         if audit.facts is None:
-            table.add_row(target.name, "unreachable", audit.error or "")
+            table.add_row(untrusted(target.name), "unreachable", untrusted(audit.error or ""))
             unreachable = True
             continue
         result = verify_rollback(target.name, audit.facts)
-        table.add_row(target.name, "rolled back" if result["ok"] else "not rolled back", result["summary"])
+        outcome = "rolled back" if result["ok"] else "not rolled back"
+        table.add_row(untrusted(target.name), outcome, untrusted(result["summary"]))
         not_rolled_back = not_rolled_back or not result["ok"]
     console.print(table)
     if unreachable:  # as audit and plan: a host that could not be read is 2

@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError, InputError
+from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError
+from gpuhost.output import write_output
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
 
@@ -88,13 +89,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _write_json(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise InputError(f"--json: cannot write {path}: {error.strerror}") from error
-
-
 def run(args: argparse.Namespace) -> int:
     # Imported here so that `gpuhost --help` stays fast and import errors surface as errors.
     from gpuhost.bench import jsonout, report
@@ -122,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             failure = jsonout.build_failure_document(
                 reason=str(error), exit_code=error.exit_code, environment=found[-1] if found else None
             )
-            _write_json(args.json, jsonout.dumps(failure))
+            write_output(args.json, jsonout.dumps(failure), "--json")
         raise
     print(
         report.render(
@@ -147,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             contention=outcome.contention,
             health=outcome.health,
         )
-        _write_json(args.json, jsonout.dumps(document))
+        write_output(args.json, jsonout.dumps(document), "--json")
         print(f"JSON written to {args.json}")
     if args.plot is not None:
         from gpuhost.bench.plot import draw_roofline

@@ -6,8 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuhost.audit import open_transport
+from gpuhost.audit import open_transport, unexpected_error
 from gpuhost.cli.common import add_target_options, resolve_targets
+from gpuhost.cli.text import printable
 from gpuhost.errors import EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.facts.gather import capture
 from gpuhost.facts.snapshot import GatherFormatError
@@ -31,6 +32,13 @@ def run(args: argparse.Namespace) -> int:
     targets = resolve_targets(args)
     output: Path = args.output
     destinations = [output] if len(targets) == 1 else [output / target.name for target in targets]
+    names = [target.name for target in targets]
+    if len(targets) > 1 and len(set(names)) < len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise InputError(
+            f"host {', '.join(twice)} is named twice; each host is captured once, into {output}/HOST. "
+            "Name each host once."
+        )
     for destination in destinations:
         if destination.exists():
             raise InputError(f"{destination} already exists; choose a new directory (snapshots are never merged).")
@@ -45,8 +53,20 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 transport.close()
         except (TransportError, GatherFormatError) as error:
-            print(f"gpuhost snapshot: {target.name}: {error}", file=sys.stderr)
+            print(printable(f"gpuhost snapshot: {target.name}: {error}"), file=sys.stderr)
             status = EXIT_UNUSABLE
             continue
-        print(f"{target.name}: snapshot written to {destination}")
+        except OSError as error:  # the output path: under a file, no permission, disk full
+            reason = error.strerror or str(error)
+            print(
+                printable(f"gpuhost snapshot: {target.name}: cannot write {destination}: {reason}. Choose another -o."),
+                file=sys.stderr,
+            )
+            status = EXIT_UNUSABLE
+            continue
+        except Exception as error:  # the fleet barrier, as in the audit: this host fails, the others go on
+            print(printable(f"gpuhost snapshot: {unexpected_error(target.name, error)}"), file=sys.stderr)
+            status = EXIT_UNUSABLE
+            continue
+        print(printable(f"{target.name}: snapshot written to {destination}"))
     return status

@@ -21,6 +21,9 @@ from gpuhost.facts.model import (
 )
 
 _PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_HEX_FIELD = re.compile(r"^(0[xX])?[0-9a-fA-F]+$")
+# ASCII digits only: str.isdigit() also accepts '²' or '٣', which int() then refuses or misreads.
+_EXIT_STATUS = re.compile(r"^-?[0-9]+$")
 
 
 def is_pci_address(text: str) -> bool:
@@ -58,7 +61,8 @@ def parse_link_speed(text: str | None) -> float | None:
     """'32.0 GT/s PCIe' (6.x kernels) or '8 GT/s' (older) -> 32.0; 'Unknown' -> None."""
     if text is None:
         return None
-    match = re.match(r"\s*([0-9.]+)\s*GT/s", text)
+    # One decimal number only: '1.2.3 GT/s' from an odd device is an unknown speed, not a crash.
+    match = re.match(r"\s*([0-9]+(?:\.[0-9]+)?)\s*GT/s", text)
     return float(match.group(1)) if match else None
 
 
@@ -76,8 +80,8 @@ def parse_pci_resource(text: str | None) -> tuple[Bar, ...]:
     bars = []
     for index, line in enumerate(text.splitlines()[:6]):
         fields = line.split()
-        if len(fields) != 3:
-            continue
+        if len(fields) != 3 or not all(_HEX_FIELD.match(f) for f in fields):
+            continue  # not 'start end flags' in hex: an unknown region, never a crash
         start, end, flags = (int(f, 16) for f in fields)
         if end > start:
             bars.append(Bar(index=index, start=start, end=end, flags=flags))
@@ -326,7 +330,7 @@ def parse_command_status(text: str) -> dict[str, int]:
     status = {}
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) == 2 and fields[1].lstrip("-").isdigit():
+        if len(fields) == 2 and _EXIT_STATUS.match(fields[1]):
             status[fields[0]] = int(fields[1])
     return status
 

@@ -173,10 +173,13 @@ def create_disk(pool: Any, name: str, capacity_bytes: int, base_image: str) -> s
 
 
 def upload_volume(conn: Any, pool: Any, name: str, data: bytes) -> str:
-    """A raw volume holding `data`, sent through a libvirt stream (works over qemu+ssh too)."""
+    """A raw volume holding `data`, sent through a libvirt stream (works over qemu+ssh too).
+
+    Mode 0600: a seed carries the guest's SSH host private key, which no other user of the host
+    may read (libvirt gives QEMU access when it attaches the volume, as for the disk)."""
     xml = (
         f"<volume type='file'><name>{_xml(name)}</name><capacity unit='bytes'>{len(data)}</capacity>"
-        "<target><format type='raw'/><permissions><mode>0644</mode></permissions></target></volume>"
+        "<target><format type='raw'/><permissions><mode>0600</mode></permissions></target></volume>"
     )
     vol = pool.createXML(xml, 0)
     stream = conn.newStream(0)
@@ -184,6 +187,19 @@ def upload_volume(conn: Any, pool: Any, name: str, data: bytes) -> str:
     stream.send(data)
     stream.finish()
     return str(vol.path())
+
+
+# The seed's CD-ROM as templates/domain.xml.j2 attaches it; without <source> it is an empty drive.
+EMPTY_SEED_DRIVE = "<disk type='file' device='cdrom'><target dev='sda' bus='sata'/><readonly/></disk>"
+
+
+def remove_seed(domain: Any, pool: Any, name: str) -> bool:
+    """Eject the seed from the running guest and its definition, then delete the volume: once the
+    guest's pinned key is confirmed and cloud-init is done, the private key it carries has no use
+    on the host. True when a volume was deleted."""
+    libvirt = import_libvirt()
+    domain.updateDeviceFlags(EMPTY_SEED_DRIVE, libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+    return delete_volume(pool, name)
 
 
 def delete_volume(pool: Any, name: str) -> bool:

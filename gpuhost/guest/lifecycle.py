@@ -306,6 +306,14 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
             timeouts.cloud_init,
             lambda: provision.wait_for_cloud_init(guest, log=log, timeout=timeouts.cloud_init),
         )
+        # The guest answered with its pinned key (ssh) and cloud-init read the seed: the host
+        # private key on the host's disk is of no further use, only a risk.
+        steps.run(
+            "seed-removed",
+            timeouts.seed,
+            lambda: libvirt_host.remove_seed(domain, pool, seed_name),
+            lambda deleted: f"{seed_name} ejected and deleted" if deleted else f"{seed_name} ejected",
+        )
         if options.skip_cuda:
             steps.skipped("cuda", "--skip-cuda")
         else:

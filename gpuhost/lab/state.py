@@ -60,9 +60,14 @@ def state_from_json(text: str) -> LabState:
 
 def load_state(path: Path) -> LabState:
     try:
-        return state_from_json(path.read_text())
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return LabState()
+    except (OSError, UnicodeDecodeError) as error:  # a directory, no permission, binary garbage
+        raise LabError(
+            f"lab state file {path} cannot be read ({type(error).__name__}: {error}); remove it once no lab VM runs"
+        ) from error
+    return state_from_json(text)
 
 
 def save_state(path: Path, state: LabState) -> None:

@@ -20,6 +20,8 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 GPU_ALIAS = re.compile(r"^gpu([0-9]{1,3})$")
 CUDA_VERSION = re.compile(r"^[0-9]{1,2}\.[0-9]{1,2}(?:\.[0-9]{1,3})?$")
 CPULIST = re.compile(r"^[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*$")
+# Linux builds for at most 8192 CPUs (CONFIG_NR_CPUS): a larger cpulist entry is a typo.
+MAX_CPUS = 8192
 SSH_KEY = re.compile(
     r"^(?:ssh-(?:ed25519|rsa|dss)|ecdsa-sha2-nistp(?:256|384|521)|sk-[a-z0-9@.-]+) [A-Za-z0-9+/=]+(?: .*)?$"
 )
@@ -115,6 +117,14 @@ def host_policy(variables: Mapping[str, Any], audit_policy: AuditPolicy, where: 
     reserved = str(variables.get("gpuhost_reserved_cpus", "") or "").strip()
     if reserved and not CPULIST.match(reserved):
         raise InputError(f"{where}: gpuhost_reserved_cpus {reserved!r} is not a CPU list like '0-1,64-65'.")
+    for part in reserved.split(",") if reserved else ():
+        low, _, high = part.partition("-")
+        # Checked here, before anything expands the range: '5-1' is empty, '0-999999999999' exhausts memory.
+        if int(low) > int(high or low) or int(high or low) >= MAX_CPUS:
+            raise InputError(
+                f"{where}: gpuhost_reserved_cpus range {part!r} must go up, within CPUs 0 to {MAX_CPUS - 1}. "
+                "Fix gpuhost_reserved_cpus."
+            )
     return HostPolicy(
         gpus=audit_policy.gpus,
         allow_shared_group=audit_policy.allow_shared_group,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost.errors import InputError, MissingDependencyError
+from gpuhost.output import write_output
 from gpuhost.plan.model import (
     APT_PIN_PATH,
     BACKUP_DIR,
@@ -35,7 +36,15 @@ from gpuhost.rollout.environment import (
     rollback_playbook_path,
 )
 from gpuhost.rollout.hostkeys import host_key_message
-from gpuhost.rollout.report import REPORT_SCHEMA, HostOutcome, HostStatus, RolloutReport, TaskProgress, TaskResult
+from gpuhost.rollout.report import (
+    CANCELED,
+    REPORT_SCHEMA,
+    HostOutcome,
+    HostStatus,
+    RolloutReport,
+    TaskProgress,
+    TaskResult,
+)
 from gpuhost.targets import Target
 
 # The name of site.yml's second play begins so: its tasks on a host mean that host's batch began.
@@ -148,7 +157,10 @@ class EventTracker:
 
 def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) -> RolloutReport:
     """Run site.yml on the hosts `targets` (the inventory read once, validated) and write the report."""
-    report = request.report_path
+    # The playbook writes beside the report; the report itself is replaced, whole, only by a run
+    # that was not canceled, so Ctrl-C never turns the last report into an empty one.
+    final_report = request.report_path
+    report = final_report.with_name(f".{final_report.name}.partial")
     tracker = EventTracker(progress, APPLY_KEY_TASKS)
     report.unlink(missing_ok=True)
     extravars: dict[str, Any] = {
@@ -188,7 +200,9 @@ def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) 
     data["ansible_rc"] = rc
     data["ansible_status"] = status
     data["seconds"] = round(time.monotonic() - tracker.started, 1)
-    report.write_text(json.dumps(data, indent=2) + "\n")
+    report.unlink(missing_ok=True)
+    if status != CANCELED:
+        write_output(final_report, json.dumps(data, indent=2) + "\n", "--report")
     return RolloutReport(data)
 
 

@@ -11,9 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE
+from gpuhost.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNUSABLE
 
 REPORT_SCHEMA = "gpuhost.apply/1"
+# ansible-runner's status of a run stopped by Ctrl-C (it handles SIGINT itself).
+CANCELED = "canceled"
 
 
 class HostStatus(str, enum.Enum):
@@ -89,7 +91,9 @@ class RolloutReport:
 
     def exit_code(self) -> int:
         """0 every host ready (check mode: ready or not-ready), 2 a host could not be reached (as
-        audit and plan), else 1; a run that reported no host is 1 too."""
+        audit and plan), 130 interrupted (Ctrl-C), else 1; a run that reported no host is 1 too."""
+        if self.data.get("ansible_status") == CANCELED:
+            return EXIT_INTERRUPTED
         statuses = [self.status(host) for host in self.hosts]
         if HostStatus.UNREACHABLE in statuses:
             return EXIT_UNUSABLE

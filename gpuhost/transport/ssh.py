@@ -8,6 +8,7 @@ sent on stdin, so an audit costs one round trip after the connection is up.
 
 from __future__ import annotations
 
+import logging
 import shlex
 import threading
 import time
@@ -24,6 +25,16 @@ if TYPE_CHECKING:
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 _known_hosts_lock = threading.Lock()
+# What one command may send back. A gather archive is a few MiB compressed; a host streaming
+# without end must cost a clear per-host error, not the controller's memory.
+MAX_STDOUT_BYTES = 64 * 1024 * 1024
+MAX_STDERR_BYTES = 1024 * 1024
+
+# paramiko logs a traceback at ERROR for every failed handshake (a non-SSH listener, a dropped
+# connection); with no handler, logging's last resort prints it on stderr. The failure reaches the
+# user once, as that host's TransportError.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 @dataclass(frozen=True)
@@ -80,15 +91,28 @@ class SshTransport:
         options = self.options
         client: paramiko.SSHClient = ssh_lib.SSHClient()
         known_hosts = self._known_hosts_path()
-        if options.known_hosts_file is None and SYSTEM_KNOWN_HOSTS.is_file():
-            client.load_system_host_keys(str(SYSTEM_KNOWN_HOSTS))
-        if known_hosts.is_file():
-            client.load_host_keys(str(known_hosts))
+        target = f"{options.user}@{options.host}:{options.port}"
+        for path in ([SYSTEM_KNOWN_HOSTS] if options.known_hosts_file is None else []) + [known_hosts]:
+            if not path.is_file():
+                continue
+            try:
+                load = client.load_host_keys if path == known_hosts else client.load_system_host_keys
+                load(str(path))
+            except (ssh_lib.hostkeys.InvalidHostKey, ssh_lib.SSHException, ValueError, OSError) as error:
+                # InvalidHostKey carries (line, cause): name the line, not a tuple's repr.
+                if isinstance(error, ssh_lib.hostkeys.InvalidHostKey):
+                    detail = f"malformed line {error.line[:200]!r}"
+                else:
+                    detail = f"{type(error).__name__}: {error}"
+                raise TransportError(
+                    "input",
+                    f"{target}: cannot read the known_hosts file {path}: {detail}. "
+                    "Fix or remove that line (ssh-keygen -R HOST -f FILE rewrites the file).",
+                ) from error
         if options.accept_new_host_keys:
             client.set_missing_host_key_policy(_accept_new_policy(ssh_lib, known_hosts))
         else:
             client.set_missing_host_key_policy(ssh_lib.RejectPolicy())
-        target = f"{options.user}@{options.host}:{options.port}"
         try:
             client.connect(
                 hostname=options.host,
@@ -119,6 +143,17 @@ class SshTransport:
             ) from error
         except ssh_lib.SSHException as error:
             client.close()
+            if options.key_file is not None and _is_key_error(error):
+                raise TransportError(
+                    "auth", f"{target}: the private key {options.key_file} cannot be used: {error}. {_KEY_FIX}"
+                ) from error
+            # The server accepted TCP, then said nothing in time: no banner (paramiko keeps the
+            # socket timeout as the context), or no session after it.
+            if isinstance(error.__context__, TimeoutError) or "No existing session" in str(error):
+                raise TransportError(
+                    "timeout",
+                    f"{target}: the SSH server did not complete the handshake within {options.connect_timeout:g} s",
+                ) from error
             if "not found in known_hosts" in str(error):
                 raise TransportError(
                     "host-key-unknown",
@@ -130,7 +165,18 @@ class SshTransport:
         except TimeoutError as error:
             client.close()
             raise TransportError(
-                "unreachable", f"{target}: no answer within {options.connect_timeout:g} s (host down or filtered?)"
+                "timeout", f"{target}: no answer within {options.connect_timeout:g} s (host down or filtered?)"
+            ) from error
+        except EOFError as error:
+            client.close()
+            raise TransportError(
+                "unreachable", f"{target}: the server closed the connection during the SSH handshake (not SSH?)"
+            ) from error
+        except (ValueError, UnicodeDecodeError) as error:  # a garbage key file, read before any network I/O
+            client.close()
+            raise TransportError(
+                "auth",
+                f"{target}: the private key {options.key_file} cannot be read ({type(error).__name__}). {_KEY_FIX}",
             ) from error
         except OSError as error:
             client.close()
@@ -146,16 +192,22 @@ class SshTransport:
         if transport is None or not transport.is_active():
             raise TransportError("unreachable", f"{self.options.url}: the SSH connection closed")
         self._round_trips += 1
-        channel = transport.open_session(timeout=self.options.connect_timeout)
+        ssh_lib = _import_paramiko()
         try:
-            channel.exec_command(command)
-            if stdin:
-                channel.sendall(stdin)
-            channel.shutdown_write()
-            stdout, stderr = _drain(channel, timeout, self.options.url)
-            status = channel.recv_exit_status()
-        finally:
-            channel.close()
+            channel = transport.open_session(timeout=self.options.connect_timeout)
+            try:
+                channel.exec_command(command)
+                if stdin:
+                    channel.sendall(stdin)
+                channel.shutdown_write()
+                stdout, stderr = _drain(channel, timeout, self.options.url)
+                status = channel.recv_exit_status()
+            finally:
+                channel.close()
+        except (EOFError, OSError, ssh_lib.SSHException) as error:  # the server dropped us mid-command
+            raise TransportError(
+                "unreachable", f"{self.options.url}: the connection broke while running {argv[0]}: {error or 'EOF'}"
+            ) from error
         if status != 0 and b"sudo:" in stderr and b"password" in stderr:
             raise TransportError(
                 "auth",
@@ -187,6 +239,14 @@ class SshTransport:
         self._client.close()
 
 
+_KEY_FIX = "Point --private-key / ansible_ssh_private_key_file at an OpenSSH private key file."
+
+
+def _is_key_error(error: Exception) -> bool:
+    text = str(error).lower()
+    return "private key" in text or "not a valid" in text or "key cannot be used" in text or "encrypted" in text
+
+
 def _drain(channel: paramiko.Channel, timeout: float, url: str) -> tuple[bytes, bytes]:
     """Read stdout and stderr until the command ends, so that neither fills its window.
 
@@ -203,7 +263,8 @@ def _drain(channel: paramiko.Channel, timeout: float, url: str) -> tuple[bytes, 
                 continue
             if not chunk:
                 return
-            stderr_chunks.append(chunk)
+            if sum(map(len, stderr_chunks)) < MAX_STDERR_BYTES:  # keep draining, keep only the start
+                stderr_chunks.append(chunk)
 
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
@@ -220,6 +281,12 @@ def _drain(channel: paramiko.Channel, timeout: float, url: str) -> tuple[bytes, 
         if not chunk:
             break
         stdout += chunk
+        if len(stdout) > MAX_STDOUT_BYTES:
+            raise TransportError(
+                "command",
+                f"{url}: the host sent more than {MAX_STDOUT_BYTES // (1024 * 1024)} MiB of output; "
+                "stopped reading (what runs there instead of the gather script?)",
+            )
     reader.join(max(0.0, deadline - time.monotonic()))
     return bytes(stdout), b"".join(stderr_chunks)
 

@@ -1,0 +1,355 @@
+"""Issue 13: the hostile and broken input corpus (tests/hostile/cases.yml), walked case by case.
+
+Every case runs a verb through the CLI and checks what a user would see: the documented exit code,
+no traceback, a message that names the bad thing, no raw control character on the terminal, and
+nothing sent (a loopback listener that must see no connection) or written where it should not be.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuhost.cli.main import main
+from gpuhost.errors import InputError
+from gpuhost.output import write_output
+from gpuhost.transport import TransportError
+from gpuhost.transport.ssh import MAX_STDOUT_BYTES, _drain
+from tests.helpers import SNAPSHOTS
+from tests.test_render_cli import INVENTORY as RENDER_INVENTORY
+from tests.test_render_cli import LAB_FRESH
+
+CORPUS = yaml.safe_load((Path(__file__).parent / "hostile/cases.yml").read_text(encoding="utf-8"))
+H100 = SNAPSHOTS / "h100-guest"
+
+
+def cases(section: str) -> list[Any]:
+    return [pytest.param(case, id=case["name"]) for case in CORPUS[section]]
+
+
+def run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    status = main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def assert_clean(out: str, err: str) -> None:
+    """What reaches the terminal: no traceback, no escape sequence or other control character."""
+    assert "Traceback" not in out + err
+    raw_controls = [c for c in out + err if not c.isprintable() and c not in "\n\t"]
+    assert not raw_controls, f"raw control characters reached the terminal: {raw_controls!r}"
+
+
+class Listener:
+    """A TCP port on loopback that counts connections (and may answer like a broken server)."""
+
+    def __init__(self, reply: bytes = b"", then: str = "close") -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(16)
+        self.server.settimeout(0.2)
+        self.port = self.server.getsockname()[1]
+        self.connections = 0
+        self.reply, self.then = reply, then
+        self._held: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            if self.reply:
+                connection.sendall(self.reply)
+            if self.then == "hang":
+                self._held.append(connection)
+            else:
+                connection.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        for connection in self._held:
+            connection.close()
+        self.server.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    server = Listener()
+    yield server
+    server.close()
+
+
+# --- snapshots: odd sysfs text, terminal injection, markup and emoji -------------------------------------
+
+
+def hostile_snapshot(case: dict[str, Any], tmp_path: Path) -> Path:
+    copy = tmp_path / case["name"]
+    shutil.copytree(SNAPSHOTS / case["base"], copy)
+    for relative, text in case.get("write", {}).items():
+        data = text.encode("latin-1") if case.get("binary") else text.encode("utf-8")
+        (copy / relative).write_bytes(data)
+    for source, destination in case.get("rename", {}).items():
+        (copy / source).rename(copy / destination)
+    if "meta_host" in case:
+        meta = json.loads((copy / "snapshot.json").read_text())
+        meta["host"] = case["meta_host"]
+        (copy / "snapshot.json").write_text(json.dumps(meta))
+    return copy
+
+
+@pytest.mark.parametrize("case", cases("snapshots"))
+def test_hostile_snapshot(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = hostile_snapshot(case, tmp_path)
+    status, out, err = run(capsys, ["audit", "-v", "--from-snapshot", str(snapshot)])
+    assert_clean(out, err)
+    assert status == case["exit"], out + err
+    assert case["shows"] in out, out
+    # As JSON, beside a healthy host: both objects, the exit status of the worst.
+    status, out, err = run(capsys, ["audit", "--json", "--from-snapshot", str(snapshot), "--from-snapshot", str(H100)])
+    assert "Traceback" not in err
+    hosts = [json.loads(line) for line in out.splitlines()]
+    assert len(hosts) == 2 and hosts[1]["ready"] is True
+    if "meta_host" in case:
+        assert hosts[0]["host"] == case["meta_host"]  # JSON keeps the value exact; escaping is the terminal's
+
+
+def test_a_bus_named_like_an_emoji_code_stays_an_address(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (case,) = [c for c in CORPUS["snapshots"] if c["name"] == "bus-ab-not-emoji"]
+    status, out, _ = run(capsys, ["audit", "--from-snapshot", str(hostile_snapshot(case, tmp_path))])
+    assert status == 0 and "0000:ab:00.0" in out and "\U0001f18e" not in out
+
+
+# --- inventories: values refused before any connection -------------------------------------------------
+
+
+def write_inventory(case: dict[str, Any], tmp_path: Path, port: int) -> Path:
+    name = case.get("name_override", "gpu01")
+    lines = [
+        "all:",
+        "  hosts:",
+        f"    {json.dumps(name)}:",
+        "      ansible_host: 127.0.0.1",
+        f"      ansible_port: {port}",
+    ]
+    variables = {key: str(tmp_path) if value == "TMP" else value for key, value in case.get("vars", {}).items()}
+    lines += [f"      {key}: {json.dumps(value)}" for key, value in variables.items()]
+    if "vars_yaml" in case:
+        lines.append(f"      {case['vars_yaml']}")
+    text = "\n".join(lines) + "\n"
+    # The later key wins in YAML; drop the default host line when the case sets its own.
+    if "ansible_host" in text.split("ansible_port")[1]:
+        text = text.replace("      ansible_host: 127.0.0.1\n", "", 1)
+    path = tmp_path / "inventory.yml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case", cases("inventories"))
+def test_hostile_inventory_value(
+    case: dict[str, Any], tmp_path: Path, listener: Listener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory = write_inventory(case, tmp_path, listener.port)
+    status, out, err = run(capsys, ["audit", "--json", "--connect-timeout", "2", "-i", str(inventory)])
+    assert_clean(out, err)
+    assert status == 2, out + err
+    assert case["says"] in err, err
+    assert out == ""
+    time.sleep(0.3)  # the listener's accept loop polls every 0.2 s
+    assert listener.connections == 0, "a refused value must not reach the network"
+
+
+# --- command lines --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", cases("arguments"))
+def test_hostile_arguments(
+    case: dict[str, Any], tmp_path: Path, listener: Listener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        f"all:\n  hosts:\n    gpu01:\n      ansible_host: 127.0.0.1\n      ansible_port: {listener.port}\n"
+    )
+    substitutions = {"SNAP": str(H100), "TMP": str(tmp_path), "INV": str(inventory), "PORT": str(listener.port)}
+    argv = [substitutions.get(arg, arg) for arg in case["argv"]]
+    argv = [arg.replace("PORT", str(listener.port)).replace("TMP", str(tmp_path)) for arg in argv]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    try:
+        status, out, err = run(capsys, argv)
+    except SystemExit as exit_:  # argparse refuses a type error with exit 2 and usage on stderr
+        captured = capsys.readouterr()
+        status, out, err = int(exit_.code or 0), captured.out, captured.err
+    assert_clean(out, err)
+    assert status == case["exit"], out + err
+    assert case["says"] in err, err
+    time.sleep(0.3)
+    assert listener.connections == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "nothing may be written"
+
+
+# --- output paths: one writer, whole or not at all ------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", cases("outputs"))
+def test_render_output_path(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("a file, not a directory\n")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(RENDER_INVENTORY)
+    applied = tmp_path / "applied"
+    shutil.copytree(LAB_FRESH, applied)
+    for function in ("0000:01:00.0", "0000:01:00.1"):
+        (applied / f"sys/bus/pci/devices/{function}/driver").write_text("../../../../bus/pci/drivers/vfio-pci\n")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    path = case["path"].replace("TMP", str(tmp_path))
+    argv = ["render", "-i", str(inventory), "--host", "lab-1", "--vm", "nested-proof", "--no-validate"]
+    status, out, err = run(capsys, [*argv, "--from-snapshot", str(applied), "-o", path])
+    assert_clean(out, err)
+    assert status == 2 and case["says"] in err and path in err, err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before, "no temporary file may stay behind"
+
+
+def test_render_output_is_written_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "domain.xml"
+    target.write_text("old")
+    write_output(target, "<domain/>\n", "-o")
+    assert target.read_text() == "<domain/>\n" and [p.name for p in tmp_path.iterdir()] == ["domain.xml"]
+    with pytest.raises(InputError, match="is not a regular file"):
+        write_output(Path("/dev/null"), "x", "-o")
+
+
+# --- servers that are not well-behaved SSH servers ------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", cases("servers"))
+def test_broken_server_is_that_hosts_error(
+    case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = Listener(case["reply"].encode("latin-1"), case["then"])
+    try:
+        host = f"root@127.0.0.1:{server.port}"
+        known_hosts = tmp_path / "known_hosts"
+        argv = ["audit", "--json", "--connect-timeout", "1", "--known-hosts", str(known_hosts), host]
+        status, out, err = run(capsys, [*argv, "--from-snapshot", str(H100)])
+    finally:
+        server.close()
+    assert_clean(out, err)
+    assert err == "", "paramiko's own logging must not print on stderr"
+    assert status == 2
+    broken, healthy = (json.loads(line) for line in out.splitlines())
+    assert broken["host"] == host and broken["error_kind"] == case["kind"], broken
+    assert f"127.0.0.1:{server.port}" in broken["error"]
+    assert healthy["ready"] is True
+    assert not known_hosts.exists(), "no key may be recorded from a broken server"
+
+
+def test_malformed_known_hosts_line_is_that_hosts_error(
+    tmp_path: Path, listener: Listener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("127.0.0.1 ssh-ed25519 AAAA!!!not-base64!!!\n")
+    host = f"root@127.0.0.1:{listener.port}"
+    status, out, err = run(capsys, ["audit", "--json", "--known-hosts", str(known_hosts), host])
+    assert_clean(out, err)
+    (result,) = (json.loads(line) for line in out.splitlines())
+    assert status == 2 and result["error_kind"] == "input"
+    assert str(known_hosts) in result["error"] and "malformed line" in result["error"]
+    assert listener.connections == 0
+
+
+def test_garbage_private_key_is_that_hosts_error(
+    tmp_path: Path, sshd_server: Any, sshd_known_hosts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tmp_path / "id_garbage"
+    key.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----\n\xff\xfe\x00garbage\n-----END OPENSSH PRIVATE KEY-----\n")
+    argv = ["audit", "--json", "--known-hosts", str(sshd_known_hosts), "--private-key", str(key), sshd_server.target]
+    status, out, err = run(capsys, [*argv, "--from-snapshot", str(H100)])
+    assert_clean(out, err)
+    broken, healthy = (json.loads(line) for line in out.splitlines())
+    assert status == 2 and broken["error_kind"] == "auth" and str(key) in broken["error"], broken
+    assert healthy["ready"] is True
+
+
+# --- a host that streams without end --------------------------------------------------------------------
+
+
+class EndlessChannel:
+    """A paramiko channel whose command never stops writing to stdout."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def settimeout(self, _: float) -> None:
+        pass
+
+    def recv(self, size: int) -> bytes:
+        self.sent += size
+        return b"\0" * size
+
+    def recv_stderr(self, _: int) -> bytes:
+        return b""
+
+
+def test_output_is_bounded_while_reading() -> None:
+    channel = EndlessChannel()
+    with pytest.raises(TransportError, match="more than 64 MiB") as error:
+        _drain(channel, 60.0, "ssh://root@gpu01:22")  # type: ignore[arg-type]
+    assert error.value.kind == "command"
+    assert channel.sent <= MAX_STDOUT_BYTES + (1 << 16), "reading stops at the cap, not at the end"
+
+
+# --- verbs outside the audit: one host, no fleet barrier, still no traceback ---------------------------
+
+
+def test_guest_logs_of_an_unreachable_host_is_an_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    server = Listener(b"", "close")  # accepts and hangs up: the SSH handshake fails
+    try:
+        inventory = tmp_path / "inventory.yml"
+        inventory.write_text(RENDER_INVENTORY.replace("ansible_port: 2201", f"ansible_port: {server.port}"))
+        argv = ["guest", "logs", "-i", str(inventory), "--host", "lab-1", "--vm", "nested-proof", "--serial"]
+        status, out, err = run(capsys, [*argv, "--known-hosts", str(tmp_path / "known_hosts")])
+    finally:
+        server.close()
+    assert_clean(out, err)
+    assert status == 2 and f"127.0.0.1:{server.port}" in err, err
+
+
+@pytest.mark.parametrize(
+    "content", [b"\xff\xfe\x00\x01binary", b"{not json", b'{"version": 1, "hosts": [{"name": 1}]}', b"[]"]
+)
+def test_damaged_lab_state_is_named(
+    content: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUHOST_LAB_DIR", str(tmp_path))
+    (tmp_path / "state.json").write_bytes(content)
+    status, out, err = run(capsys, ["lab", "status"])
+    assert_clean(out, err)
+    assert status == 2 and "lab state file" in err and "remove it" in err, err
+    assert (tmp_path / "state.json").read_bytes() == content, "a damaged state file is left for the operator"
+
+
+def test_a_huge_bad_value_is_shortened_in_the_message(
+    tmp_path: Path, listener: Listener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 13 class 13: a multi-megabyte value is named, not repeated whole; the fix still shows."""
+    huge = "x" * 3_000_000
+    inventory = write_inventory({"name": "huge", "vars": {"gpuhost_reserved_cpus": huge}}, tmp_path, listener.port)
+    status, out, err = run(capsys, ["audit", "--json", "-i", str(inventory)])
+    assert_clean(out, err)
+    assert status == 2 and "gpuhost_reserved_cpus" in err and "characters left out" in err
+    assert len(err) < 5000 and err.rstrip().endswith(("'.", "'"))
