@@ -62,7 +62,8 @@ class LabHost:
     paths: LabPaths
     record: VmRecord
 
-    def run(self, *command: str, timeout: float = 120) -> str:
+    # Generous: with the lab modules side by side, a command in a TCG host can wait minutes for a core.
+    def run(self, *command: str, timeout: float = 600) -> str:
         result = fleet.run_on(self.paths, self.record, list(command), timeout=timeout)
         assert result.returncode == 0, f"{command} on {self.topology}: {result.stderr}"
         return result.stdout

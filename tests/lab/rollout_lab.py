@@ -57,7 +57,7 @@ class Host:
     def record(self) -> VmRecord:
         return fleet.find_host(self.paths, "lab-1")
 
-    def sh(self, script: str, timeout: float = 180) -> str:
+    def sh(self, script: str, timeout: float = 600) -> str:
         result = fleet.run_on(self.paths, self.record, ["sh", "-s"], stdin=script, timeout=timeout)
         assert result.returncode == 0, result.stderr
         return result.stdout

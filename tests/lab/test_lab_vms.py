@@ -69,7 +69,7 @@ def audit(host: LabHost) -> tuple[int, list[dict[str, Any]]]:
         [sys.executable, "-m", "gpuhost", "audit", "-i", str(host.paths.inventory), "--json"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         check=False,
     )
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
