@@ -193,14 +193,25 @@ def test_logs_show_the_serial_console_and_the_provisioning(guest: Guest) -> None
     assert "pip install" in provisioning and "smoke-test --json" in provisioning
 
 
-def test_down_removes_the_domain_disk_and_seed_and_nothing_else(guest: Guest) -> None:
+def test_the_seed_with_the_guest_host_key_is_gone_once_the_guest_answered(guest: Guest) -> None:
+    """The cloud-init seed carries the guest's SSH host private key: `up` ejects and deletes it once
+    the guest answered with that key and cloud-init finished (issue 13, class 14)."""
+    assert re.search(r"(?m): seed-removed: [0-9.]+ s", guest.up.stdout), guest.up.stdout
+    volumes = set(_virsh("vol-list", "--pool", _pool_name(guest.pool.directory)).stdout.split())
+    assert f"{guest.vm}.qcow2" in volumes and f"{guest.vm}-seed.iso" not in volumes, volumes
+    assert not (guest.pool.directory / f"{guest.vm}-seed.iso").exists()
+    # Ejected in the definition too: the domain no longer names the seed.
+    assert f"{guest.vm}-seed.iso" not in _virsh("dumpxml", "--inactive", guest.vm).stdout
+
+
+def test_down_removes_the_domain_and_disk_and_nothing_else(guest: Guest) -> None:
     volumes_before = set(_virsh("vol-list", "--pool", _pool_name(guest.pool.directory)).stdout.split())
-    assert f"{guest.vm}.qcow2" in volumes_before and f"{guest.vm}-seed.iso" in volumes_before
+    assert f"{guest.vm}.qcow2" in volumes_before
     started = time.monotonic()
     down = guest.gpuhost("down")
     _timing(f"gpuhost guest down: {time.monotonic() - started:.1f} s")
     assert down.returncode == 0, down.stderr
-    assert f"removed {guest.vm}.qcow2, {guest.vm}-seed.iso" in down.stdout
+    assert f"removed {guest.vm}.qcow2" in down.stdout, down.stdout
     assert _virsh("dominfo", guest.vm, check=False).returncode != 0  # no such domain
     assert sorted(path.name for path in guest.pool.directory.iterdir()) == sorted(
         [guest.pool.base.name, guest.pool.bystander.name]
