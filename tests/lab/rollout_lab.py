@@ -3,7 +3,7 @@ booted together for a module, with the hashes of every file apply or rollback ma
 
 test_faults_lab.py (two hosts: rollouts across batches) and test_grub_files_lab.py (one host:
 unusual GRUB files, conflicting settings, rollback) each boot their own hosts, so that pytest-xdist
-runs them side by side on different workers.
+can run them side by side (`-n 3`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ an NVIDIA host with the lab's stand-in driver, one 1 GiB page, a VM to render) i
    the passthrough proof on B: render, virsh define/start, the guest lists the GPU's functions.
 
 Faults 4 and 5 and rollback run on a host of their own in test_grub_files_lab.py, beside this
-module on another pytest-xdist worker (CI's time). Fault 7 (hostile inventory values) and the pure
+module with `-n 3`, on another pytest-xdist worker. Fault 7 (hostile inventory values) and the pure
 half of 4 need no VM: tests/test_hostile_inventory.py and tests/test_trial_boot.py. Run alone:
 `pytest -m lab tests/lab/test_faults_lab.py -n 0 -s`; the times are printed as [fault timing] lines.
 """

@@ -8,8 +8,7 @@ rollback: `gpuhost rollback --limit A`: the host's own old command line and the 
 are back, nothing of gpuhost's left.
 
 These ran at the end of test_faults_lab.py on its host A; they need none of that module's state,
-so they boot their own base host and run on another pytest-xdist worker while the fault suite runs
-(CI's time). Run alone: `pytest -m lab tests/lab/test_grub_files_lab.py -n 0 -s`.
+so they boot their own base host (with `-n 3`, a pytest-xdist worker beside the fault suite's). Run alone: `pytest -m lab tests/lab/test_grub_files_lab.py -n 0 -s`.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from gpuhost.lab.image import Image
 
 from .rollout_lab import OPTIONS, HostLayout, Lab, apply, booted_lab, timing
 
-# Shares the Molecule worker: the two together take about as long as the fault suite alone.
+# With -n 3 it shares the Molecule worker: the two together take about as long as the fault suite.
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-molecule")]
 
 A = "a-1"
