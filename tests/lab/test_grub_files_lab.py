@@ -8,7 +8,8 @@ rollback: `gpuhost rollback --limit A`: the host's own old command line and the 
 are back, nothing of gpuhost's left.
 
 These ran at the end of test_faults_lab.py on its host A; they need none of that module's state,
-so they boot their own base host (with `-n 3`, a pytest-xdist worker beside the fault suite's). Run alone: `pytest -m lab tests/lab/test_grub_files_lab.py -n 0 -s`.
+so they boot their own base host (with `-n 3`, a pytest-xdist worker beside the fault suite's).
+Run alone: `pytest -m lab tests/lab/test_grub_files_lab.py -n 0 -s`.
 """
 
 from __future__ import annotations

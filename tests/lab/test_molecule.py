@@ -3,7 +3,8 @@
 `molecule test` runs destroy, syntax, create (two lab hosts), prepare (check mode changes nothing;
 the shared-group host is refused), converge (site.yml with its trial reboot), idempotence, verify
 and destroy; see the scenario's files for what each step asserts. It runs here, as one lab module
-so that the README's one test command runs it (with `-n 3`, on its own pytest-xdist worker). Run alone: `pytest tests/lab/test_molecule.py -n 0 -s`, or from playbooks/:
+so that the README's one test command runs it (with `-n 3`, on its own pytest-xdist worker).
+Run alone: `pytest tests/lab/test_molecule.py -n 0 -s`, or from playbooks/:
 `PATH=$PWD/../.venv/bin:$PATH ../.venv/bin/molecule test`.
 """
 
