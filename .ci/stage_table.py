@@ -1,8 +1,8 @@
 """Print CI's stage table: setup, lint, the tests' wall time, and each test module's share.
 
 Reads the stage file .ci/run writes (`NAME EPOCH-SECONDS` per finished stage, `start` first) and the
-per-module timings tests/conftest.py writes (GPUHOST_TEST_TIMINGS). The lab modules run side by
-side, so their wall-clock spans overlap; the fast modules are summed into one row.
+per-module timings tests/conftest.py writes (GPUHOST_TEST_TIMINGS). Each lab module gets its
+wall-clock span (they overlap when run side by side with -n 3); the fast modules are summed.
 """
 
 from __future__ import annotations
