@@ -22,7 +22,7 @@ an NVIDIA host with the lab's stand-in driver, one 1 GiB page, a VM to render) i
    the passthrough proof on B: render, virsh define/start, the guest lists the GPU's functions.
 
 Faults 4 and 5 and rollback run on a host of their own in test_grub_files_lab.py, beside this
-module with `-n 3`, on another pytest-xdist worker. Fault 7 (hostile inventory values) and the pure
+module, on the other pytest-xdist worker. Fault 7 (hostile inventory values) and the pure
 half of 4 need no VM: tests/test_hostile_inventory.py and tests/test_trial_boot.py. Run alone:
 `pytest -m lab tests/lab/test_faults_lab.py -n 0 -s`; the times are printed as [fault timing] lines.
 """
@@ -48,7 +48,7 @@ from gpuhost.lab import fake_nvidia, fleet
 from gpuhost.lab import image as lab_image
 from gpuhost.lab.image import Image
 from gpuhost.lab.paths import LabPaths
-from gpuhost.lab.recipe import NESTED_GUEST_DIR
+from gpuhost.lab.recipe import GUEST_SPEED_OPTIONS, NESTED_GUEST_DIR
 from gpuhost.lab.state import is_our_process, load_state, process_start_ticks, save_state
 from gpuhost.plan.settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTING_OPTIONS_ENV
 from gpuhost.targets import ConnectionDefaults, inventory_targets
@@ -74,7 +74,7 @@ PROOF_VM: dict[str, Any] = {
     "network": "none",
     "kernel": f"{NESTED_GUEST_DIR}/vmlinuz",
     "initrd": f"{NESTED_GUEST_DIR}/initrd.gz",
-    "cmdline": "console=ttyS0 quiet panic=-1",
+    "cmdline": f"console=ttyS0 quiet panic=-1 {GUEST_SPEED_OPTIONS}",
 }
 GUEST_SEES = ("1234:1111 class 0x030000", "8086:293e class 0x040300")
 PCI_BEGIN, PCI_END = "GPUHOST-GUEST-PCI-BEGIN", "GPUHOST-GUEST-PCI-END"

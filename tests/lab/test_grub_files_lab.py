@@ -8,7 +8,7 @@ rollback: `gpuhost rollback --limit A`: the host's own old command line and the 
 are back, nothing of gpuhost's left.
 
 These ran at the end of test_faults_lab.py on its host A; they need none of that module's state,
-so they boot their own base host (with `-n 3`, a pytest-xdist worker beside the fault suite's).
+so they boot their own base host, on the pytest-xdist worker beside the fault suite's.
 Run alone: `pytest -m lab tests/lab/test_grub_files_lab.py -n 0 -s`.
 """
 
@@ -22,11 +22,13 @@ import pytest
 
 from gpuhost.cli.main import main
 from gpuhost.lab.image import Image
+from gpuhost.lab.recipe import KERNEL_CMDLINE
 
 from .rollout_lab import OPTIONS, HostLayout, Lab, apply, booted_lab, timing
 
-# With -n 3 it shares the Molecule worker: the two together take about as long as the fault suite.
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-molecule")]
+# Group lab-rest (this, the guest lifecycle, test_lab_vms, Molecule) takes about as long as the
+# fault suite (group lab-faults): the two groups run side by side on the two pytest-xdist workers.
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-rest")]
 
 A = "a-1"
 LAYOUT = {A: HostLayout("base", 2048, {"gpuhost_hugepages": 0})}
@@ -44,7 +46,7 @@ UNUSUAL_GRUB = (
     "GRUB_TIMEOUT=0\n"
     "GRUB_TIMEOUT_STYLE=hidden\n"
     "GRUB_DISTRIBUTOR='Debian'\n"
-    "GRUB_CMDLINE_LINUX='console=ttyS0,115200n8 no_timer_check'\n"
+    f"GRUB_CMDLINE_LINUX='{KERNEL_CMDLINE}'\n"
     'GRUB_CMDLINE_LINUX_DEFAULT="vfio-pci.ids=10de:1111 \\\n'
     '    quiet"  # an older passthrough try\n'
     'GRUB_TERMINAL="serial console"\n'
