@@ -2,7 +2,7 @@
 
 Reads the stage file .ci/run writes (`NAME EPOCH-SECONDS` per finished stage, `start` first) and the
 per-module timings tests/conftest.py writes (GPUHOST_TEST_TIMINGS). Each lab module gets its
-wall-clock span (they overlap when run side by side with -n 3); the fast modules are summed.
+wall-clock span (the two lab groups overlap: they run side by side); the fast modules are summed.
 """
 
 from __future__ import annotations

@@ -67,7 +67,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--hosts", type=int, default=2, help="number of hosts (default 2)")
     up.add_argument("--topology", choices=sorted(TOPOLOGIES), default="gpu-pair")
     up.add_argument("--memory", default="4G", help="memory per host, e.g. 4G or 2048M (default 4G)")
-    up.add_argument("--cpus", type=int, default=2, help="vCPUs per host (default 2)")
+    up.add_argument(
+        "--cpus", type=int, default=fleet.DEFAULT_CPUS, help=f"vCPUs per host (default {fleet.DEFAULT_CPUS})"
+    )
     up.add_argument("--variant", choices=VARIANTS, default="base", help="image variant to boot")
     up.add_argument(
         "--fake-nvidia", action="store_true", help="install the stand-in NVIDIA driver on every host once it is up"

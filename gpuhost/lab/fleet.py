@@ -27,6 +27,11 @@ Progress = Callable[[str], None]
 
 # Beyond guest memory, a TCG VM needs its translation cache and QEMU's own memory.
 MEMORY_OVERHEAD_MIB = 512
+# One vCPU per host: under TCG a second vCPU does not speed up the lab's mostly serial work (apt,
+# update-initramfs, Ansible modules), and when hosts share the machine's cores its IPIs and spinning
+# vCPUs cost the others. Measured on the 2-core machine, two hosts each running mkinitramfs at once:
+# 128 and 136 s with 2 vCPUs, 88 and 88 s with 1 (80-83 s alone either way); boot 57 -> 45 s.
+DEFAULT_CPUS = 1
 MAX_HOSTS = 64
 PORT_ATTEMPTS = 5
 
@@ -278,7 +283,7 @@ def up(
     hosts: int = 2,
     topology: str = "gpu-pair",
     memory_mib: int = 4096,
-    cpus: int = 2,
+    cpus: int = DEFAULT_CPUS,
     variant: str = "base",
     wait: bool = True,
     timeout: float = 300,

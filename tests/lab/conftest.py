@@ -25,8 +25,7 @@ from gpuhost.lab.state import VmRecord
 
 TOPOLOGIES_UNDER_TEST = ("gpu-pair", "shared-group")
 MEMORY_MIB = 2048
-CPUS = 2
-# The lab modules run side by side (pytest-xdist): up to six TCG hosts boot at once on two cores.
+# The two lab groups run side by side (pytest-xdist -n 2): up to four TCG hosts boot at once.
 BOOT_TIMEOUT = 900
 
 
@@ -78,7 +77,7 @@ def lab_hosts(
     started = time.monotonic()
     try:
         for name, paths in labs.items():
-            fleet.up(paths, hosts=1, topology=name, memory_mib=MEMORY_MIB, cpus=CPUS, wait=False)
+            fleet.up(paths, hosts=1, topology=name, memory_mib=MEMORY_MIB, wait=False)
         with ThreadPoolExecutor(len(labs)) as pool:
             waits = {
                 name: pool.submit(fleet.wait_for_ssh, paths, fleet.status(paths)[0].hosts, BOOT_TIMEOUT)

@@ -3,7 +3,7 @@ booted together for a module, with the hashes of every file apply or rollback ma
 
 test_faults_lab.py (two hosts: rollouts across batches) and test_grub_files_lab.py (one host:
 unusual GRUB files, conflicting settings, rollback) each boot their own hosts, so that pytest-xdist
-can run them side by side (`-n 3`).
+can run them side by side (the default `-n 2`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def booted_lab(root: Path, image_dir: Path, layout: Mapping[str, HostLayout]) ->
     started = time.monotonic()
     try:
         for name, host in layout.items():
-            fleet.up(labs[name], hosts=1, variant=host.variant, memory_mib=host.memory_mib, cpus=2, wait=False)
+            fleet.up(labs[name], hosts=1, variant=host.variant, memory_mib=host.memory_mib, wait=False)
         with ThreadPoolExecutor(len(labs)) as pool:
             waits = [pool.submit(fleet.wait_for_ssh, p, fleet.status(p)[0].hosts, BOOT_TIMEOUT) for p in labs.values()]
             for future in waits:

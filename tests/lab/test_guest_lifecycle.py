@@ -33,7 +33,7 @@ from sshd import Sshd
 from gpuhost.lab import image as lab_image
 from gpuhost.lab.paths import LabPaths
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400), pytest.mark.xdist_group("lab-vms")]
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400), pytest.mark.xdist_group("lab-rest")]
 
 URI = "qemu:///system"
 LIBVIRT_SOCKET = Path("/run/libvirt/libvirt-sock")
@@ -137,7 +137,7 @@ def guest(pool: Pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gues
         "all:\n  hosts:\n    here:\n      ansible_connection: local\n"
         f"      gpuhost_images_dir: {pool.directory}\n"
         "      gpuhost_vms:\n"
-        f"        - name: {vm}\n          vcpus: 2\n          memory: 1536M\n          gpus: none\n"
+        f"        - name: {vm}\n          vcpus: 1\n          memory: 1536M\n          gpus: none\n"
         f"          base_image: {pool.base}\n          domain_type: qemu\n          firmware: bios\n"
         "          hugepages: off\n"
     )

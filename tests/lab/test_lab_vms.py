@@ -28,7 +28,7 @@ from gpuhost.lab.topology import INTRUDER_NIC_ID, TOPOLOGIES
 from .conftest import BOOT_TIMEOUT, LabHost, qemu_processes_under
 
 # Shares a worker with the guest lifecycle module; the fault suite and Molecule each have their own.
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab-vms")]
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab-rest")]
 
 GROUPS_SCRIPT = r"""
 for g in /sys/kernel/iommu_groups/*; do

@@ -3,7 +3,7 @@
 `molecule test` runs destroy, syntax, create (two lab hosts), prepare (check mode changes nothing;
 the shared-group host is refused), converge (site.yml with its trial reboot), idempotence, verify
 and destroy; see the scenario's files for what each step asserts. It runs here, as one lab module
-so that the README's one test command runs it (with `-n 3`, on its own pytest-xdist worker).
+so that the README's one test command runs it (on the lab-rest worker, beside the fault suite).
 Run alone: `pytest tests/lab/test_molecule.py -n 0 -s`, or from playbooks/:
 `PATH=$PWD/../.venv/bin:$PATH ../.venv/bin/molecule test`.
 """
@@ -21,7 +21,7 @@ import pytest
 from gpuhost.lab.image import Image
 from gpuhost.lab.paths import IMAGE_DIR_ENV
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(3600), pytest.mark.xdist_group("lab-molecule")]
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(3600), pytest.mark.xdist_group("lab-rest")]
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 
