@@ -1,23 +1,24 @@
-"""The one way a verb writes a file the user named (-o, --json FILE): whole or not at all.
+"""The one way a verb writes a file the user named (-o, --json FILE, --prometheus FILE): whole or not at all.
 
 The content goes to a temporary file in the target's directory and is renamed over the target,
 so a full disk or an interrupt never leaves a half-written file, and an existing file is replaced
-only by a complete one. Every failure is an InputError that names the path and the fix.
+only by a complete one (a reader such as node_exporter's textfile collector sees the old file or
+the new one, never part of one). Every failure is an InputError that names the path and the fix.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from gpuhost.errors import InputError
 
 
-def write_output(path: Path, content: str | bytes, option: str) -> None:
-    """Write `content` to `path` atomically. `option` names where the path came from ('-o')."""
-    data = content.encode("utf-8") if isinstance(content, str) else content
+def check_output_path(path: Path, option: str) -> None:
+    """Refuse a path that write_output could not write, before any work is done for it."""
     target = path.expanduser()
     parent = target.parent
     if not parent.is_dir():
@@ -28,10 +29,20 @@ def write_output(path: Path, content: str | bytes, option: str) -> None:
     if target.exists() and not target.is_file():
         # A device or FIFO (/dev/full, a pipe): renaming over it would replace the node itself.
         raise InputError(f"{option} {path}: is not a regular file. Name a regular file, or leave {option} out.")
+
+
+def write_output(path: Path, content: str | bytes, option: str) -> None:
+    """Write `content` to `path` atomically. `option` names where the path came from ('-o')."""
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    check_output_path(path, option)
+    target = path.expanduser()
     temporary: str | None = None
     try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         with os.fdopen(handle, "wb") as stream:
+            # mkstemp creates 0600; the file gets the mode a plain open() would give it (or keeps the
+            # one it had), so that another user's reader (node_exporter runs as 'prometheus') can read it.
+            os.fchmod(stream.fileno(), _mode_for(target))
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
@@ -46,3 +57,12 @@ def write_output(path: Path, content: str | bytes, option: str) -> None:
         if temporary is not None:
             with contextlib.suppress(OSError):
                 Path(temporary).unlink()
+
+
+def _mode_for(target: Path) -> int:
+    """The permission bits of the file being replaced, else 0666 less the umask (as open() creates)."""
+    with contextlib.suppress(FileNotFoundError):
+        return stat.S_IMODE(target.stat().st_mode)
+    umask = os.umask(0o022)  # the only way to read the umask: set it, then put it back
+    os.umask(umask)
+    return 0o666 & ~umask
