@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuhost.cli.common import progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
+from gpuhost.metrics import apply_metrics, check_textfile_path, write_textfile
 from gpuhost.rollout.engine import ApplyRequest, parse_serial
 from gpuhost.rollout.report import RolloutReport
 from gpuhost.targets import ConnectionDefaults, Target, inventory_targets
@@ -53,6 +55,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="reboot straight into the new command line, without the one-shot GRUB trial entry "
         "(needed where GRUB cannot write /boot/grub/grubenv: /boot on RAID, LVM, btrfs or ZFS)",
     )
+    parser.add_argument(
+        "--prometheus",
+        type=Path,
+        metavar="FILE",
+        help="also write each host's outcome as Prometheus metrics to FILE (*.prom, atomically, for "
+        "node_exporter's textfile collector; kept as it was when the rollout is interrupted, like --report)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="print Ansible's own output")
 
 
@@ -60,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuhost.rollout import engine
 
     console = rollout_console()
+    if args.prometheus is not None:
+        check_textfile_path(args.prometheus)
     serial = parse_serial(args.serial)
     if not 0 <= args.max_fail_percentage <= 100:
         raise InputError("--max-fail-percentage must be from 0 to 100.")
@@ -84,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     )
     report = engine.apply(request, targets, progress_printer(console, verbose=args.verbose, timed=True))
     print_report(report, console)
+    if args.prometheus is not None and not report.canceled:
+        write_textfile(args.prometheus, apply_metrics(report, time.time()))
     return report.exit_code()
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuhost.audit import AuditStatus, HostAudit, audit_fleet, audit_to_json
@@ -15,6 +17,7 @@ from gpuhost.checks import Role, Severity
 from gpuhost.cli.common import add_target_options, positive_int, resolve_targets
 from gpuhost.cli.text import make_console, untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, MissingDependencyError
+from gpuhost.metrics import audit_metrics, check_textfile_path, write_textfile
 from gpuhost.selection import functions_to_bind
 from gpuhost.targets import Target
 
@@ -30,21 +33,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per host per line (JSON Lines)")
     parser.add_argument("-f", "--forks", type=positive_int, default=64, help="hosts audited in parallel (default 64)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show info findings too")
+    parser.add_argument(
+        "--prometheus",
+        type=Path,
+        metavar="FILE",
+        help="also write each host's readiness and findings as Prometheus metrics to FILE (*.prom, atomically, "
+        "for node_exporter's textfile collector)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.prometheus is not None:
+        check_textfile_path(args.prometheus)
     targets = resolve_targets(args)
     if args.json:
         results = audit_fleet(targets, args.forks)
         for result in results:
             print(json.dumps(audit_to_json(result), sort_keys=False))
-        return exit_status(results)
-    console = _console()
-    results = _audit_with_progress(targets, args.forks)
-    for result in results:
-        _print_host(console, result, verbose=args.verbose or len(results) == 1)
-    if len(results) > 1:
-        _print_fleet_summary(console, results)
+    else:
+        console = _console()
+        results = _audit_with_progress(targets, args.forks)
+        for result in results:
+            _print_host(console, result, verbose=args.verbose or len(results) == 1)
+        if len(results) > 1:
+            _print_fleet_summary(console, results)
+    if args.prometheus is not None:
+        write_textfile(args.prometheus, audit_metrics(results, time.time()))
     return exit_status(results)
 
 

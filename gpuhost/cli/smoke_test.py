@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError
+from gpuhost.metrics import check_textfile_path, smoke_test_failure_metrics, smoke_test_metrics, write_textfile
 from gpuhost.output import write_output
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
@@ -42,6 +44,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the essentials only (copy, triad, BF16 GEMM, pinned copies, launch, P2P): <= 15 s",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the full results as JSON to FILE")
+    parser.add_argument(
+        "--prometheus",
+        type=Path,
+        metavar="FILE",
+        help="write the results as Prometheus metrics to FILE (*.prom, atomically, for node_exporter's textfile "
+        "collector; needs gpuhost[metrics]); a run that cannot start writes gpuhost_smoke_up 0",
+    )
     parser.add_argument("--plot", type=Path, metavar="FILE", help="draw the roofline with the measured points (PNG)")
     parser.add_argument(
         "--baseline", type=Path, metavar="FILE", help="compare with an earlier --json output (e.g. from bare metal)"
@@ -96,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuhost.bench.runner import SmokeOptions, replay, smoke_test
     from gpuhost.bench.verdict import Status
 
+    if args.prometheus is not None:
+        check_textfile_path(args.prometheus)
     options = SmokeOptions(
         quick=args.quick,
         device=args.device,
@@ -117,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
                 reason=str(error), exit_code=error.exit_code, environment=found[-1] if found else None
             )
             write_output(args.json, jsonout.dumps(failure), "--json")
+        if args.prometheus is not None:
+            environment = found[-1] if found else None
+            write_textfile(args.prometheus, smoke_test_failure_metrics(environment, args.device, time.time()))
         raise
     print(
         report.render(
@@ -143,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
         )
         write_output(args.json, jsonout.dumps(document), "--json")
         print(f"JSON written to {args.json}")
+    if args.prometheus is not None:
+        write_textfile(args.prometheus, smoke_test_metrics(outcome.verdict, outcome.run, time.time()))
+        print(f"metrics written to {args.prometheus}")
     if args.plot is not None:
         from gpuhost.bench.plot import draw_roofline
 

@@ -86,13 +86,27 @@ class RolloutReport:
     def check_mode(self) -> bool:
         return bool(self.data.get("check_mode"))
 
+    @property
+    def canceled(self) -> bool:
+        """Stopped by Ctrl-C: the report is not written, and the last one stays."""
+        return self.data.get("ansible_status") == CANCELED
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the rollout ran (None in a report that does not say)."""
+        seconds = self.data.get("seconds")
+        return float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
+
     def status(self, host: str) -> HostStatus:
         return HostStatus.of(self.hosts[host].get("status"))
+
+    def rebooted(self, host: str) -> bool:
+        return self.hosts[host].get("rebooted") is True
 
     def exit_code(self) -> int:
         """0 every host ready (check mode: ready or not-ready), 2 a host could not be reached (as
         audit and plan), 130 interrupted (Ctrl-C), else 1; a run that reported no host is 1 too."""
-        if self.data.get("ansible_status") == CANCELED:
+        if self.canceled:
             return EXIT_INTERRUPTED
         statuses = [self.status(host) for host in self.hosts]
         if HostStatus.UNREACHABLE in statuses:
