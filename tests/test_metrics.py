@@ -27,7 +27,7 @@ from tests.sshd import free_port, is_listening
 from tests.test_rollout import CONFIGURE_PLAY, _recorder, _unreachable
 from tests.test_rollout import inventory as inventory  # a fixture, used by name
 from tests.test_smoke_test_cli import FIXTURES as SMOKE
-from tests.test_smoke_test_cli import REPO, run_cli
+from tests.test_smoke_test_cli import REPO, h100_bandwidth_doubled, run_cli
 
 H100 = SNAPSHOTS / "h100-guest"
 DEV_VM = SNAPSHOTS / "dev-vm"
@@ -262,12 +262,7 @@ def test_a_copy_bandwidth_below_its_thresholds_shows_as_fail(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The README's alert: with the datasheet bandwidth doubled, the H100's copy is at 44% of it."""
-    table = json.loads((REPO / "gpuhost" / "data" / "gpu_models.json").read_text())
-    for model in table["models"]:
-        if "2330" in model["pci_device_ids"]:
-            model["memory_bandwidth_GBps"] *= 2
-    wrong = tmp_path / "wrong.json"
-    wrong.write_text(json.dumps(table))
+    wrong = h100_bandwidth_doubled(tmp_path)
     metrics = tmp_path / "smoke.prom"
     argv = ["smoke-test", "--replay", str(SMOKE / "smoke-quick.json"), "--gpu-table", str(wrong)]
     assert main([*argv, "--prometheus", str(metrics)]) == 1

@@ -36,6 +36,17 @@ def run_cli(*args: str, python_prelude: str = "") -> subprocess.CompletedProcess
     )
 
 
+def h100_bandwidth_doubled(directory: Path) -> Path:
+    """The packaged GPU table with the H100's memory bandwidth doubled: its copy falls to 44% (FAIL)."""
+    table = json.loads((REPO / "gpuhost" / "data" / "gpu_models.json").read_text())
+    for model in table["models"]:
+        if "2330" in model["pci_device_ids"]:
+            model["memory_bandwidth_GBps"] *= 2
+    wrong = directory / "wrong.json"
+    wrong.write_text(json.dumps(table))
+    return wrong
+
+
 def test_machine_without_a_gpu_driver_exits_2_with_the_reason() -> None:
     # This test machine (like CI) has nvidia-ml-py but no NVIDIA driver: NVML's library is absent.
     result = run_cli("--quick")
@@ -72,12 +83,7 @@ def test_replay_of_the_h100_run_passes(capsys: pytest.CaptureFixture[str]) -> No
 def test_a_wrong_table_turns_the_verdict_into_fail_naming_the_measurement(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    table = json.loads((REPO / "gpuhost" / "data" / "gpu_models.json").read_text())
-    for model in table["models"]:
-        if "2330" in model["pci_device_ids"]:
-            model["memory_bandwidth_GBps"] *= 2
-    wrong = tmp_path / "wrong.json"
-    wrong.write_text(json.dumps(table))
+    wrong = h100_bandwidth_doubled(tmp_path)
     code = main(["smoke-test", "--replay", str(FIXTURES / "smoke-quick.json"), "--gpu-table", str(wrong)])
     out = capsys.readouterr().out
     assert code == 1
