@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -104,7 +105,7 @@ class _Exposition:
         try:
             from prometheus_client import CollectorRegistry
         except ImportError as error:
-            raise MissingDependencyError("prometheus-client", "metrics", f"{OPTION}") from error
+            raise MissingDependencyError("prometheus-client", "metrics", OPTION) from error
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)
         info = self.gauge("gpuhost_info", "The gpuhost that wrote these metrics, and the verb.", ("verb", "version"))
         info.labels(verb=verb.value, version=__version__).set(1)
@@ -127,10 +128,7 @@ def _state_set(gauge: Gauge, labels: Mapping[str, str], states: Iterable[str], c
 
 
 def _count_problems(gauge: Gauge, labels: Mapping[str, str], problems: Iterable[Problem]) -> None:
-    counts: dict[tuple[str, str], int] = {}
-    for problem in problems:
-        key = (problem.code, problem.severity.value)
-        counts[key] = counts.get(key, 0) + 1
+    counts = Counter((problem.code, problem.severity.value) for problem in problems)
     for (code, severity), count in sorted(counts.items()):
         gauge.labels(**labels, code=code, severity=severity).set(count)
 
