@@ -3,9 +3,9 @@
     gpuhost render -i inventory.yml --host gpu01 --vm train-1 > train-1.xml
 
 The host is audited read-only (one round trip, as `gpuhost audit`) for its facts, or they are
-read from a capture with --from-snapshot DIR. The VM and the host's policy come from the
-inventory. Exit status: 0 rendered (and valid), 2 refused or bad input (the message names each
-conflict).
+read from a capture with --from-snapshot DIR. The VM, the host's other VMs (CPUs are allocated
+for all of them, in inventory order) and the host's policy come from the inventory. Exit
+status: 0 rendered (and valid), 2 refused or bad input (the message names each conflict).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     target, spec, policy = resolve_vm(args, "render")
     host = target.name
     facts = _facts(target, args.snapshot_dir)
-    xml = render_domain(facts, spec, policy, host=host, taken=parse_taken(args.taken))
+    vms = target.require_config().vms  # the host's other VMs: CPUs are allocated for them all
+    xml = render_domain(facts, spec, policy, host=host, taken=parse_taken(args.taken), host_vms=vms)
     if not args.no_validate:
         validate_domain_xml(xml)
     if args.output is not None:
