@@ -9,7 +9,7 @@ import pytest
 
 from gpuhost.cli import render as render_cli
 from gpuhost.cli.main import main
-from gpuhost.cli.render import parse_taken
+from gpuhost.cli.render import parse_taken, parse_taken_cpus
 from gpuhost.errors import InputError
 from gpuhost.render.spec import find_vm, host_policy, parse_vm, parse_vms
 from gpuhost.selection import GpuSelector
@@ -116,6 +116,10 @@ def test_taken_option_is_validated():
     for bad in ("0000:41:00.0", "nonsense=vm", "41:00.0=bad;name"):
         with pytest.raises(InputError):
             parse_taken([bad])
+    assert parse_taken_cpus(["64-65,70=train-2"]) == {64: "train-2", 65: "train-2", 70: "train-2"}
+    for bad in ("64-71", "71-64=vm", "0-99999=vm", "a-b=vm", "64=bad;name"):
+        with pytest.raises(InputError, match="--taken-cpus"):
+            parse_taken_cpus([bad])
 
 
 # Two 8-vCPU VMs with one GPU each on node 1 of the 2-socket host of tests/test_render.py, and a
@@ -163,6 +167,10 @@ def test_render_shares_one_hosts_cpus_out_among_its_vms(two_socket_inventory, ca
     assert status == 2 and out == ""
     assert "refusing to render VM 'train-c' for host hgx" in err
     assert "NUMA node 1, which has 62 usable CPUs: VM train-a (8), VM train-b (8) hold 16 of them" in err
+    # A domain outside the inventory holds CPUs of node 1: every VM keeps off them.
+    status, xml, err = render("train-b", "--taken-cpus", "34-41=legacy")
+    assert status == 0, err
+    assert pins_and_emulator(xml)[0] == set(range(50, 58))
 
 
 # --- gpuhost_vms values -----------------------------------------------------------------------

@@ -21,8 +21,8 @@ from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import HostFacts
 from gpuhost.facts.snapshot import open_snapshot
 from gpuhost.output import write_output
-from gpuhost.render.domain import render_domain
-from gpuhost.render.spec import validate_name
+from gpuhost.render.domain import parse_cpulist, render_domain
+from gpuhost.render.spec import validate_cpulist, validate_name
 from gpuhost.render.validate import validate_domain_xml
 from gpuhost.selection import GpuSelector
 from gpuhost.targets import SNAPSHOT, Target
@@ -46,6 +46,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="ADDRESS=DOMAIN",
         help="a host PCI function another defined domain already has (repeatable); `guest up` reads these from libvirt",
     )
+    parser.add_argument(
+        "--taken-cpus",
+        action="append",
+        default=[],
+        metavar="CPULIST=DOMAIN",
+        help="host CPUs another defined domain's vCPUs are pinned to (repeatable); `guest up` reads these from libvirt",
+    )
     parser.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the XML here instead of stdout")
     parser.add_argument("--no-validate", action="store_true", help="skip libvirt's schema check (virt-xml-validate)")
 
@@ -55,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     host = target.name
     facts = _facts(target, args.snapshot_dir)
     vms = target.require_config().vms  # the host's other VMs: CPUs are allocated for them all
-    xml = render_domain(facts, spec, policy, host=host, taken=parse_taken(args.taken), host_vms=vms)
+    taken, cpus_taken = parse_taken(args.taken), parse_taken_cpus(args.taken_cpus)
+    xml = render_domain(facts, spec, policy, host=host, taken=taken, host_vms=vms, cpus_taken=cpus_taken)
     if not args.no_validate:
         validate_domain_xml(xml)
     if args.output is not None:
@@ -91,4 +99,17 @@ def parse_taken(values: list[str]) -> dict[str, str]:
         if selector is None or not selector.addresses:
             raise InputError(f"--taken {value!r}: {address!r} is not a PCI address like 0000:41:00.0.")
         taken[selector.addresses[0]] = validate_name(domain.strip(), f"--taken {value!r}")
+    return taken
+
+
+def parse_taken_cpus(values: list[str]) -> dict[int, str]:
+    """'64-71=train-2' -> {64: 'train-2', ..., 71: 'train-2'}."""
+    taken: dict[int, str] = {}
+    for value in values:
+        cpulist, sep, domain = value.partition("=")
+        if not sep:
+            raise InputError(f"--taken-cpus {value!r}: write it as CPULIST=DOMAIN, e.g. 64-71=train-2.")
+        remedy = "Write it as CPULIST=DOMAIN, e.g. 64-71=train-2."
+        cpus = parse_cpulist(validate_cpulist(cpulist.strip(), f"--taken-cpus {value!r}", remedy))
+        taken.update(dict.fromkeys(cpus, validate_name(domain.strip(), f"--taken-cpus {value!r}")))
     return taken
