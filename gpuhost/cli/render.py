@@ -88,28 +88,33 @@ def _facts(target: Target, snapshot: Path | None) -> HostFacts:
 def parse_taken(values: list[str]) -> dict[str, str]:
     """'0000:41:00.0=train-2' -> {'0000:41:00.0': 'train-2'}."""
     taken: dict[str, str] = {}
-    for value in values:
-        address, sep, domain = value.partition("=")
-        if not sep:
-            raise InputError(f"--taken {value!r}: write it as ADDRESS=DOMAIN, e.g. 0000:41:00.0=train-2.")
+    for value, address, domain in _taken_pairs(values, "--taken", "ADDRESS=DOMAIN, e.g. 0000:41:00.0=train-2"):
         try:
-            selector = GpuSelector.parse([address.strip()], f"--taken {value!r}")
+            selector = GpuSelector.parse([address], f"--taken {value!r}")
         except InputError:
             selector = None
         if selector is None or not selector.addresses:
             raise InputError(f"--taken {value!r}: {address!r} is not a PCI address like 0000:41:00.0.")
-        taken[selector.addresses[0]] = validate_name(domain.strip(), f"--taken {value!r}")
+        taken[selector.addresses[0]] = domain
     return taken
 
 
 def parse_taken_cpus(values: list[str]) -> dict[int, str]:
     """'64-71=train-2' -> {64: 'train-2', ..., 71: 'train-2'}."""
     taken: dict[int, str] = {}
-    for value in values:
-        cpulist, sep, domain = value.partition("=")
-        if not sep:
-            raise InputError(f"--taken-cpus {value!r}: write it as CPULIST=DOMAIN, e.g. 64-71=train-2.")
-        remedy = "Write it as CPULIST=DOMAIN, e.g. 64-71=train-2."
-        cpus = parse_cpulist(validate_cpulist(cpulist.strip(), f"--taken-cpus {value!r}", remedy))
-        taken.update(dict.fromkeys(cpus, validate_name(domain.strip(), f"--taken-cpus {value!r}")))
+    form = "CPULIST=DOMAIN, e.g. 64-71=train-2"
+    for value, cpulist, domain in _taken_pairs(values, "--taken-cpus", form):
+        cpus = parse_cpulist(validate_cpulist(cpulist, f"--taken-cpus {value!r}", f"Write it as {form}."))
+        taken.update(dict.fromkeys(cpus, domain))
     return taken
+
+
+def _taken_pairs(values: list[str], option: str, form: str) -> list[tuple[str, str, str]]:
+    """(value, what, domain) of each `option` WHAT=DOMAIN value, the domain a valid name."""
+    pairs: list[tuple[str, str, str]] = []
+    for value in values:
+        what, sep, domain = value.partition("=")
+        if not sep:
+            raise InputError(f"{option} {value!r}: write it as {form}.")
+        pairs.append((value, what.strip(), validate_name(domain.strip(), f"{option} {value!r}")))
+    return pairs

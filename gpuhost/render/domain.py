@@ -597,34 +597,47 @@ def allocate_cpus(
     rendered. A VM that cannot be placed (its node is full, a GPU or node is unknown, its vCPUs
     do not split over its nodes) takes no CPUs, so the VMs after it are placed as if it were
     not declared; it is refused when rendered. Emulator threads go on the VM's nodes' CPUs that
-    are neither reserved nor any VM's or taken CPUs; where none is left, on the VM's
+    are not reserved and hold no VM's or other domain's vCPU; where none is left, on the VM's
     own vCPUs (never on another VM's). A VM without GPUs, or whose GPUs have no NUMA node, is
     not pinned.
     """
-    cpus_taken = cpus_taken or {}
     reserved = frozenset(parse_cpulist(policy.reserved_cpus))
-    owners: dict[int, str] = {}  # host CPU -> the VM of this host whose vCPU it is
+    holders = _CpuHolders(cpus_taken or {})
     pinned: list[tuple[VmCpus, list[int]]] = []  # each VM's pins, with its nodes
     for spec in vms:
         nodes, settled = _vcpu_nodes(facts, spec, policy)
         conflicts: list[Problem] = []
-        pins = _pin_vcpus(facts, spec, nodes, reserved, owners, cpus_taken, conflicts)
+        pins = _pin_vcpus(facts, spec, nodes, reserved, holders, conflicts)
         if not settled or conflicts:
             pins = ()  # not placed: its CPUs stay free for the VMs after it
-        owners.update((cpu, spec.name) for _, cpu in pins)
+        holders.vms.update((cpu, spec.name) for _, cpu in pins)
         pinned.append((VmCpus(spec.name, pins, None, tuple(conflicts)), nodes))
     # Emulator threads once every VM's vCPUs are known: a VM declared later is no less another VM.
     shares: list[VmCpus] = []
     for share, nodes in pinned:
         if share.vcpu_pins:
             local = (cpu for node_id in nodes for cpu in _node_cpus(facts, node_id) or ())
-            spare = [
-                c for c in local if c not in reserved and c not in owners and cpus_taken.get(c, share.vm) == share.vm
-            ]
+            spare = [cpu for cpu in local if cpu not in reserved and holders.holder(cpu, share.vm) is None]
             emulator = format_cpulist(spare or [cpu for _, cpu in share.vcpu_pins])
             share = dataclasses.replace(share, emulator_cpus=emulator)
         shares.append(share)
     return CpuAllocation(tuple(shares))
+
+
+class _CpuHolders:
+    """Who holds each host CPU: the host's VMs placed so far, and other defined domains."""
+
+    def __init__(self, cpus_taken: Mapping[int, str]) -> None:
+        self.vms: dict[int, str] = {}  # host CPU -> the VM of this host whose vCPU it is
+        self.domains = cpus_taken  # host CPU -> the defined domain whose vCPU is pinned there
+
+    def holder(self, cpu: int, vm: str) -> str | None:
+        """Who keeps `cpu` from VM `vm` ('VM train-a', 'defined domain legacy'); None: it is free.
+        A defined domain of the VM's own name is the VM redefined."""
+        if cpu in self.vms:
+            return f"VM {self.vms[cpu]}"
+        domain = self.domains.get(cpu)
+        return f"defined domain {domain}" if domain is not None and domain != vm else None
 
 
 def _vcpu_nodes(facts: HostFacts, spec: VmSpec, policy: HostPolicy) -> tuple[list[int], bool]:
@@ -650,8 +663,7 @@ def _pin_vcpus(
     spec: VmSpec,
     nodes: Sequence[int],
     reserved: frozenset[int],
-    owners: Mapping[int, str],
-    cpus_taken: Mapping[int, str],
+    holders: _CpuHolders,
     conflicts: list[Problem],
 ) -> tuple[tuple[int, int], ...]:
     """One VM's vCPUs, one to one, on the free CPUs of its nodes (one guest cell per node)."""
@@ -684,38 +696,30 @@ def _pin_vcpus(
                 )
             )
             continue
-        free = [cpu for cpu in usable if cpu not in owners and cpus_taken.get(cpu, spec.name) == spec.name]
+        free = [cpu for cpu in usable if holders.holder(cpu, spec.name) is None]
         if per_cell > len(free):
-            conflicts.append(_node_full(spec, node_id, per_cell, usable, free, owners, cpus_taken))
+            conflicts.append(_node_full(spec, node_id, per_cell, usable, holders))
             continue
         pins.extend((cell * per_cell + i, cpu) for i, cpu in enumerate(free[:per_cell]))
     return tuple(pins)
 
 
-def _node_full(
-    spec: VmSpec,
-    node_id: int,
-    wanted: int,
-    usable: Sequence[int],
-    free: Sequence[int],
-    owners: Mapping[int, str],
-    cpus_taken: Mapping[int, str],
-) -> Problem:
+def _node_full(spec: VmSpec, node_id: int, wanted: int, usable: Sequence[int], holders: _CpuHolders) -> Problem:
     """The refusal of a VM that would fit its node alone, naming who holds the node's CPUs."""
-    vm_counts: dict[str, int] = {}
-    domain_counts: dict[str, int] = {}
+    counts: dict[str, int] = {}
     for cpu in usable:
-        if cpu in owners:
-            vm_counts[owners[cpu]] = vm_counts.get(owners[cpu], 0) + 1
-        elif cpus_taken.get(cpu, spec.name) != spec.name:
-            domain_counts[cpus_taken[cpu]] = domain_counts.get(cpus_taken[cpu], 0) + 1
-    holders = [f"VM {name} ({count})" for name, count in vm_counts.items()]
-    holders += [f"defined domain {name} ({count})" for name, count in sorted(domain_counts.items())]
+        holder = holders.holder(cpu, spec.name)
+        if holder is not None:
+            counts[holder] = counts.get(holder, 0) + 1
+    # This host's VMs first (in the order they took CPUs), then the other domains.
+    named = sorted(counts, key=lambda holder: not holder.startswith("VM "))
+    held = sum(counts.values())
     return _conflict(
         VCPUS_NODE_FULL,
         f"NUMA node {node_id}",
         f"{wanted} vCPUs to pin on NUMA node {node_id}, which has {len(usable)} usable CPUs: "
-        f"{', '.join(holders)} hold {len(usable) - len(free)} of them, {len(free)} are left;",
+        f"{', '.join(f'{holder} ({counts[holder]})' for holder in named)} hold {held} of them, "
+        f"{len(usable) - held} are left;",
         "ask for fewer vCPUs, put the VM's GPUs on another node, or remove a VM declared before it "
         "(VMs take CPUs in gpuhost_vms order).",
     )
