@@ -147,6 +147,41 @@ def test_hostdev_addresses_of_a_rendered_domain() -> None:
     assert len(libvirt_host.hostdev_addresses((FIXTURES / "render" / "hgx-8gpu-all.xml").read_text())) >= 8
 
 
+class _DefinedDomain:
+    """What `cpus_taken` asks of a libvirt domain: its name and its XML."""
+
+    def __init__(self, name: str, xml: str) -> None:
+        self._name, self._xml = name, xml
+
+    def name(self) -> str:
+        return self._name
+
+    def XMLDesc(self, flags: int) -> str:
+        return self._xml
+
+
+class _Connection:
+    def __init__(self, *domains: _DefinedDomain) -> None:
+        self.domains = domains
+
+    def listAllDomains(self, flags: int) -> tuple[_DefinedDomain, ...]:
+        return self.domains
+
+
+def test_cpus_defined_domains_pin_vcpus_to() -> None:
+    four = (FIXTURES / "render" / "hgx-4gpu-node1.xml").read_text()  # 48 vCPUs: 34-63,96-113
+    assert libvirt_host.vcpu_pinned_cpus(four, "train-4") == (*range(34, 64), *range(96, 114))
+    nested = (FIXTURES / "render" / "lab-gpu-pair.xml").read_text()
+    taken = libvirt_host.cpus_taken(_Connection(_DefinedDomain("train-4", four), _DefinedDomain("nested", nested)))
+    assert taken[34] == taken[113] == "train-4" and taken[0] == "nested" and 114 not in taken
+    # libvirt's exclusion syntax; a domain without vcpupin holds no CPU for itself.
+    excluded = "<domain><cputune><vcpupin vcpu='0' cpuset='1-4,^3'/></cputune></domain>"
+    assert libvirt_host.vcpu_pinned_cpus(excluded, "x") == (1, 2, 4)
+    assert libvirt_host.vcpu_pinned_cpus("<domain><vcpu>4</vcpu></domain>", "x") == ()
+    with pytest.raises(InputError, match="domain odd: vcpupin cpuset 'all'"):
+        libvirt_host.vcpu_pinned_cpus("<domain><cputune><vcpupin vcpu='0' cpuset='all'/></cputune></domain>", "odd")
+
+
 # --- wheels -----------------------------------------------------------------------------------
 
 

@@ -19,12 +19,14 @@ import pytest
 from gpuhost.facts.model import Bar, HostFacts, HugePagePool, MemInfo, NumaNode, PcieLinkStatus, PciFunction
 from gpuhost.render.domain import (
     RenderRefused,
+    VmCpus,
+    allocate_cpus,
     format_cpulist,
     parse_cpulist,
     plan_domain,
     render_domain,
 )
-from gpuhost.render.spec import HostPolicy, parse_vm
+from gpuhost.render.spec import HostPolicy, parse_vm, parse_vms
 from gpuhost.render.validate import validate_domain_xml, validator_available
 from gpuhost.selection import GpuSelector
 from tests.helpers import FIXTURES, snapshot_facts
@@ -544,3 +546,98 @@ def test_refuses_gpus_it_cannot_place_on_numa_nodes():
     eight_nodes = tuple(NumaNode(n, 128 * GIB_KIB, f"{16 * n}-{16 * n + 15}", ()) for n in range(8))
     many = refusal_codes(dataclasses.replace(host, pci=spread, numa_nodes=eight_nodes), spec, HGX_POLICY)
     assert "render.numa.too_many_nodes" in many
+
+
+# --- several VMs of one host share its CPUs out (issue 15) --------------------------------------
+
+# Two 8-vCPU VMs with one GPU each on node 1 of the 2-socket host, and a third that asks for more
+# of node 1 than they leave (62 usable CPUs there: 32-63,96-127 less the reserved 32-33).
+NODE1_VMS = parse_vms(
+    [
+        {"name": "train-a", "vcpus": 8, "memory": "64G", "gpus": ["gpu4"]},
+        {"name": "train-b", "vcpus": 8, "memory": "64G", "gpus": ["gpu5"]},
+        {"name": "train-c", "vcpus": 48, "memory": "64G", "gpus": ["gpu6"]},
+    ],
+    "test",
+)
+TRAIN_A, TRAIN_B, TRAIN_C = NODE1_VMS
+
+
+def pins_and_emulator(xml: str) -> tuple[set[int], set[int]]:
+    domain = parse(xml)
+    pins = {int(p.get("cpuset", "")) for p in domain.iter("vcpupin")}
+    emulator = domain.find("cputune/emulatorpin")
+    assert emulator is not None
+    return pins, set(parse_cpulist(emulator.get("cpuset")))
+
+
+def test_two_vms_on_one_node_get_disjoint_pins_and_keep_their_emulators_off_each_other():
+    host = eight_gpu_two_socket_host()
+    pins_a, emulator_a = pins_and_emulator(render_domain(host, TRAIN_A, HGX_POLICY, host="hgx", host_vms=NODE1_VMS))
+    pins_b, emulator_b = pins_and_emulator(render_domain(host, TRAIN_B, HGX_POLICY, host="hgx", host_vms=NODE1_VMS))
+    assert pins_a == set(range(34, 42)) and pins_b == set(range(42, 50))  # node 1's first free CPUs, in order
+    node1 = set(parse_cpulist(NODE_CPUS[1])) - {32, 33}
+    assert pins_a | pins_b <= node1 and not pins_a & pins_b
+    assert not emulator_a & (pins_a | pins_b) and not emulator_b & (pins_a | pins_b)
+    assert emulator_a == emulator_b == node1 - pins_a - pins_b  # 50-63,96-127: no VM's vCPUs, none reserved
+
+
+def test_a_vm_that_no_longer_fits_its_node_is_refused_naming_the_node_and_the_vms():
+    with pytest.raises(RenderRefused) as caught:
+        plan_domain(eight_gpu_two_socket_host(), TRAIN_C, HGX_POLICY, host="hgx", host_vms=NODE1_VMS)
+    assert [c.code for c in caught.value.conflicts] == ["render.vcpus.node_full"]
+    message = str(caught.value)
+    assert "refusing to render VM 'train-c' for host hgx" in message
+    assert "48 vCPUs to pin on NUMA node 1, which has 62 usable CPUs: VM train-a (8), VM train-b (8) hold 16" in message
+    assert "46 are left" in message and "gpuhost_vms order" in message
+    # Alone on the host it fits: the refusal is the other VMs', not the node's size.
+    alone = plan_domain(eight_gpu_two_socket_host(), TRAIN_C, HGX_POLICY, host="hgx")
+    assert len(alone.vcpu_pins) == 48
+
+
+def test_a_vms_pins_do_not_depend_on_which_vm_is_rendered():
+    host = eight_gpu_two_socket_host()
+    allocation = allocate_cpus(host, HGX_POLICY, NODE1_VMS)
+    for spec in (TRAIN_A, TRAIN_B):
+        plan = plan_domain(host, spec, HGX_POLICY, host="hgx", host_vms=NODE1_VMS)
+        assert (plan.vcpu_pins, plan.emulator_cpus) == (
+            allocation.of(spec).vcpu_pins,
+            allocation.of(spec).emulator_cpus,
+        )
+    # train-c did not fit: it holds nothing, and says why.
+    assert allocation.of(TRAIN_C).vcpu_pins == () and allocation.of(TRAIN_C).conflicts
+    # A VM that cannot be placed takes no CPUs, so a smaller one after it still fits where it left room.
+    small = parse_vm({"name": "train-d", "vcpus": 4, "memory": "16G", "gpus": ["gpu7"]}, "test")
+    after = allocate_cpus(host, HGX_POLICY, (*NODE1_VMS, small))
+    assert [cpu for _, cpu in after.of(small).vcpu_pins] == [50, 51, 52, 53]
+    assert after.of(TRAIN_B) == VmCpus("train-b", allocation.of(TRAIN_B).vcpu_pins, "54-63,96-127", ())
+
+
+def test_a_vm_on_both_sockets_takes_each_cells_cpus_after_those_of_the_vms_before_it():
+    both = parse_vm({"name": "train-2s", "vcpus": 8, "memory": "64G", "gpus": ["gpu3", "gpu4"]}, "test")
+    allocation = allocate_cpus(eight_gpu_two_socket_host(), HGX_POLICY, (TRAIN_A, both))
+    # Cell 0 on node 0 from CPU 2 (0-1 reserved), cell 1 on node 1 after train-a's 34-41.
+    assert allocation.of(both).vcpu_pins == (*((v, 2 + v) for v in range(4)), *((v, 38 + v) for v in range(4, 8)))
+    # Both nodes' free CPUs: 6-31,64-95 on node 0 and 46-63,96-127 on node 1.
+    assert allocation.of(both).emulator_cpus == "6-31,46-127"
+
+
+def test_a_vm_whose_gpus_cannot_be_placed_takes_no_cpus_from_the_vms_after_it():
+    host = eight_gpu_two_socket_host()
+    broken = parse_vm({"name": "train-x", "vcpus": 8, "memory": "64G", "gpus": ["gpu9"]}, "test")  # no gpu9
+    allocation = allocate_cpus(host, HGX_POLICY, (broken, TRAIN_A))
+    assert allocation.of(broken).vcpu_pins == ()
+    assert [cpu for _, cpu in allocation.of(TRAIN_A).vcpu_pins] == list(range(34, 42))
+
+
+def test_cpus_other_defined_domains_hold_are_left_to_them():
+    host = eight_gpu_two_socket_host()
+    # A domain outside the inventory pinned to 34-37, and train-a's own domain as defined before.
+    taken = {**dict.fromkeys(range(34, 38), "legacy"), **dict.fromkeys(range(38, 46), "train-a")}
+    allocation = allocate_cpus(host, HGX_POLICY, NODE1_VMS[:2], cpus_taken=taken)
+    assert [cpu for _, cpu in allocation.of(TRAIN_A).vcpu_pins] == list(range(38, 46))  # its own, redefined
+    assert [cpu for _, cpu in allocation.of(TRAIN_B).vcpu_pins] == list(range(46, 54))
+    assert not {34, 35, 36, 37} & set(parse_cpulist(allocation.of(TRAIN_A).emulator_cpus))
+    with pytest.raises(RenderRefused) as caught:
+        plan_domain(host, TRAIN_C, HGX_POLICY, host="hgx", host_vms=NODE1_VMS, cpus_taken=taken)
+    assert "VM train-a (8), VM train-b (8), defined domain legacy (4) hold 20 of them, 42 are left" in str(caught.value)

@@ -7,14 +7,15 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from gpuhost.cli import render as render_cli
 from gpuhost.cli.main import main
-from gpuhost.cli.render import parse_taken
+from gpuhost.cli.render import parse_taken, parse_taken_cpus
 from gpuhost.errors import InputError
 from gpuhost.render.spec import find_vm, host_policy, parse_vm, parse_vms
 from gpuhost.selection import GpuSelector
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 from tests.helpers import SNAPSHOTS
-from tests.test_render import require_validator
+from tests.test_render import eight_gpu_two_socket_host, pins_and_emulator, require_validator
 
 LAB_FRESH = SNAPSHOTS / "lab-gpu-pair-fresh"
 
@@ -115,6 +116,61 @@ def test_taken_option_is_validated():
     for bad in ("0000:41:00.0", "nonsense=vm", "41:00.0=bad;name"):
         with pytest.raises(InputError):
             parse_taken([bad])
+    assert parse_taken_cpus(["64-65,70=train-2"]) == {64: "train-2", 65: "train-2", 70: "train-2"}
+    for bad in ("64-71", "71-64=vm", "0-99999=vm", "a-b=vm", "64=bad;name"):
+        with pytest.raises(InputError, match="--taken-cpus"):
+            parse_taken_cpus([bad])
+
+
+# Two 8-vCPU VMs with one GPU each on node 1 of the 2-socket host of tests/test_render.py, and a
+# third that node 1 cannot hold once they have their CPUs.
+TWO_SOCKET_INVENTORY = """\
+all:
+  hosts:
+    hgx:
+      ansible_host: 127.0.0.1
+      gpuhost_reserved_cpus: "0-1,32-33"
+      gpuhost_vms:
+        - {name: train-a, vcpus: 8, memory: 64G, gpus: [gpu4]}
+        - {name: train-b, vcpus: 8, memory: 64G, gpus: [gpu5]}
+        - {name: train-c, vcpus: 48, memory: 64G, gpus: [gpu6]}
+"""
+
+
+@pytest.fixture
+def two_socket_inventory(tmp_path, monkeypatch):
+    """The inventory above, its host's facts those of the 2-socket host (built from recorded facts
+    in tests/test_render.py; no capture of a 2-socket host exists to read with --from-snapshot)."""
+    monkeypatch.setattr(render_cli, "_facts", lambda target, snapshot: eight_gpu_two_socket_host())
+    path = tmp_path / "inventory.yml"
+    path.write_text(TWO_SOCKET_INVENTORY)
+    return path
+
+
+def test_render_shares_one_hosts_cpus_out_among_its_vms(two_socket_inventory, capsys):
+    def render(vm: str, *extra: str) -> tuple[int, str, str]:
+        args = ["render", "-i", str(two_socket_inventory), "--host", "hgx", "--vm", vm, "--no-validate", *extra]
+        status = main(args)
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err
+
+    status_b, xml_b, err = render("train-b")  # rendered first: its pins still leave train-a's CPUs
+    assert status_b == 0, err
+    status_a, xml_a, err = render("train-a")
+    assert status_a == 0, err
+    pins_a, emulator_a = pins_and_emulator(xml_a)
+    pins_b, emulator_b = pins_and_emulator(xml_b)
+    assert pins_a == set(range(34, 42)) and pins_b == set(range(42, 50))
+    assert not (emulator_a | emulator_b) & (pins_a | pins_b)
+    assert render("train-b") == (0, xml_b, "")  # rendered again: the same XML
+    status, out, err = render("train-c")
+    assert status == 2 and out == ""
+    assert "refusing to render VM 'train-c' for host hgx" in err
+    assert "NUMA node 1, which has 62 usable CPUs: VM train-a (8), VM train-b (8) hold 16 of them" in err
+    # A domain outside the inventory holds CPUs of node 1: every VM keeps off them.
+    status, xml, err = render("train-b", "--taken-cpus", "34-41=legacy")
+    assert status == 0, err
+    assert pins_and_emulator(xml)[0] == set(range(50, 58))
 
 
 # --- gpuhost_vms values -----------------------------------------------------------------------

@@ -3,9 +3,9 @@
     gpuhost render -i inventory.yml --host gpu01 --vm train-1 > train-1.xml
 
 The host is audited read-only (one round trip, as `gpuhost audit`) for its facts, or they are
-read from a capture with --from-snapshot DIR. The VM and the host's policy come from the
-inventory. Exit status: 0 rendered (and valid), 2 refused or bad input (the message names each
-conflict).
+read from a capture with --from-snapshot DIR. The VM, the host's other VMs (CPUs are allocated
+for all of them, in inventory order) and the host's policy come from the inventory. Exit
+status: 0 rendered (and valid), 2 refused or bad input (the message names each conflict).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import HostFacts
 from gpuhost.facts.snapshot import open_snapshot
 from gpuhost.output import write_output
-from gpuhost.render.domain import render_domain
-from gpuhost.render.spec import validate_name
+from gpuhost.render.domain import parse_cpulist, render_domain
+from gpuhost.render.spec import validate_cpulist, validate_name
 from gpuhost.render.validate import validate_domain_xml
 from gpuhost.selection import GpuSelector
 from gpuhost.targets import SNAPSHOT, Target
@@ -46,6 +46,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="ADDRESS=DOMAIN",
         help="a host PCI function another defined domain already has (repeatable); `guest up` reads these from libvirt",
     )
+    parser.add_argument(
+        "--taken-cpus",
+        action="append",
+        default=[],
+        metavar="CPULIST=DOMAIN",
+        help="host CPUs another defined domain's vCPUs are pinned to (repeatable); `guest up` reads these from libvirt",
+    )
     parser.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the XML here instead of stdout")
     parser.add_argument("--no-validate", action="store_true", help="skip libvirt's schema check (virt-xml-validate)")
 
@@ -54,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     target, spec, policy = resolve_vm(args, "render")
     host = target.name
     facts = _facts(target, args.snapshot_dir)
-    xml = render_domain(facts, spec, policy, host=host, taken=parse_taken(args.taken))
+    vms = target.require_config().vms  # the host's other VMs: CPUs are allocated for them all
+    taken, cpus_taken = parse_taken(args.taken), parse_taken_cpus(args.taken_cpus)
+    xml = render_domain(facts, spec, policy, host=host, taken=taken, host_vms=vms, cpus_taken=cpus_taken)
     if not args.no_validate:
         validate_domain_xml(xml)
     if args.output is not None:
@@ -79,15 +88,33 @@ def _facts(target: Target, snapshot: Path | None) -> HostFacts:
 def parse_taken(values: list[str]) -> dict[str, str]:
     """'0000:41:00.0=train-2' -> {'0000:41:00.0': 'train-2'}."""
     taken: dict[str, str] = {}
-    for value in values:
-        address, sep, domain = value.partition("=")
-        if not sep:
-            raise InputError(f"--taken {value!r}: write it as ADDRESS=DOMAIN, e.g. 0000:41:00.0=train-2.")
+    for value, address, domain in _taken_pairs(values, "--taken", "ADDRESS=DOMAIN, e.g. 0000:41:00.0=train-2"):
         try:
-            selector = GpuSelector.parse([address.strip()], f"--taken {value!r}")
+            selector = GpuSelector.parse([address], f"--taken {value!r}")
         except InputError:
             selector = None
         if selector is None or not selector.addresses:
             raise InputError(f"--taken {value!r}: {address!r} is not a PCI address like 0000:41:00.0.")
-        taken[selector.addresses[0]] = validate_name(domain.strip(), f"--taken {value!r}")
+        taken[selector.addresses[0]] = domain
     return taken
+
+
+def parse_taken_cpus(values: list[str]) -> dict[int, str]:
+    """'64-71=train-2' -> {64: 'train-2', ..., 71: 'train-2'}."""
+    taken: dict[int, str] = {}
+    form = "CPULIST=DOMAIN, e.g. 64-71=train-2"
+    for value, cpulist, domain in _taken_pairs(values, "--taken-cpus", form):
+        cpus = parse_cpulist(validate_cpulist(cpulist, f"--taken-cpus {value!r}", f"Write it as {form}."))
+        taken.update(dict.fromkeys(cpus, domain))
+    return taken
+
+
+def _taken_pairs(values: list[str], option: str, form: str) -> list[tuple[str, str, str]]:
+    """(value, what, domain) of each `option` WHAT=DOMAIN value, the domain a valid name."""
+    pairs: list[tuple[str, str, str]] = []
+    for value in values:
+        what, sep, domain = value.partition("=")
+        if not sep:
+            raise InputError(f"{option} {value!r}: write it as {form}.")
+        pairs.append((value, what.strip(), validate_name(domain.strip(), f"{option} {value!r}")))
+    return pairs

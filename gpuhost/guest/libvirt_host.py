@@ -32,6 +32,8 @@ from gpuhost.transport.ssh import SshOptions
 LOCAL_URI = "qemu:///system"
 _URI = re.compile(r"^qemu(?:\+(?:ssh|libssh|libssh2|tls|tcp|unix))?://[A-Za-z0-9@._:\[\]/?=&%,-]*$")
 POLL_S = 1.0
+# libvirt's cpuset syntax; CPU numbers below 8192 (Linux's CONFIG_NR_CPUS limit) keep a range bounded.
+_CPUSET = re.compile(r"^\^?[0-9]{1,4}(?:-[0-9]{1,4})?(?:,\^?[0-9]{1,4}(?:-[0-9]{1,4})?)*$")
 
 
 @dataclass(frozen=True)
@@ -235,6 +237,32 @@ def hostdev_addresses(domain_xml: str) -> tuple[str, ...]:
         domain, bus, slot, function = (int(part, 16) for part in parts)
         addresses.append(f"{domain:04x}:{bus:02x}:{slot:02x}.{function:x}")
     return tuple(addresses)
+
+
+def cpus_taken(conn: Any) -> dict[int, str]:
+    """Host CPUs that defined domains' vCPUs are pinned to: {64: 'train-2', 65: 'train-2'}."""
+    taken: dict[int, str] = {}
+    for domain in conn.listAllDomains(0):
+        taken.update(dict.fromkeys(vcpu_pinned_cpus(domain.XMLDesc(0), domain.name()), domain.name()))
+    return taken
+
+
+def vcpu_pinned_cpus(domain_xml: str, name: str) -> tuple[int, ...]:
+    """The host CPUs a domain's vCPUs are pinned to (cputune/vcpupin cpusets, libvirt's syntax:
+    '64-71', '1-4,^3'); a domain without vcpupin holds none exclusively."""
+    cpus: set[int] = set()
+    root = ET.fromstring(domain_xml)  # noqa: S314 - from the libvirt daemon, as above
+    for pin in root.iterfind("cputune/vcpupin"):
+        cpuset = pin.get("cpuset", "")
+        if not _CPUSET.match(cpuset):
+            raise InputError(f"domain {name}: vcpupin cpuset {cpuset!r} is not a CPU list libvirt writes.")
+        pinned: set[int] = set()
+        for part in cpuset.split(","):
+            low, _, high = part.lstrip("^").partition("-")
+            span = range(int(low), int(high or low) + 1)
+            (pinned.difference_update if part.startswith("^") else pinned.update)(span)
+        cpus |= pinned
+    return tuple(sorted(cpus))
 
 
 STATE_NAMES = {

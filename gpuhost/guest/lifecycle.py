@@ -245,7 +245,9 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
         lambda chosen: ", ".join(wheel.filename for wheel in chosen),
     )
     taken = libvirt_host.hostdevs_taken(conn)
-    plan = plan_domain(facts, spec, policy, host=host, taken=taken)
+    cpus_taken = libvirt_host.cpus_taken(conn)
+    host_vms = target.require_config().vms  # CPUs are allocated for every VM of the host
+    plan = plan_domain(facts, spec, policy, host=host, taken=taken, host_vms=host_vms, cpus_taken=cpus_taken)
     pool = libvirt_host.find_pool(conn, policy.images_dir, create=True)
     base_image: str = spec.base_image
 

@@ -7,9 +7,11 @@ host; `render_plan` only fills templates/domain.xml.j2 in. The layout, and why:
   together as one multifunction device (function 0 carries multifunction='on'): on the root bus a
   GPU would be an integrated endpoint, whose link speed and width the guest driver cannot read.
 - The vCPUs are pinned one to one to CPUs local to the GPUs' NUMA node and the guest memory is
-  bound to that node. A VM whose GPUs sit on several nodes gets one guest NUMA cell per host node,
-  each cell's vCPUs and memory on its node, and its GPUs behind a pcie-expander-bus (pxb-pcie)
-  that carries the cell's number, so the guest driver sees each GPU's node.
+  bound to that node. The host's CPUs are shared out among all its VMs at once, in inventory
+  order (`allocate_cpus`), so no two VMs get the same CPUs. A VM whose GPUs sit on several
+  nodes gets one guest NUMA cell per host node, each cell's vCPUs and memory on its node, and
+  its GPUs behind a pcie-expander-bus (pxb-pcie) that carries the cell's number, so the guest
+  driver sees each GPU's node.
 - 1 GiB huge pages (locked) when the host reserved them; the pages must be free on the nodes the
   memory is bound to.
 - The 64-bit PCI hole is sized from the cards' 64-bit prefetchable BARs (each root port's window
@@ -20,6 +22,7 @@ host; `render_plan` only fills templates/domain.xml.j2 in. The layout, and why:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +96,12 @@ VCPUS_NODE_TOO_SMALL = register(
     Stage.RENDER,
     Severity.ERROR,
     "more vCPUs per cell than its NUMA node has usable CPUs",
+)
+VCPUS_NODE_FULL = register(
+    "render.vcpus.node_full",
+    Stage.RENDER,
+    Severity.ERROR,
+    "the VMs declared before it and other defined domains leave too few free CPUs on its NUMA node",
 )
 NODE_CPUS_UNKNOWN = register(
     "render.node.cpus_unknown", Stage.RENDER, Severity.ERROR, "the CPUs of a GPU's NUMA node are unknown"
@@ -263,11 +272,18 @@ def plan_domain(
     *,
     host: str,
     taken: Mapping[str, str] | None = None,
+    host_vms: Sequence[VmSpec] | None = None,
+    cpus_taken: Mapping[int, str] | None = None,
 ) -> DomainPlan:
     """Everything the domain XML says, decided; raises RenderRefused naming every conflict.
 
     `taken` maps host PCI addresses to the other defined domain that has them as a hostdev
     (the guest lifecycle reads it from libvirt); a domain of the same name is this VM redefined.
+    `host_vms` are every VM declared for the host (`gpuhost_vms`, in inventory order; `spec`
+    among them, else it comes after them; default: `spec` alone) and `cpus_taken` maps host CPUs
+    to the defined domain their vCPUs are pinned to (`guest up` reads it from libvirt): the CPUs
+    are allocated for them all (`allocate_cpus`), so this VM's pins are the same whichever of
+    them is rendered.
     """
     conflicts: list[Problem] = []
     notes: list[str] = []
@@ -276,7 +292,7 @@ def plan_domain(
     _check_functions(groups, spec, taken or {}, conflicts)
 
     node_of = {card.gpu.address: _card_node(facts, card) for card in cards}
-    nodes = sorted({node for node in node_of.values() if node is not None})
+    nodes = _known_nodes(node_of)
     if cards and len(nodes) < len({*node_of.values()}) and nodes:
         unknown = ", ".join(address for address, node in node_of.items() if node is None)
         conflicts.append(
@@ -325,7 +341,11 @@ def plan_domain(
                 f"in whole {unit}.",
             )
         )
-    pins, emulator = _pin_vcpus(facts, spec, policy, nodes, conflicts)
+    vms = tuple(host_vms or ())
+    if spec not in vms:
+        vms = (*(vm for vm in vms if vm.name != spec.name), spec)
+    cpus = allocate_cpus(facts, policy, vms, cpus_taken=cpus_taken).of(spec)
+    conflicts.extend(cpus.conflicts)
     _check_memory(facts, spec, nodes, hugepages, conflicts)
     if conflicts:
         raise RenderRefused(spec.name, host, conflicts)
@@ -357,8 +377,8 @@ def plan_domain(
         cores=per_cell,
         cells=cells,
         host_nodes=tuple(nodes),
-        vcpu_pins=pins,
-        emulator_cpus=emulator,
+        vcpu_pins=cpus.vcpu_pins,
+        emulator_cpus=cpus.emulator_cpus,
         hole64_gib=_hole64_bytes(ports) >> 30,
         expanders=expanders,
         ports=ports,
@@ -536,19 +556,124 @@ def _use_hugepages(facts: HostFacts, spec: VmSpec, conflicts: list[Problem]) -> 
     return True
 
 
+def _known_nodes(node_of: Mapping[str, int | None]) -> list[int]:
+    """The host NUMA nodes of a VM's GPUs (by address), those known, in order."""
+    return sorted({node for node in node_of.values() if node is not None})
+
+
+@dataclass(frozen=True)
+class VmCpus:
+    """One VM's share of its host's CPUs."""
+
+    vm: str
+    vcpu_pins: tuple[tuple[int, int], ...]  # (vcpu, host cpu), no other VM's; () where not pinned or not placed
+    emulator_cpus: str | None  # on the VM's nodes, never another VM's vCPUs; None: not pinned
+    conflicts: tuple[Problem, ...]  # why its vCPUs cannot be pinned (plan_domain refuses the VM with them)
+
+
+@dataclass(frozen=True)
+class CpuAllocation:
+    """Every VM of a host with its CPUs, in inventory order."""
+
+    vms: tuple[VmCpus, ...]
+
+    def of(self, spec: VmSpec) -> VmCpus:
+        return next(cpus for cpus in self.vms if cpus.vm == spec.name)
+
+
+def allocate_cpus(
+    facts: HostFacts,
+    policy: HostPolicy,
+    vms: Sequence[VmSpec],
+    *,
+    cpus_taken: Mapping[int, str] | None = None,
+) -> CpuAllocation:
+    """The host's CPUs shared out among all its VMs (`gpuhost_vms`, in inventory order).
+
+    Each VM in turn takes, on each of its GPUs' NUMA nodes, the lowest-numbered CPUs that are not
+    in gpuhost_reserved_cpus, not a vCPU of a VM before it and not in `cpus_taken` (host CPU ->
+    the defined domain whose vCPU is pinned there; a domain of the VM's own name is the VM
+    redefined). Inventory order makes it stable: a VM's pins never depend on which VM is being
+    rendered. A VM that cannot be placed (its node is full, a GPU or node is unknown, its vCPUs
+    do not split over its nodes) takes no CPUs, so the VMs after it are placed as if it were
+    not declared; it is refused when rendered. Emulator threads go on the VM's nodes' CPUs that
+    are not reserved and hold no VM's or other domain's vCPU; where none is left, on the VM's
+    own vCPUs (never on another VM's). A VM without GPUs, or whose GPUs have no NUMA node, is
+    not pinned.
+    """
+    reserved = frozenset(parse_cpulist(policy.reserved_cpus))
+    holders = _CpuHolders(cpus_taken or {})
+    pinned: list[tuple[VmCpus, list[int]]] = []  # each VM's pins, with its nodes
+    for spec in vms:
+        nodes, settled = _vcpu_nodes(facts, spec, policy)
+        conflicts: list[Problem] = []
+        pins = _pin_vcpus(facts, spec, nodes, reserved, holders, conflicts)
+        if not settled or conflicts:
+            pins = ()  # not placed: its CPUs stay free for the VMs after it
+        holders.vms.update((cpu, spec.name) for _, cpu in pins)
+        pinned.append((VmCpus(spec.name, pins, None, tuple(conflicts)), nodes))
+    # Emulator threads once every VM's vCPUs are known: a VM declared later is no less another VM.
+    shares: list[VmCpus] = []
+    for share, nodes in pinned:
+        if share.vcpu_pins:
+            local = (cpu for node_id in nodes for cpu in _node_cpus(facts, node_id) or ())
+            spare = [cpu for cpu in local if cpu not in reserved and holders.holder(cpu, share.vm) is None]
+            emulator = format_cpulist(spare or [cpu for _, cpu in share.vcpu_pins])
+            share = dataclasses.replace(share, emulator_cpus=emulator)
+        shares.append(share)
+    return CpuAllocation(tuple(shares))
+
+
+class _CpuHolders:
+    """Who holds each host CPU: the host's VMs placed so far, and other defined domains."""
+
+    def __init__(self, cpus_taken: Mapping[int, str]) -> None:
+        self.vms: dict[int, str] = {}  # host CPU -> the VM of this host whose vCPU it is
+        self.domains = cpus_taken  # host CPU -> the defined domain whose vCPU is pinned there
+
+    def holder(self, cpu: int, vm: str) -> str | None:
+        """Who keeps `cpu` from VM `vm` ('VM train-a', 'defined domain legacy'); None: it is free.
+        A defined domain of the VM's own name is the VM redefined."""
+        if cpu in self.vms:
+            return f"VM {self.vms[cpu]}"
+        domain = self.domains.get(cpu)
+        return f"defined domain {domain}" if domain is not None and domain != vm else None
+
+
+def _vcpu_nodes(facts: HostFacts, spec: VmSpec, policy: HostPolicy) -> tuple[list[int], bool]:
+    """The host NUMA nodes a VM's vCPUs go on (its GPUs' nodes), and whether they are settled: not
+    where a GPU name or node is unknown or the vCPUs do not split over the nodes (plan_domain
+    refuses those, and such a VM takes no CPUs from the VMs after it)."""
+    conflicts: list[Problem] = []
+    cards = _resolve_gpus(facts, spec, policy, conflicts)
+    node_of = {card.gpu.address: _card_node(facts, card) for card in cards}
+    nodes = _known_nodes(node_of)
+    unknown_node = len(nodes) < len({*node_of.values()})
+    settled = not conflicts and not unknown_node and len(nodes) <= MAX_CELLS and spec.vcpus % max(1, len(nodes)) == 0
+    return nodes, settled
+
+
+def _node_cpus(facts: HostFacts, node_id: int) -> tuple[int, ...] | None:
+    node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
+    return None if node is None or node.cpulist is None else parse_cpulist(node.cpulist)
+
+
 def _pin_vcpus(
-    facts: HostFacts, spec: VmSpec, policy: HostPolicy, nodes: Sequence[int], conflicts: list[Problem]
-) -> tuple[tuple[tuple[int, int], ...], str | None]:
+    facts: HostFacts,
+    spec: VmSpec,
+    nodes: Sequence[int],
+    reserved: frozenset[int],
+    holders: _CpuHolders,
+    conflicts: list[Problem],
+) -> tuple[tuple[int, int], ...]:
+    """One VM's vCPUs, one to one, on the free CPUs of its nodes (one guest cell per node)."""
     if not nodes:
-        return (), None
-    reserved = set(parse_cpulist(policy.reserved_cpus))
+        return ()
     per_cell = spec.vcpus // len(nodes) if spec.vcpus % len(nodes) == 0 else spec.vcpus
     pins: list[tuple[int, int]] = []
-    spare: list[int] = []
-    usable_all: list[int] = []
     for cell, node_id in enumerate(nodes):
-        node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
-        if node is None or node.cpulist is None:
+        node_cpus = _node_cpus(facts, node_id)
+        if node_cpus is None:
             conflicts.append(
                 _conflict(
                     NODE_CPUS_UNKNOWN,
@@ -557,24 +682,47 @@ def _pin_vcpus(
                 )
             )
             continue
-        usable = [cpu for cpu in parse_cpulist(node.cpulist) if cpu not in reserved]
-        usable_all.extend(usable)
+        usable = [cpu for cpu in node_cpus if cpu not in reserved]
+        cpulist = format_cpulist(node_cpus)
         if per_cell > len(usable):
-            held = f" ({len(reserved)} reserved by gpuhost_reserved_cpus)" if reserved else ""
+            kept = f" ({len(reserved)} reserved by gpuhost_reserved_cpus)" if reserved else ""
             conflicts.append(
                 _conflict(
                     VCPUS_NODE_TOO_SMALL,
                     f"NUMA node {node_id}",
-                    f"{per_cell} vCPUs to pin on NUMA node {node_id} (CPUs {node.cpulist}{held}), which has "
+                    f"{per_cell} vCPUs to pin on NUMA node {node_id} (CPUs {cpulist}{kept}), which has "
                     f"{len(usable)} usable CPUs;",
                     "ask for fewer vCPUs.",
                 )
             )
             continue
-        pins.extend((cell * per_cell + i, cpu) for i, cpu in enumerate(usable[:per_cell]))
-        spare.extend(usable[per_cell:])
-    emulator = format_cpulist(spare or usable_all) if usable_all else None
-    return tuple(pins), emulator
+        free = [cpu for cpu in usable if holders.holder(cpu, spec.name) is None]
+        if per_cell > len(free):
+            conflicts.append(_node_full(spec, node_id, per_cell, usable, holders))
+            continue
+        pins.extend((cell * per_cell + i, cpu) for i, cpu in enumerate(free[:per_cell]))
+    return tuple(pins)
+
+
+def _node_full(spec: VmSpec, node_id: int, wanted: int, usable: Sequence[int], holders: _CpuHolders) -> Problem:
+    """The refusal of a VM that would fit its node alone, naming who holds the node's CPUs."""
+    counts: dict[str, int] = {}
+    for cpu in usable:
+        holder = holders.holder(cpu, spec.name)
+        if holder is not None:
+            counts[holder] = counts.get(holder, 0) + 1
+    # This host's VMs first (in the order they took CPUs), then the other domains.
+    named = sorted(counts, key=lambda holder: not holder.startswith("VM "))
+    held = sum(counts.values())
+    return _conflict(
+        VCPUS_NODE_FULL,
+        f"NUMA node {node_id}",
+        f"{wanted} vCPUs to pin on NUMA node {node_id}, which has {len(usable)} usable CPUs: "
+        f"{', '.join(f'{holder} ({counts[holder]})' for holder in named)} hold {held} of them, "
+        f"{len(usable) - held} are left;",
+        "ask for fewer vCPUs, put the VM's GPUs on another node, or remove a VM declared before it "
+        "(VMs take CPUs in gpuhost_vms order).",
+    )
 
 
 def _check_memory(
@@ -727,6 +875,10 @@ def render_domain(
     *,
     host: str,
     taken: Mapping[str, str] | None = None,
+    host_vms: Sequence[VmSpec] | None = None,
+    cpus_taken: Mapping[int, str] | None = None,
 ) -> str:
     """Plan and render in one call: facts + VM spec + host policy -> domain XML."""
-    return render_plan(plan_domain(facts, spec, policy, host=host, taken=taken))
+    return render_plan(
+        plan_domain(facts, spec, policy, host=host, taken=taken, host_vms=host_vms, cpus_taken=cpus_taken)
+    )

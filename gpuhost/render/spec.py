@@ -115,16 +115,8 @@ class HostPolicy:
 def host_policy(variables: Mapping[str, Any], audit_policy: AuditPolicy, where: str) -> HostPolicy:
     """The host's render policy from its inventory variables (gpuhost_ovmf_code, ...)."""
     reserved = str(variables.get("gpuhost_reserved_cpus", "") or "").strip()
-    if reserved and not CPULIST.match(reserved):
-        raise InputError(f"{where}: gpuhost_reserved_cpus {reserved!r} is not a CPU list like '0-1,64-65'.")
-    for part in reserved.split(",") if reserved else ():
-        low, _, high = part.partition("-")
-        # Checked here, before anything expands the range: '5-1' is empty, '0-999999999999' exhausts memory.
-        if int(low) > int(high or low) or int(high or low) >= MAX_CPUS:
-            raise InputError(
-                f"{where}: gpuhost_reserved_cpus range {part!r} must go up, within CPUs 0 to {MAX_CPUS - 1}. "
-                "Fix gpuhost_reserved_cpus."
-            )
+    if reserved:
+        validate_cpulist(reserved, f"{where}: gpuhost_reserved_cpus", "Fix gpuhost_reserved_cpus.")
     return HostPolicy(
         gpus=audit_policy.gpus,
         allow_shared_group=audit_policy.allow_shared_group,
@@ -139,6 +131,19 @@ def host_policy(variables: Mapping[str, Any], audit_policy: AuditPolicy, where: 
         nvram_dir=validate_path(variables.get("gpuhost_nvram_dir", DEFAULT_NVRAM_DIR), f"{where}: gpuhost_nvram_dir"),
         reserved_cpus=reserved,
     )
+
+
+def validate_cpulist(text: str, where: str, remedy: str) -> str:
+    """A CPU list like '0-1,64-65', each range going up, within the CPUs Linux can have (`remedy`
+    ends the message of a range that does not)."""
+    if not CPULIST.match(text):
+        raise InputError(f"{where}: {text!r} is not a CPU list like '0-1,64-65'.")
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        # Checked here, before anything expands the range: '5-1' is empty, '0-999999999999' exhausts memory.
+        if int(low) > int(high or low) or int(high or low) >= MAX_CPUS:
+            raise InputError(f"{where}: range {part!r} must go up, within CPUs 0 to {MAX_CPUS - 1}. {remedy}")
+    return text
 
 
 def find_vm(variables: Mapping[str, Any], name: str, where: str) -> VmSpec:
