@@ -149,8 +149,18 @@ def validate_key_file(value: object, where: str) -> Path:
     return path
 
 
-def validate_known_hosts(value: object, where: str) -> Path:
-    return _local_path(value, where, "known_hosts")
+def validate_known_hosts(value: object, where: str, fix: str = "gpuhost_known_hosts_file") -> Path:
+    """A known_hosts path that is missing (nothing is known yet) or a regular file. A FIFO would block
+    the first reader or writer for ever (the audit, or ssh under apply); a directory or a device is
+    no known_hosts file either."""
+    path = _local_path(value, where, "known_hosts")
+    if path.exists() and not path.is_file():
+        what = "is a directory" if path.is_dir() else "is not a regular file (a FIFO, socket or device)"
+        raise InputError(
+            f"{where}: known_hosts file {path} {what}. Fix {fix}: name a regular file (or a path that does "
+            "not exist yet)."
+        )
+    return path
 
 
 def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, where: str) -> HostConfig:

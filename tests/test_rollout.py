@@ -252,3 +252,22 @@ def test_a_canceled_apply_exits_130_and_keeps_the_previous_report(
     assert main(["apply", "-i", str(inventory), "--yes", "--report", str(report_path)]) == 130
     assert report_path.read_bytes() == previous
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".report")) == []
+
+
+def test_a_canceled_rollback_exits_130_and_reads_no_host_back(
+    inventory: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 13 class 8: a rollback stopped by Ctrl-C is not followed by reading the hosts back (an
+    SSH audit of each, which Ctrl-C would then have to interrupt again) nor a table of results."""
+
+    def run(**kwargs: Any) -> SimpleNamespace:
+        return SimpleNamespace(stats={}, rc=-1, status="canceled")
+
+    def read_back(target: Any) -> None:
+        raise AssertionError(f"{target.name} was read back after Ctrl-C")
+
+    monkeypatch.setattr("ansible_runner.run", run)
+    monkeypatch.setattr("gpuhost.audit.audit_target", read_back)
+    assert main(["rollback", "-i", str(inventory), "--limit", "gpu01", "--yes"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "gpuhost rollback: interrupted" and "rolled back" not in captured.out
