@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuhost import __version__
 from gpuhost.checks import Role, run_checks
-from gpuhost.errors import GpuhostError
+from gpuhost.errors import GpuhostError, shortened
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.gather import gather_tree
 from gpuhost.facts.model import GIB_KIB, HostFacts, TextEnum
@@ -111,7 +111,9 @@ def unexpected_error(host: str, error: BaseException) -> str:
 
 
 def _failed(target: Target, message: str, kind: str, round_trips: int, started: float) -> HostAudit:
-    return HostAudit(target, None, None, None, (), message, kind, round_trips, time.monotonic() - started)
+    # The one place a host's error is made: bounded here, it is bounded in JSON, text, plan and render.
+    error = shortened(message)
+    return HostAudit(target, None, None, None, (), error, kind, round_trips, time.monotonic() - started)
 
 
 def audit_fleet(
