@@ -222,7 +222,10 @@ def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:
     if not match:
         raise InputError(f"{where}: write hosts as [user@]host[:port], e.g. root@10.0.0.5 or admin@gpu02:2222.")
     fix = "the host argument"
-    user = validate_user(match.group("user") or defaults.user or "root", where, fix)
+    # A user from -u is blamed on -u, not on the host argument that did not name one.
+    user = validate_user(
+        match.group("user") or defaults.user or "root", where, fix if match.group("user") else "--user"
+    )
     host = validate_host(match.group("host"), where, fix)
     port = validate_port(match.group("port") or 22, where, fix)
     options = SshOptions(
