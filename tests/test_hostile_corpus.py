@@ -29,6 +29,8 @@ from tests.helpers import SNAPSHOTS
 from tests.test_render_cli import INVENTORY as RENDER_INVENTORY
 from tests.test_render_cli import LAB_FRESH
 
+pytestmark = pytest.mark.hostile  # issue 13's corpus: pytest -m hostile
+
 CORPUS = yaml.safe_load((Path(__file__).parent / "hostile/cases.yml").read_text(encoding="utf-8"))
 H100 = SNAPSHOTS / "h100-guest"
 

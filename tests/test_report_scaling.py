@@ -20,6 +20,8 @@ from gpuhost.errors import InputError
 from gpuhost.problems import LISTED_LIMIT
 from tests.helpers import SNAPSHOTS
 
+pytestmark = pytest.mark.hostile  # issue 13's corpus: pytest -m hostile
+
 BASE = SNAPSHOTS / "lab-gpu-pair-fresh"
 GPU = "0000:01:00.0"  # the capture's GPU (1234:1111, with its audio function 01:00.1), IOMMU group 6
 GROUP = 6

@@ -189,6 +189,7 @@ def test_interactive_rollback_reads_the_inventory_once_and_names_the_hosts_it_as
 
 @pytest.mark.ssh
 @pytest.mark.parametrize("key_matches", [True, False], ids=["known key", "changed key"])
+@pytest.mark.hostile
 def test_ansible_verifies_host_keys_against_gpuhost_known_hosts_file(
     key_matches: bool, sshd_server: Any, tmp_path: Path
 ) -> None:
@@ -237,6 +238,7 @@ def test_a_key_missing_from_known_hosts_is_not_called_an_interception() -> None:
     assert host_key_message("Failed to connect to the host via ssh: Connection refused") is None
 
 
+@pytest.mark.hostile
 def test_a_canceled_apply_exits_130_and_keeps_the_previous_report(
     inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -254,6 +256,7 @@ def test_a_canceled_apply_exits_130_and_keeps_the_previous_report(
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".report")) == []
 
 
+@pytest.mark.hostile
 def test_a_canceled_rollback_exits_130_and_reads_no_host_back(
     inventory: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
