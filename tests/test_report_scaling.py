@@ -100,3 +100,14 @@ def test_a_hosts_error_quoting_a_huge_value_is_bounded_everywhere(
         assert main([*argv, "--from-snapshot", str(BASE)]) == 2
         out = capsys.readouterr().out
         assert len(out) < 5000 and "characters left out" in out and "Fix the snapshot." in out, argv
+
+
+def test_a_failed_tasks_huge_stderr_is_bounded_in_the_rollout_report() -> None:
+    from gpuhost.rollout.engine import stop_outcome
+    from gpuhost.rollout.report import HostStatus
+
+    stderr = "E: " + "dpkg: error processing package nvidia-dkms\n" * 100_000 + "E: Sub-process returned 1"
+    outcome = stop_outcome("runner_on_failed", "Install packages", {"stderr": stderr})
+    assert outcome.status is HostStatus.FAILED
+    assert len(outcome.message) < 2500 and outcome.message.endswith("Sub-process returned 1")
+    assert "characters left out" in outcome.message

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuhost.errors import InputError, MissingDependencyError
+from gpuhost.errors import InputError, MissingDependencyError, shortened
 from gpuhost.output import write_output
 from gpuhost.plan.model import (
     APT_PIN_PATH,
@@ -97,7 +97,8 @@ def parse_serial(text: str) -> tuple[int | str, ...]:
 def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome:
     """What stopped a host, for apply's and rollback's reports: trial reverted, unreachable (also a
     reboot it never came back from, or a host key that changed) or failed, with Ansible's message."""
-    message = str(result.get("msg") or result.get("stderr") or "").strip()
+    # A failed command's stderr can be megabytes: the report and the table quote a bounded part.
+    message = shortened(str(result.get("msg") or result.get("stderr") or "").strip())
     if message.startswith("trial reverted"):
         return HostOutcome(HostStatus.TRIAL_REVERTED, message)
     if kind == "runner_on_unreachable":
