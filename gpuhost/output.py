@@ -15,10 +15,13 @@ from pathlib import Path
 from gpuhost.errors import InputError
 
 
-def write_output(path: Path, content: str | bytes, option: str) -> None:
-    """Write `content` to `path` atomically. `option` names where the path came from ('-o')."""
+def write_output(path: str | Path, content: str | bytes, option: str) -> None:
+    """Write `content` to `path` atomically. `option` names where the path came from ('-o'); give
+    the path as typed (a str): Path() drops a trailing '/', and 'out/' would become a file 'out'."""
     data = content.encode("utf-8") if isinstance(content, str) else content
-    target = path.expanduser()
+    if isinstance(path, str) and path.endswith("/") and not Path(path).is_dir():
+        raise InputError(f"{option} {path}: ends with '/', so it names a directory, and there is none. Name a file.")
+    target = Path(path).expanduser()
     parent = target.parent
     if not parent.is_dir():
         what = "does not exist" if not parent.exists() else "is not a directory"

@@ -46,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="ADDRESS=DOMAIN",
         help="a host PCI function another defined domain already has (repeatable); `guest up` reads these from libvirt",
     )
-    parser.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the XML here instead of stdout")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write the XML here instead of stdout")
     parser.add_argument("--no-validate", action="store_true", help="skip libvirt's schema check (virt-xml-validate)")
 
 

@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the essentials only (copy, triad, BF16 GEMM, pinned copies, launch, P2P): <= 15 s",
     )
-    parser.add_argument("--json", type=Path, metavar="FILE", help="write the full results as JSON to FILE")
+    parser.add_argument("--json", metavar="FILE", help="write the full results as JSON to FILE")
     parser.add_argument("--plot", type=Path, metavar="FILE", help="draw the roofline with the measured points (PNG)")
     parser.add_argument(
         "--baseline", type=Path, metavar="FILE", help="compare with an earlier --json output (e.g. from bare metal)"
