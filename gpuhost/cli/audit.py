@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING
 
 from gpuhost.audit import AuditStatus, HostAudit, audit_fleet, audit_to_json
@@ -38,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     targets = resolve_targets(args)
     if args.json:
         results = audit_fleet(targets, args.forks)
-        for result in results:
-            print(json.dumps(audit_to_json(result), sort_keys=False))
+        # One write of every line, once every host is done: Ctrl-C leaves no line half-written.
+        sys.stdout.write("".join(json.dumps(audit_to_json(result), sort_keys=False) + "\n" for result in results))
         return exit_status(results)
     console = _console()
     results = _audit_with_progress(targets, args.forks)
