@@ -50,6 +50,18 @@ def wait_for(condition: object, seconds: float, process: subprocess.Popen[str]) 
         time.sleep(0.1)
 
 
+def ctrl_c(process: subprocess.Popen[str]) -> tuple[str, str, float]:
+    """SIGINT, as a terminal's Ctrl-C sends it; what the process printed and how long it took to exit."""
+    interrupted = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    try:
+        out, err = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("the process did not exit after Ctrl-C")
+    return out, err, time.monotonic() - interrupted
+
+
 @pytest.fixture
 def stalling() -> Iterator[Listener]:
     server = Listener(b"", "hang")  # accepts, then never sends the SSH banner
@@ -80,14 +92,7 @@ def test_ctrl_c_with_hosts_in_progress_exits_130_at_once(argv: list[str], tmp_pa
     inventory = stalled_inventory(tmp_path, stalling.port)
     process = gpuhost(*argv, "--connect-timeout", "60", "-i", str(inventory))
     wait_for(lambda: stalling.connections >= 3, 60, process)
-    interrupted = time.monotonic()
-    process.send_signal(signal.SIGINT)
-    try:
-        out, err = process.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail("gpuhost did not exit after Ctrl-C")
-    waited = time.monotonic() - interrupted
+    out, err, waited = ctrl_c(process)
     assert process.returncode == 130, out + err
     assert waited < PROMPT_SECONDS, f"Ctrl-C took {waited:.1f} s: it waited for the hosts in progress"
     assert "Traceback" not in err and err.strip().splitlines()[-1] == f"gpuhost {argv[0]}: interrupted", err
@@ -162,14 +167,7 @@ def test_ctrl_c_during_a_rollout_stops_the_playbook_and_its_children(tmp_path: P
     )
     wait_for(lambda: pidfile.is_file() and pidfile.read_text().strip(), 120, process)
     task = int(pidfile.read_text())
-    interrupted = time.monotonic()
-    process.send_signal(signal.SIGINT)
-    try:
-        out, err = process.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail("the rollout did not stop after Ctrl-C")
-    waited = time.monotonic() - interrupted
+    out, err, waited = ctrl_c(process)
     assert out.split()[0] == "canceled", out + err
     assert waited < PROMPT_SECONDS, f"the canceled run took {waited:.1f} s to stop"
     assert gone(task), "the task's process must go with the playbook's process group"
