@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
 from gpuhost import __version__
 from gpuhost.checks import Role, run_checks
-from gpuhost.errors import GpuhostError
+from gpuhost.errors import GpuhostError, shortened
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.gather import gather_tree
 from gpuhost.facts.model import GIB_KIB, HostFacts, TextEnum
@@ -110,21 +111,47 @@ def unexpected_error(host: str, error: BaseException) -> str:
 
 
 def _failed(target: Target, message: str, kind: str, round_trips: int, started: float) -> HostAudit:
-    return HostAudit(target, None, None, None, (), message, kind, round_trips, time.monotonic() - started)
+    # The one place a host's error is made: bounded here, it is bounded in JSON, text, plan and render.
+    error = shortened(message)
+    return HostAudit(target, None, None, None, (), error, kind, round_trips, time.monotonic() - started)
 
 
 def audit_fleet(
     targets: Sequence[Target], forks: int, on_done: Callable[[HostAudit], None] | None = None
 ) -> list[HostAudit]:
-    """Audit every target in parallel; one failing host never stops the others. Input order kept."""
+    """Audit every target in parallel; one failing host never stops the others. Input order kept.
+
+    Ctrl-C (KeyboardInterrupt in the calling thread) propagates at once: hosts not started are never
+    started, and hosts in progress are not waited for. The workers are daemon threads for that
+    reason: ThreadPoolExecutor joins its threads on shutdown and again at interpreter exit, so an
+    interrupt would wait for every connection in progress (up to its connect and command timeouts).
+    """
+    pending: queue.SimpleQueue[tuple[int, Target]] = queue.SimpleQueue()
+    for index, target in enumerate(targets):
+        pending.put((index, target))
+    finished: queue.SimpleQueue[tuple[int, HostAudit]] = queue.SimpleQueue()
+    interrupted = threading.Event()
+
+    def work() -> None:
+        while not interrupted.is_set():
+            try:
+                index, target = pending.get_nowait()
+            except queue.Empty:
+                return
+            finished.put((index, audit_target(target)))  # audit_target is the per-host barrier: it never raises
+
     results: list[HostAudit | None] = [None] * len(targets)
-    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(targets)))) as pool:
-        futures = {pool.submit(audit_target, target): index for index, target in enumerate(targets)}
-        for future in as_completed(futures):
-            result = future.result()
-            results[futures[future]] = result
+    try:
+        for number in range(max(1, min(forks, len(targets)))):
+            threading.Thread(target=work, name=f"gpuhost-audit-{number}", daemon=True).start()
+        for _ in targets:
+            index, result = finished.get()
+            results[index] = result
             if on_done is not None:
                 on_done(result)
+    except BaseException:
+        interrupted.set()  # workers take no further host; the ones in progress die with the process
+        raise
     return [result for result in results if result is not None]
 
 

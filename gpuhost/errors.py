@@ -12,6 +12,9 @@ EXIT_FINDINGS = 1
 EXIT_UNUSABLE = 2
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT (128 + 2)
 
+# An error message quoting a multi-megabyte bad value would bury the line that names the fix.
+MESSAGE_LIMIT = 2000
+
 
 class GpuhostError(Exception):
     """A failure the user can act on: the message names what is wrong and the fix."""
@@ -46,3 +49,13 @@ class NoHostsSelected(InputError):
         super().__init__(f"inventory {inventory}: {reason}")
         self.inventory = inventory
         self.pattern = pattern
+
+
+def shortened(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text` cut in the middle to about `limit` characters: the start names the host and value,
+    the end the fix, and the gap says how much was left out. Every error message that reaches a
+    user goes through it: the CLI's error line, and each host's error in audit, plan and snapshot."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit * 3 // 4], text[-limit // 4 :]
+    return f"{head} ... ({len(text) - len(head) - len(tail)} characters left out) ... {tail}"

@@ -17,9 +17,12 @@ from pathlib import Path
 from gpuhost.errors import InputError
 
 
-def check_output_path(path: Path, option: str) -> None:
-    """Refuse a path that write_output could not write, before any work is done for it."""
-    target = path.expanduser()
+def check_output_path(path: str | Path, option: str) -> None:
+    """Refuse a path that write_output could not write, before any work is done for it. Give the
+    path as typed (a str): Path() drops a trailing '/', and 'out/' would become a file 'out'."""
+    if isinstance(path, str) and path.endswith("/") and not Path(path).is_dir():
+        raise InputError(f"{option} {path}: ends with '/', so it names a directory, and there is none. Name a file.")
+    target = Path(path).expanduser()
     parent = target.parent
     if not parent.is_dir():
         what = "does not exist" if not parent.exists() else "is not a directory"
@@ -31,11 +34,11 @@ def check_output_path(path: Path, option: str) -> None:
         raise InputError(f"{option} {path}: is not a regular file. Name a regular file, or leave {option} out.")
 
 
-def write_output(path: Path, content: str | bytes, option: str) -> None:
+def write_output(path: str | Path, content: str | bytes, option: str) -> None:
     """Write `content` to `path` atomically. `option` names where the path came from ('-o')."""
     data = content.encode("utf-8") if isinstance(content, str) else content
     check_output_path(path, option)
-    target = path.expanduser()
+    target = Path(path).expanduser()
     temporary: str | None = None
     try:
         handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

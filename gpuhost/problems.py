@@ -118,3 +118,15 @@ def worst(problems: Iterable[Problem]) -> Severity | None:
 
 def errors(problems: Iterable[Problem]) -> tuple[Problem, ...]:
     return tuple(problem for problem in problems if problem.severity is Severity.ERROR)
+
+
+# How many items a finding's message names before it says "and N more" (the JSON's fields and the
+# table carry every address; a message naming 300 GPUs, once per GPU, made the report quadratic).
+LISTED_LIMIT = 8
+
+
+def listed(items: Iterable[str], limit: int = LISTED_LIMIT) -> str:
+    """`items` comma-separated, at most `limit` of them, then how many were left out."""
+    names = list(items)
+    shown = ", ".join(names[:limit])
+    return f"{shown} and {len(names) - limit} more" if len(names) > limit else shown

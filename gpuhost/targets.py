@@ -27,6 +27,7 @@ _USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 _INVENTORY_NAME = re.compile(r"^[A-Za-z0-9_.:\[\]-]{1,255}$")
 # A last label that inet_aton would read as a number (decimal, octal, 0x hex): '2130706433', '127.1',
 # '0x7f000001' are addresses in disguise, and no top-level domain is numeric (RFC 3696).
+_ZONE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")  # an interface name (IFNAMSIZ - 1)
 _NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$", re.IGNORECASE)
 _ADHOC = re.compile(r"^(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@]+)(?::(?P<port>[^:]+))?$")
 
@@ -91,7 +92,7 @@ def validate_host(value: object, where: str, fix: str = "ansible_host") -> str:
         address = ipaddress.ip_address(text)
     except ValueError:
         address = None
-    if address is not None and text.lower() in (str(address), address.exploded):
+    if address is not None and text.lower() in _canonical_spellings(address, where, fix):
         return text
     if isinstance(value, bool | int | float) or address is not None or not _HOSTNAME.match(text):
         reason = "is not in canonical form" if address is not None else "is not a valid host name or IP address"
@@ -105,6 +106,21 @@ def validate_host(value: object, where: str, fix: str = "ansible_host") -> str:
             f"Write the address as four dotted decimals, e.g. 10.0.0.5 (quoted in YAML). Fix {fix}."
         )
     return text
+
+
+def _canonical_spellings(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address, where: str, fix: str
+) -> tuple[str, ...]:
+    """An address's compressed and exploded forms. A link-local IPv6 address may name its zone
+    ('fe80::1%eth0', as ssh takes it): an interface name, nothing else. (ipaddress' `exploded` of
+    a scoped address raises AddressValueError, which reached the user as a traceback.)"""
+    scope = address.scope_id if isinstance(address, ipaddress.IPv6Address) else None
+    if scope is None:
+        return (str(address), address.exploded)
+    if not _ZONE.match(scope):
+        raise InputError(f"{where}: the zone {scope!r} of {str(address)!r} is not an interface name. Fix {fix}.")
+    bare = ipaddress.IPv6Address(str(address).split("%", 1)[0])
+    return (str(address).lower(), f"{bare.exploded}%{scope}".lower())
 
 
 def validate_user(value: object, where: str, fix: str = "ansible_user") -> str:
@@ -149,8 +165,18 @@ def validate_key_file(value: object, where: str) -> Path:
     return path
 
 
-def validate_known_hosts(value: object, where: str) -> Path:
-    return _local_path(value, where, "known_hosts")
+def validate_known_hosts(value: object, where: str, fix: str = "gpuhost_known_hosts_file") -> Path:
+    """A known_hosts path that is missing (nothing is known yet) or a regular file. A FIFO would block
+    the first reader or writer for ever (the audit, or ssh under apply); a directory or a device is
+    no known_hosts file either."""
+    path = _local_path(value, where, "known_hosts")
+    if path.exists() and not path.is_file():
+        what = "is a directory" if path.is_dir() else "is not a regular file (a FIFO, socket or device)"
+        raise InputError(
+            f"{where}: known_hosts file {path} {what}. Fix {fix}: name a regular file (or a path that does "
+            "not exist yet)."
+        )
+    return path
 
 
 def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, where: str) -> HostConfig:
@@ -196,7 +222,10 @@ def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:
     if not match:
         raise InputError(f"{where}: write hosts as [user@]host[:port], e.g. root@10.0.0.5 or admin@gpu02:2222.")
     fix = "the host argument"
-    user = validate_user(match.group("user") or defaults.user or "root", where, fix)
+    # A user from -u is blamed on -u, not on the host argument that did not name one.
+    user = validate_user(
+        match.group("user") or defaults.user or "root", where, fix if match.group("user") else "--user"
+    )
     host = validate_host(match.group("host"), where, fix)
     port = validate_port(match.group("port") or 22, where, fix)
     options = SshOptions(

@@ -346,6 +346,7 @@ class RecordingDomain:
         self.updates.append((xml, flags))
 
 
+@pytest.mark.hostile
 def test_the_seed_is_private_to_its_owner_and_removed_once_the_key_is_confirmed() -> None:
     """Issue 13 class 14: the seed carries the guest's SSH host private key."""
     import libvirt

@@ -17,6 +17,8 @@ from gpuhost.errors import NoHostsSelected
 from gpuhost.targets import ConnectionDefaults, inventory_targets, load_inventory
 from tests import test_hostile_inventory as hostile
 
+pytestmark = pytest.mark.hostile  # issue 13's corpus: pytest -m hostile
+
 listener = hostile.listener  # the fixture: a loopback port that counts connections
 EXAMPLE = Path(__file__).resolve().parents[1] / "inventory.example.yml"
 EMPTY_SELECTIONS = ["", ",", ":", " , ", "~[", "~", "!", "gpu99", "gpu01,gpu99", "@limit-file"]

@@ -22,11 +22,14 @@ import yaml
 from gpuhost.cli.main import main
 from gpuhost.errors import InputError
 from gpuhost.output import write_output
+from gpuhost.targets import validate_host
 from gpuhost.transport import TransportError
 from gpuhost.transport.ssh import MAX_STDOUT_BYTES, _drain
 from tests.helpers import SNAPSHOTS
 from tests.test_render_cli import INVENTORY as RENDER_INVENTORY
 from tests.test_render_cli import LAB_FRESH
+
+pytestmark = pytest.mark.hostile  # issue 13's corpus: pytest -m hostile
 
 CORPUS = yaml.safe_load((Path(__file__).parent / "hostile/cases.yml").read_text(encoding="utf-8"))
 H100 = SNAPSHOTS / "h100-guest"
@@ -153,9 +156,11 @@ def write_inventory(case: dict[str, Any], tmp_path: Path, port: int) -> Path:
     if "vars_yaml" in case:
         lines.append(f"      {case['vars_yaml']}")
     text = "\n".join(lines) + "\n"
-    # The later key wins in YAML; drop the default host line when the case sets its own.
-    if "ansible_host" in text.split("ansible_port")[1]:
-        text = text.replace("      ansible_host: 127.0.0.1\n", "", 1)
+    # The later key wins in YAML (with a warning); drop a default line when the case sets its own.
+    own = "".join(lines[5:])
+    for default in ("      ansible_host: 127.0.0.1\n", f"      ansible_port: {port}\n"):
+        if default.split(":")[0].strip() + ":" in own:
+            text = text.replace(default, "", 1)
     path = tmp_path / "inventory.yml"
     path.write_text(text)
     return path
@@ -353,3 +358,12 @@ def test_a_huge_bad_value_is_shortened_in_the_message(
     assert_clean(out, err)
     assert status == 2 and "gpuhost_reserved_cpus" in err and "characters left out" in err
     assert len(err) < 5000 and err.rstrip().endswith(("'.", "'"))
+
+
+@pytest.mark.parametrize(
+    "spelling", ["fe80::1%eth0", "FE80::1%eth0", "fe80:0000:0000:0000:0000:0000:0000:0001%eth0", "[fe80::1%enp65s0f1]"]
+)
+def test_a_link_local_address_may_name_its_zone(spelling: str) -> None:
+    """ipaddress' `exploded` of a scoped address raised AddressValueError: a traceback for any
+    inventory with `ansible_host: fe80::1%eth0`. Its zone is an interface name, as ssh takes it."""
+    assert validate_host(spelling, "inventory host gpu01") == spelling.strip("[]")

@@ -17,6 +17,8 @@ import yaml
 
 from gpuhost.cli.main import main
 
+pytestmark = pytest.mark.hostile  # issue 13's corpus: pytest -m hostile
+
 HOSTILE = ("4;reboot", "$(id)", "`id`", "'quoted'", '"quoted"', "1\nreboot", "../../etc/passwd")
 # variable -> hostile values that apply to it (paths get `..`; every one gets the shell ones).
 VARIABLES = {

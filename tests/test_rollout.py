@@ -109,6 +109,10 @@ def test_interactive_apply_reads_the_inventory_once_and_reports_an_unreachable_h
     monkeypatch.setattr("ansible_runner.run", run)
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    # apply's question imports gpuhost.cli.plan; imported first under this patch, that module would
+    # keep the fake plan_fleet for every later test of the process (`gpuhost plan` planned nothing).
+    import gpuhost.cli.plan  # noqa: F401
+
     monkeypatch.setattr("gpuhost.plan.fleet.plan_fleet", lambda targets, forks: [_lab_plan(t.name) for t in targets])
     report_path = tmp_path / "report.json"
 
@@ -189,6 +193,7 @@ def test_interactive_rollback_reads_the_inventory_once_and_names_the_hosts_it_as
 
 @pytest.mark.ssh
 @pytest.mark.parametrize("key_matches", [True, False], ids=["known key", "changed key"])
+@pytest.mark.hostile
 def test_ansible_verifies_host_keys_against_gpuhost_known_hosts_file(
     key_matches: bool, sshd_server: Any, tmp_path: Path
 ) -> None:
@@ -237,6 +242,7 @@ def test_a_key_missing_from_known_hosts_is_not_called_an_interception() -> None:
     assert host_key_message("Failed to connect to the host via ssh: Connection refused") is None
 
 
+@pytest.mark.hostile
 def test_a_canceled_apply_exits_130_and_keeps_the_previous_report(
     inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -252,3 +258,23 @@ def test_a_canceled_apply_exits_130_and_keeps_the_previous_report(
     assert main(["apply", "-i", str(inventory), "--yes", "--report", str(report_path)]) == 130
     assert report_path.read_bytes() == previous
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".report")) == []
+
+
+@pytest.mark.hostile
+def test_a_canceled_rollback_exits_130_and_reads_no_host_back(
+    inventory: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 13 class 8: a rollback stopped by Ctrl-C is not followed by reading the hosts back (an
+    SSH audit of each, which Ctrl-C would then have to interrupt again) nor a table of results."""
+
+    def run(**kwargs: Any) -> SimpleNamespace:
+        return SimpleNamespace(stats={}, rc=-1, status="canceled")
+
+    def read_back(target: Any) -> None:
+        raise AssertionError(f"{target.name} was read back after Ctrl-C")
+
+    monkeypatch.setattr("ansible_runner.run", run)
+    monkeypatch.setattr("gpuhost.audit.audit_target", read_back)
+    assert main(["rollback", "-i", str(inventory), "--limit", "gpu01", "--yes"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "gpuhost rollback: interrupted" and "rolled back" not in captured.out

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from gpuhost.checks.base import CheckContext, class_name, describe_function
 from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.facts.model import GIB_BYTES, GIB_KIB, MIB_BYTES, PciFunction
-from gpuhost.problems import Problem, Severity, Stage, register
+from gpuhost.problems import Problem, Severity, Stage, listed, register
 from gpuhost.selection import GpuCard, functions_to_bind
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -100,7 +100,7 @@ def check_gpu_presence(ctx: CheckContext) -> Iterator[Problem]:
             "Check that the cards are seated and powered (lspci should list them), or audit the right host.",
         )
         return
-    kept = ", ".join(describe_function(card.gpu) for card in selection.kept)
+    kept = listed(describe_function(card.gpu) for card in selection.kept)
     yield ctx.finding(
         GPU_NONE_SELECTED,
         ERROR,
@@ -112,9 +112,10 @@ def check_gpu_presence(ctx: CheckContext) -> Iterator[Problem]:
 
 
 def check_gpu_cards(ctx: CheckContext) -> Iterator[Problem]:
+    checked: set[str] = set()  # functions whose binding was judged: GPUs sharing a group share them
     for card in ctx.selection.passthrough:
         yield from _check_group(ctx, card)
-        yield from _check_binding(ctx, card)
+        yield from _check_binding(ctx, card, checked)
         yield from _check_reset(ctx, card.gpu)
         yield from check_link(ctx, card.gpu)
         yield from _check_bars(ctx, card.gpu)
@@ -160,12 +161,13 @@ def _check_group(ctx: CheckContext, card: GpuCard) -> Iterator[Problem]:
             "list the GPU in gpuhost_allow_shared_group only if giving the guest that device too is acceptable.",
         )
     if isolation.other_cards:
-        names = ", ".join(other.gpu.describe() for other in isolation.other_cards)
+        names = listed(other.gpu.describe() for other in isolation.other_cards)
+        count = len(isolation.other_cards)
         yield ctx.finding(
             GPU_GROUP_SHARED,
             ERROR,
             gpu.address,
-            f"GPU {gpu.describe()} shares IOMMU group {gpu.iommu_group} with other GPU(s) {names}: "
+            f"GPU {gpu.describe()} shares IOMMU group {gpu.iommu_group} with {count} other GPU(s) {names}: "
             "they can only be passed through together, to one guest",
             "Place the GPUs behind separate PCIe root ports (check ACS support of the switch/root port).",
         )
@@ -179,7 +181,9 @@ def _check_group(ctx: CheckContext, card: GpuCard) -> Iterator[Problem]:
         )
 
 
-def _check_binding(ctx: CheckContext, card: GpuCard) -> Iterator[Problem]:
+def _check_binding(ctx: CheckContext, card: GpuCard, checked: set[str]) -> Iterator[Problem]:
+    """The binding of each function of the card's group, once per function (`checked` is updated):
+    with several GPUs in one group, each GPU's pass over the group used to report every function again."""
     facts = ctx.facts
     cmdline_ids = set(facts.cmdline.list_value("vfio-pci.ids")) if facts.cmdline else set()
     modprobe_ids = {
@@ -192,6 +196,9 @@ def _check_binding(ctx: CheckContext, card: GpuCard) -> Iterator[Problem]:
         if item
     }
     for function in functions_to_bind(facts, card):
+        if function.address in checked:
+            continue
+        checked.add(function.address)
         if function.driver == VFIO_DRIVER:
             pass
         elif function.driver is None:

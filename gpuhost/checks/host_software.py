@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext
 from gpuhost.facts.model import HOST_DRIVER_MODULES, VFIO_INITRAMFS_MODULES, VfioPci
-from gpuhost.problems import Problem, Severity, Stage, register
+from gpuhost.problems import Problem, Severity, Stage, listed, register
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
@@ -62,13 +62,12 @@ def check_nvidia_driver(ctx: CheckContext) -> Iterator[Problem]:
         )
     nvidia = facts.nvidia
     if nvidia.packages:
-        names = ", ".join(f"{p.name} {p.version}" for p in nvidia.packages[:6])
-        more = f" and {len(nvidia.packages) - 6} more" if len(nvidia.packages) > 6 else ""
+        names = listed((f"{p.name} {p.version}" for p in nvidia.packages), limit=6)
         yield ctx.finding(
             NVIDIA_INSTALLED,
             WARNING,
             "host NVIDIA driver",
-            f"host NVIDIA driver packages are installed: {names}{more}",
+            f"host NVIDIA driver packages are installed: {names}",
             "Purge them (apt-get remove --purge '^nvidia-.*' 'libnvidia-.*'; gpuhost apply does it) so nothing "
             "loads a host driver on the passthrough GPUs.",
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +18,9 @@ from gpuhost.checks import Role, Severity
 from gpuhost.cli.common import add_target_options, positive_int, resolve_targets
 from gpuhost.cli.text import make_console, untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, MissingDependencyError
+from gpuhost.facts.model import PciFunction
 from gpuhost.metrics import audit_metrics, check_textfile_path, write_textfile
+from gpuhost.problems import listed
 from gpuhost.selection import functions_to_bind
 from gpuhost.targets import Target
 
@@ -48,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     targets = resolve_targets(args)
     if args.json:
         results = audit_fleet(targets, args.forks)
-        for result in results:
-            print(json.dumps(audit_to_json(result), sort_keys=False))
+        # One write of every line, once every host is done: Ctrl-C leaves no line half-written.
+        sys.stdout.write("".join(json.dumps(audit_to_json(result), sort_keys=False) + "\n" for result in results))
     else:
         console = _console()
         results = _audit_with_progress(targets, args.forks)
@@ -146,25 +149,34 @@ def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
         table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
         for column in ("GPU", "ID", "passthrough", "IOMMU group", "functions", "driver", "link", "NUMA", "verdict"):
             table.add_column(column, no_wrap=True)
+        with_errors = {f.subject for f in result.findings if f.severity == Severity.ERROR}
+        crowded: dict[int, tuple[str, ...]] = {}  # groups too big for a cell: named once, below the table
         for selected, card in cards:
             gpu = card.gpu
             bound = functions_to_bind(facts, card)
-            gpu_errors = [
-                f for f in result.findings if f.severity == Severity.ERROR and f.subject in {fn.address for fn in bound}
-            ]
-            verdict = "[red]not ready[/]" if gpu_errors else "[green]ready[/]" if selected else "kept by host"
+            not_ready = any(function.address in with_errors for function in bound)
+            verdict = "[red]not ready[/]" if not_ready else "[green]ready[/]" if selected else "kept by host"
+            functions = _functions_cell(card.functions, bound, gpu.iommu_group)
+            if len(bound) - len(card.functions) > CELL_GROUP_LIMIT and gpu.iommu_group is not None:
+                crowded[gpu.iommu_group] = tuple(function.address for function in bound)
             table.add_row(
                 untrusted(gpu.address),
                 untrusted(gpu.vendor_device),
                 "yes" if selected else "no",
                 "-" if gpu.iommu_group is None else str(gpu.iommu_group),
-                untrusted(" ".join(f.address.rsplit(":", 1)[-1] for f in bound)),
+                untrusted(functions),
                 untrusted(", ".join(sorted({f.driver or "none" for f in bound}))),
                 untrusted(gpu.link.describe()),
                 "-" if gpu.numa_node is None or gpu.numa_node < 0 else str(gpu.numa_node),
                 verdict,
             )
         console.print(table)
+        for group, members in sorted(crowded.items()):
+            console.print(
+                f"  IOMMU group {group}: {len(members)} functions go to a guest together: "
+                f"{untrusted(listed(members))} (--json lists them all)",
+                soft_wrap=True,
+            )
     shown = [f for f in result.findings if verbose or f.severity != Severity.INFO]
     for finding in shown:
         style = SEVERITY_STYLE[finding.severity]
@@ -177,6 +189,23 @@ def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
     if hidden:
         console.print(f"  [dim]{hidden} info finding(s) hidden; -v shows them[/]")
     console.print()
+
+
+# Group members beyond a card's own functions that a table cell still names; more are counted, and
+# the group's members are named once below the table (a cell per GPU made 300 GPUs in one group
+# print 300 x 600 addresses).
+CELL_GROUP_LIMIT = 2
+
+
+def _functions_cell(own: tuple[PciFunction, ...], bound: tuple[PciFunction, ...], group: int | None) -> str:
+    """The functions vfio-pci must own for a card, by slot.function: the card's own, and the rest of its
+    group while they are few."""
+    own_addresses = {function.address for function in own}
+    others = [function for function in bound if function.address not in own_addresses]
+    if len(others) <= CELL_GROUP_LIMIT:
+        return " ".join(function.address.rsplit(":", 1)[-1] for function in bound)
+    mine = " ".join(function.address.rsplit(":", 1)[-1] for function in bound if function.address in own_addresses)
+    return f"{mine} +{len(others)} in group {group}"
 
 
 def _print_fleet_summary(console: Console, results: list[HostAudit]) -> None:

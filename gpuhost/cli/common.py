@@ -19,6 +19,7 @@ from gpuhost.targets import (
     local_target,
     snapshot_target,
     validate_connect_timeout,
+    validate_known_hosts,
 )
 
 if TYPE_CHECKING:
@@ -94,7 +95,9 @@ def resolve_targets(args: argparse.Namespace) -> list[Target]:
     defaults = ConnectionDefaults(
         user=args.user,
         key_file=key.expanduser() if key else None,
-        known_hosts_file=args.known_hosts.expanduser() if args.known_hosts else None,
+        known_hosts_file=(
+            validate_known_hosts(args.known_hosts, "--known-hosts", "--known-hosts") if args.known_hosts else None
+        ),
         accept_new_host_keys=args.accept_new_host_keys,
         connect_timeout=validate_connect_timeout(args.connect_timeout),
         gpus=args.gpus,

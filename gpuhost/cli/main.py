@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Protocol, cast
 
 from gpuhost import __version__
-from gpuhost.cli.text import printable, shortened
-from gpuhost.errors import EXIT_UNUSABLE, GpuhostError
+from gpuhost.cli.text import printable
+from gpuhost.errors import EXIT_UNUSABLE, GpuhostError, shortened
 from gpuhost.transport import TransportError
 
 # verb -> (module, one-line help)

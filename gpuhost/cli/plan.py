@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
             outcome.plan.to_json() if outcome.plan else {"host": outcome.host, "error": outcome.error}
             for outcome in outcomes
         ]
-        json.dump(data, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        # One write of the finished text: Ctrl-C while json.dump streams would leave half a document.
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
         from gpuhost.rollout.environment import playbook_path
 

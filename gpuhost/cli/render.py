@@ -53,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="CPULIST=DOMAIN",
         help="host CPUs another defined domain's vCPUs are pinned to (repeatable); `guest up` reads these from libvirt",
     )
-    parser.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the XML here instead of stdout")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write the XML here instead of stdout")
     parser.add_argument("--no-validate", action="store_true", help="skip libvirt's schema check (virt-xml-validate)")
 
 

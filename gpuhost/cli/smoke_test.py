@@ -43,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the essentials only (copy, triad, BF16 GEMM, pinned copies, launch, P2P): <= 15 s",
     )
-    parser.add_argument("--json", type=Path, metavar="FILE", help="write the full results as JSON to FILE")
+    parser.add_argument("--json", metavar="FILE", help="write the full results as JSON to FILE")
     parser.add_argument(
         "--prometheus",
         type=Path,

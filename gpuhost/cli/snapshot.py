@@ -9,7 +9,7 @@ from pathlib import Path
 from gpuhost.audit import open_transport, unexpected_error
 from gpuhost.cli.common import add_target_options, resolve_targets
 from gpuhost.cli.text import printable
-from gpuhost.errors import EXIT_OK, EXIT_UNUSABLE, InputError
+from gpuhost.errors import EXIT_OK, EXIT_UNUSABLE, InputError, shortened
 from gpuhost.facts.gather import capture
 from gpuhost.facts.snapshot import GatherFormatError
 from gpuhost.targets import SNAPSHOT
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 transport.close()
         except (TransportError, GatherFormatError) as error:
-            print(printable(f"gpuhost snapshot: {target.name}: {error}"), file=sys.stderr)
+            print(printable(shortened(f"gpuhost snapshot: {target.name}: {error}")), file=sys.stderr)
             status = EXIT_UNUSABLE
             continue
         except OSError as error:  # the output path: under a file, no permission, disk full

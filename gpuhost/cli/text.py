@@ -30,19 +30,6 @@ def printable(text: object) -> str:
     )
 
 
-# An error message quoting a multi-megabyte bad value would bury the line that names the fix.
-MESSAGE_LIMIT = 2000
-
-
-def shortened(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    """`text` cut in the middle to about `limit` characters: the start names the host and value,
-    the end the fix, and the gap says how much was left out."""
-    if len(text) <= limit:
-        return text
-    head, tail = text[: limit * 3 // 4], text[-limit // 4 :]
-    return f"{head} ... ({len(text) - len(head) - len(tail)} characters left out) ... {tail}"
-
-
 def untrusted(text: object) -> str:
     """`printable(text)` with rich markup escaped, for a string that rich will parse as markup."""
     from rich.markup import escape

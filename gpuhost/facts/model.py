@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 # PCI class codes (base class and subclass, the upper 16 bits of the 24-bit class).
 CLASS_VGA = 0x0300
@@ -410,7 +411,16 @@ class HostFacts:
     dmi_product: str | None
 
     def function(self, address: str) -> PciFunction | None:
-        return next((f for f in self.pci if f.address == address), None)
+        return self._functions_by_address.get(address)
+
+    @cached_property
+    def _functions_by_address(self) -> dict[str, PciFunction]:
+        # Looked up once per group member per GPU: a scan of `pci` each time made a host with
+        # hundreds of GPUs in one group cubic (issue 13 class 13). The first of a duplicate wins, as before.
+        index: dict[str, PciFunction] = {}
+        for function in self.pci:
+            index.setdefault(function.address, function)
+        return index
 
     def hugepage_pool(self, size_kib: int) -> HugePagePool | None:
         return next((p for p in self.hugepage_pools if p.size_kib == size_kib), None)

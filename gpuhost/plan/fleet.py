@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuhost.audit import audit_fleet
-from gpuhost.errors import GpuhostError
+from gpuhost.errors import GpuhostError, shortened
 from gpuhost.plan.model import HostPlan
 from gpuhost.plan.planner import plan_host
 from gpuhost.targets import Target
@@ -31,5 +31,5 @@ def plan_fleet(targets: Sequence[Target], forks: int) -> list[PlanOutcome]:
         try:
             outcomes.append(PlanOutcome(name, plan_host(name, audit.facts, settings[name]), None))
         except GpuhostError as error:
-            outcomes.append(PlanOutcome(name, None, str(error)))
+            outcomes.append(PlanOutcome(name, None, shortened(str(error))))
     return outcomes

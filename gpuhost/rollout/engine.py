@@ -9,15 +9,19 @@ again on the hosts (gpuhost.passthrough.plan), so what runs is what
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuhost.errors import InputError, MissingDependencyError
+from gpuhost.errors import InputError, MissingDependencyError, shortened
 from gpuhost.output import write_output
 from gpuhost.plan.model import (
     APT_PIN_PATH,
@@ -54,6 +58,10 @@ APPLY_KEY_TASKS = ("planner", "Reboot", "Verify")
 # What apply writes and rollback removes; the role's defaults hold the same list for
 # ansible-playbook without the CLI (tests/test_rollback.py keeps them equal).
 REMOVED_FILES = (GRUB_DROPIN_PATH, TRIAL_SETTINGS_PATH, TRIAL_GRUB_SCRIPT_PATH, INITRAMFS_SCRIPT_PATH, APT_PIN_PATH)
+# How often a run checks for Ctrl-C (ansible-runner's pexpect_timeout; its default is 5 s).
+CANCEL_CHECK_SECONDS = 0.5
+# After Ctrl-C, how long ansible-playbook has to stop its workers before its process group is killed.
+CANCEL_GRACE_SECONDS = 3.0
 _SERIAL = re.compile(r"^(?:\d{1,4}%?)(?:,\d{1,4}%?)*$")
 
 Progress = Callable[[TaskProgress], None]
@@ -89,7 +97,8 @@ def parse_serial(text: str) -> tuple[int | str, ...]:
 def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome:
     """What stopped a host, for apply's and rollback's reports: trial reverted, unreachable (also a
     reboot it never came back from, or a host key that changed) or failed, with Ansible's message."""
-    message = str(result.get("msg") or result.get("stderr") or "").strip()
+    # A failed command's stderr can be megabytes: the report and the table quote a bounded part.
+    message = shortened(str(result.get("msg") or result.get("stderr") or "").strip())
     if message.startswith("trial reverted"):
         return HostOutcome(HostStatus.TRIAL_REVERTED, message)
     if kind == "runner_on_unreachable":
@@ -114,10 +123,13 @@ class EventTracker:
         self.reached: set[str] = set()  # hosts whose batch began (the configure play ran a task on them)
         self.rebooted: set[str] = set()  # hosts a reboot task brought back (the report play may not run)
         self.in_run: set[str] = set()  # hosts of this run (the report play lists every inventory host)
+        self.playbook_pid: int | None = None  # ansible-playbook's own process (it emits playbook_on_start)
 
     def __call__(self, event: Mapping[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data", {})
+        if kind == "playbook_on_start" and isinstance(event.get("pid"), int):
+            self.playbook_pid = event["pid"]
         if kind == "playbook_on_task_start":
             self.task = str(data.get("task", ""))
             return True
@@ -233,7 +245,7 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
         "gpuhost_rollback_backup_dir": BACKUP_DIR,
         "gpuhost_rollback_reboot_timeout": request.reboot_timeout,
     }
-    run_playbook(
+    _, _, status = run_playbook(
         rollback_playbook_path(),
         request.inventory,
         request.limit,
@@ -243,6 +255,8 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
         tracker,
         request.verbose,
     )
+    if status == CANCELED:  # Ctrl-C: no host may be read back and called rolled back
+        raise KeyboardInterrupt
     return dict(tracker.stopped)
 
 
@@ -262,7 +276,7 @@ def run_playbook(
         import ansible_runner
     except ImportError as error:
         raise MissingDependencyError("ansible-runner", "controller", "Running the playbooks") from error
-    with tempfile.TemporaryDirectory(prefix="gpuhost-rollout-") as private:
+    with tempfile.TemporaryDirectory(prefix="gpuhost-rollout-") as private, _ctrl_c_cancels(tracker) as cancel:
         runner = ansible_runner.run(
             private_data_dir=private,
             playbook=str(playbook),
@@ -274,9 +288,59 @@ def run_playbook(
             event_handler=tracker,
             quiet=not verbose,
             suppress_env_files=True,
+            cancel_callback=cancel,
+            settings={"pexpect_timeout": CANCEL_CHECK_SECONDS},  # how often `cancel` is asked
         )
         stats: dict[str, Any] = runner.stats or {}  # read from the artifacts, before they go
-        return stats, runner.rc, runner.status
+        # ansible-playbook may stop on its own after our SIGTERM, before the runner asks `cancel`.
+        return stats, runner.rc, CANCELED if cancel.requested else runner.status
+
+
+class _Cancel:
+    """ansible-runner's cancel_callback for Ctrl-C, stopping the run the way Ansible stops itself.
+
+    ansible-runner's own handling SIGKILLs ansible-playbook's process group, but Ansible's workers
+    run in sessions of their own (setsid), so the task in progress and its ssh went on running for
+    the task's whole length. ansible-playbook's SIGTERM handler signals every worker's process group;
+    it gets CANCEL_GRACE_SECONDS for that before the runner kills what is left."""
+
+    def __init__(self, tracker: EventTracker) -> None:
+        self.tracker = tracker
+        self.requested = False
+        self._terminated_at: float | None = None
+
+    def request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def __call__(self) -> bool:
+        if not self.requested:
+            return False
+        pid = self.tracker.playbook_pid
+        if pid is None:  # no event yet: nothing of the playbook ran, the runner may kill it at once
+            return True
+        if self._terminated_at is None:
+            self._terminated_at = time.monotonic()
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return True
+        return time.monotonic() - self._terminated_at >= CANCEL_GRACE_SECONDS
+
+
+@contextmanager
+def _ctrl_c_cancels(tracker: EventTracker) -> Iterator[_Cancel]:
+    """SIGINT (and SIGTERM) cancel the run instead of raising KeyboardInterrupt in the middle of
+    ansible-runner, which would leave the playbook running; the handlers are restored afterwards."""
+    cancel = _Cancel(tracker)
+    if threading.current_thread() is not threading.main_thread():  # only it may set handlers; none to set
+        yield cancel
+        return
+    previous = {number: signal.signal(number, cancel.request) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield cancel
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _diff_lines(diffs: Any) -> list[str]:
