@@ -60,7 +60,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_grou
 
 A, B = "a-1", "b-1"
 KILLED_REBOOT_TIMEOUT = 60  # fault 3 waits this out
-STARVED_TRIAL_BOOT_TIMEOUT = 1500  # fault 2's trial kernel, short of memory (see the test)
+SLOW_TRIAL_BOOT_TIMEOUT = 1500  # fault 2's trial kernel, slow to boot (see the test)
 # The trial kernel's first words on A's serial console (console=ttyS0): its command line.
 TRIAL_BOOT_LINE = re.compile(rb"Command line: [^\n]*gpuhost\.trial=1")
 # The VM of the passthrough proof on B: TCG (the lab host has no KVM), direct kernel boot of the
@@ -156,17 +156,17 @@ def _start_again(host: Host) -> float:
     return time.monotonic() - started
 
 
-@pytest.mark.timeout(2700)  # the starved trial boot may take up to its 1500 s
+@pytest.mark.timeout(2700)  # the slow trial boot may take up to its 1500 s
 def test_fault2_forced_trial_boot_fails_and_the_host_returns_on_its_old_command_line(
     lab: Lab, original: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(FORCE_PAST_REFUSALS_ENV, "hugepages.too_many")
-    # A kernel asked for more 1 GiB pages than it can place keeps almost nothing for itself (the
-    # trial kernel's log: "Only allocated 0 hugepages", then "Memory: 207600K/2096620K available")
-    # and boots that starved: 251 s on an idle machine, past 600 s beside the other lab worker.
-    # That is the failure the refusal prevents; the trial boot gets the time it needs to show it.
+    # A trial kernel asked for more 1 GiB pages than the host has boots slowly ("Only allocated 0
+    # hugepages"): 251 s on an idle machine (82 s without the pages), past 600 s beside the other lab
+    # worker. The time goes before the kernel's first message (one run with nokaslr took 127 s: the
+    # decompressor's KASLR handling of hugepages= is the suspect, not yet proven). It gets the time.
     inventory = lab.inventory(
-        "fault2", **{A: {"gpuhost_hugepages": 4, "gpuhost_verify_reboot_timeout": STARVED_TRIAL_BOOT_TIMEOUT}}
+        "fault2", **{A: {"gpuhost_hugepages": 4, "gpuhost_verify_reboot_timeout": SLOW_TRIAL_BOOT_TIMEOUT}}
     )
     code, report, _ = apply(lab, inventory, "fault2")
     entry = report["hosts"][A]
