@@ -145,7 +145,7 @@ def audit_fleet(
         for number in range(max(1, min(forks, len(targets)))):
             threading.Thread(target=work, name=f"gpuhost-audit-{number}", daemon=True).start()
         for _ in targets:
-            index, result = finished.get()
+            index, result = _next_finished(finished)
             results[index] = result
             if on_done is not None:
                 on_done(result)
@@ -153,6 +153,23 @@ def audit_fleet(
         interrupted.set()  # workers take no further host; the ones in progress die with the process
         raise
     return [result for result in results if result is not None]
+
+
+# How often the waiting main thread wakes to run Python's signal handlers (see _next_finished).
+SIGNAL_POLL_SECONDS = 0.2
+
+
+def _next_finished(finished: queue.SimpleQueue[tuple[int, HostAudit]]) -> tuple[int, HostAudit]:
+    """The next finished host, waking every SIGNAL_POLL_SECONDS. Linux gives a process's SIGINT to any
+    thread that does not block it: when a worker (or paramiko's transport thread) gets it, a main
+    thread blocked in an untimed get() never sees EINTR and Ctrl-C waits for the next host to finish
+    (up to its connect timeout). Seen in CI: audit ignored Ctrl-C for 30 s. A timed wait returns to
+    the interpreter, which then runs the handler and raises KeyboardInterrupt here."""
+    while True:
+        try:
+            return finished.get(timeout=SIGNAL_POLL_SECONDS)
+        except queue.Empty:
+            continue
 
 
 def audit_to_json(audit: HostAudit) -> dict[str, Any]:

@@ -7,6 +7,7 @@ a real SIGINT while its hosts are in progress.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -97,6 +98,41 @@ def test_ctrl_c_with_hosts_in_progress_exits_130_at_once(argv: list[str], tmp_pa
     assert waited < PROMPT_SECONDS, f"Ctrl-C took {waited:.1f} s: it waited for the hosts in progress"
     assert "Traceback" not in err and err.strip().splitlines()[-1] == f"gpuhost {argv[0]}: interrupted", err
     assert out == "", "no report (JSON or text) is written for an interrupted run"
+
+
+def tgkill(pid: int, thread: int, number: int) -> None:
+    """A signal to one thread of a process (tgkill(2)); os.kill lets the kernel pick the thread."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_TGKILL, pid, thread, number) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill {pid} {thread}")
+
+
+SYS_TGKILL = 234  # x86-64
+
+
+@pytest.mark.parametrize("argv", [["audit", "--json"], ["audit"]], ids=["audit-json", "audit-text"])
+def test_ctrl_c_taken_by_a_worker_thread_still_exits_130_at_once(
+    argv: list[str], tmp_path: Path, stalling: Listener
+) -> None:
+    """Linux hands a process's SIGINT to any thread that does not block it. CI once saw the signal land
+    on a host's worker thread while the main thread sat in an untimed wait: Ctrl-C was ignored until a
+    host timed out. Here it is sent to each worker thread in turn, the case the kernel picks at random."""
+    inventory = stalled_inventory(tmp_path, stalling.port)
+    process = gpuhost(*argv, "--connect-timeout", "60", "-i", str(inventory))
+    wait_for(lambda: stalling.connections >= 3, 60, process)
+    tasks = Path(f"/proc/{process.pid}/task").iterdir()
+    workers = sorted(int(task.name) for task in tasks if int(task.name) != process.pid)
+    assert workers, "gpuhost runs its hosts in threads"
+    interrupted = time.monotonic()
+    tgkill(process.pid, workers[-1], signal.SIGINT)
+    try:
+        out, err = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("the process did not exit after a Ctrl-C taken by a worker thread")
+    waited = time.monotonic() - interrupted
+    assert process.returncode == 130, out + err
+    assert waited < PROMPT_SECONDS, f"Ctrl-C took {waited:.1f} s"
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
