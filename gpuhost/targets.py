@@ -18,7 +18,7 @@ from gpuhost.checks.base import ROLES, AuditPolicy
 from gpuhost.errors import InputError, MissingDependencyError, NoHostsSelected
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan.settings import PlanSettings
-from gpuhost.render.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm
+from gpuhost.render.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
 from gpuhost.selection import GpuSelector, allowed_shared_groups
 from gpuhost.transport.ssh import SshOptions
 
@@ -197,7 +197,7 @@ def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, wher
         audit=audit,
         plan=PlanSettings.from_variables(variables, where, gpus=defaults.gpus),
         render=host_policy(variables, audit, where),
-        vms=parse_vms(variables.get("gpuhost_vms"), where),
+        vms=parse_vms(variables.get("gpuhost_vms"), where, vm_defaults(variables)),
     )
 
 

@@ -5,8 +5,9 @@ callback the CLI gives.
 up: connect (libvirt) -> facts (audit, for the render) -> wheels -> disk (qcow2 on the base
 image) -> seed (cloud-init NoCloud ISO) -> define (rendered, schema-checked) -> start -> address
 (DHCP lease) -> ssh (pinned host key; through the host as a jump unless the host is this
-machine) -> cloud-init -> cuda (unless skipped) -> install (wheels, no index) -> smoke-test ->
-report (copied to the controller).
+machine) -> cloud-init -> package-repo (a package_repo on the host, copied in) -> cuda (the
+pinned driver branch and toolkit, unless skipped or already there) -> install (wheels, no index) ->
+smoke-test -> report (copied to the controller).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 
 from gpuhost.audit import audit_target, open_transport
 from gpuhost.errors import GpuhostError, InputError
-from gpuhost.guest import libvirt_host, provision
+from gpuhost.guest import libvirt_host, pins, provision
 from gpuhost.guest.errors import GuestStepError
 from gpuhost.guest.keys import generate_ed25519
 from gpuhost.guest.seed import GUEST_USER, SeedConfig, build_seed_iso
@@ -41,9 +42,18 @@ Progress = Callable[[str], None]
 SERIAL_TAIL_BYTES = 256 * 1024
 
 
+# What a bigger guest adds to the boot steps (start, address, ssh): before Linux 6.12 the host
+# spends about 30 s per GPU in PCI init (a 4-GPU H100 guest about 2 minutes) and QEMU faults in
+# (or with huge pages, preallocates) the guest's memory; the smoke-test runs every GPU in turn.
+BOOT_PER_GPU_S = 60.0
+BOOT_PER_64_GIB_S = 30.0
+SMOKE_TEST_PER_GPU_S = 300.0
+
+
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds per step; generous, since a TCG guest on a busy machine is slow."""
+    """Seconds per step; generous, since a TCG guest on a busy machine is slow. `for_guest` scales
+    the boot steps with the guest's GPUs and memory; a VM's `timeouts:` overrides any step."""
 
     connect: float = 120.0
     facts: float = 300.0
@@ -60,6 +70,26 @@ class Timeouts:
     smoke_test: float = 1800.0
     report: float = 120.0
     down: float = 120.0
+    dpkg_lock: float = 600.0  # apt waits this long for unattended-upgrades' dpkg lock, per command
+    package_repo: float = 1800.0  # copying a package_repo from the host into the guest
+
+    def for_guest(self, gpus: int, memory_mib: int, overrides: tuple[tuple[str, float], ...], where: str) -> Timeouts:
+        boot = gpus * BOOT_PER_GPU_S + -(-memory_mib // (64 * 1024)) * BOOT_PER_64_GIB_S
+        scaled = dataclasses.replace(
+            self,
+            start=self.start + boot,
+            address=self.address + boot,
+            ssh=self.ssh + boot,
+            smoke_test=self.smoke_test + max(0, gpus - 1) * SMOKE_TEST_PER_GPU_S,
+        )
+        return scaled.overridden(overrides, where)
+
+    def overridden(self, overrides: tuple[tuple[str, float], ...], where: str) -> Timeouts:
+        steps = {field.name for field in dataclasses.fields(self)}
+        for step, _ in overrides:
+            if step not in steps:
+                raise InputError(f"{where}: timeouts: {step!r} is not a step; steps: {', '.join(sorted(steps))}.")
+        return dataclasses.replace(self, **dict(overrides))
 
 
 @dataclass(frozen=True)
@@ -202,6 +232,9 @@ def libvirt_uri(target: Target, state: GuestDir, override: str | None) -> str:
     return libvirt_host.host_uri(target, wrapper=None)
 
 
+Log = provision.Log
+
+
 class _ProvisionLog:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -226,11 +259,13 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
         )
     if spec.network is None:
         raise InputError(f"inventory host {host}: VM {vm} has network: none; the guest is provisioned over SSH.")
-    if not options.skip_cuda and spec.cuda_version is None:
+    pin = spec.cuda_pin
+    if not options.skip_cuda and pin is None:
         raise InputError(
             f"inventory host {host}: VM {vm} has no cuda_version; set one (e.g. 12.4), or pass --skip-cuda."
         )
-    timeouts = options.timeouts
+    # Checked before anything is created: a misspelt step name is an input error, not a late surprise.
+    timeouts = options.timeouts.overridden(spec.timeouts, f"inventory host {host}: VM {vm}")
     state = options.state
     state.make()
     steps = _Steps(vm, host, progress)
@@ -248,6 +283,9 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
     cpus_taken = libvirt_host.cpus_taken(conn)
     host_vms = target.require_config().vms  # CPUs are allocated for every VM of the host
     plan = plan_domain(facts, spec, policy, host=host, taken=taken, host_vms=host_vms, cpus_taken=cpus_taken)
+    timeouts = options.timeouts.for_guest(
+        len(plan.gpu_ports), spec.memory_mib, spec.timeouts, f"inventory host {host}: VM {vm}"
+    )
     pool = libvirt_host.find_pool(conn, policy.images_dir, create=True)
     base_image: str = spec.base_image
 
@@ -319,15 +357,30 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
         if options.skip_cuda:
             steps.skipped("cuda", "--skip-cuda")
         else:
-            assert spec.cuda_version is not None
-            cuda_version: str = spec.cuda_version
+            assert pin is not None
+            cuda_pin: pins.CudaPin = pin
+            local_repo = spec.package_repo
+            if local_repo is not None and local_repo.startswith("/"):
+                host_path: str = local_repo
+                local_repo = steps.run(
+                    "package-repo",
+                    timeouts.package_repo,
+                    lambda: _copy_package_repo(target, guest, host_path, log, timeouts.package_repo, host_transport),
+                    lambda url: f"{host_path} on {host} copied to {url}",
+                )
             steps.run(
                 "cuda",
                 timeouts.cuda,
                 lambda: provision.install_cuda(
-                    guest, cuda_version, log=log, timeout=timeouts.cuda, repo_base=options.cuda_repo_base
+                    guest,
+                    cuda_pin,
+                    log=log,
+                    timeout=timeouts.cuda,
+                    lock_timeout=timeouts.dpkg_lock,
+                    repo_base=options.cuda_repo_base,
+                    local_repo=local_repo,
                 ),
-                lambda repo: f"CUDA {cuda_version} from {repo}",
+                lambda done: done.describe(),
             )
         steps.run(
             "install",
@@ -350,6 +403,16 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
     )
     state.update_info(last_report=str(report_dir), last_verdict=smoke.verdict)
     return GuestUpResult(host, vm, uri, address, disk, seed, tuple(steps.times), smoke, report_dir)
+
+
+def _copy_package_repo(
+    target: Target, guest: Transport, path: str, log: Log, timeout: float, host_transport: list[Transport]
+) -> str:
+    """The host's package_repo directory copied into the guest (the host connection of the SSH
+    jump when there is one)."""
+    if not host_transport:
+        host_transport.append(open_transport(target))
+    return provision.copy_package_repo(host_transport[0], guest, path, log=log, timeout=timeout)
 
 
 def _connect_and_check(uri: str, vm: str, policy: HostPolicy, target: Target) -> Any:

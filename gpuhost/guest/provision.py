@@ -7,11 +7,13 @@ shell unquoted. Commands run through sudo as the cloud-init user gpuhost made.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gpuhost.errors import InputError
+from gpuhost.errors import GpuhostError, InputError
+from gpuhost.guest import pins
 from gpuhost.guest.wheels import Wheel
 from gpuhost.transport import CommandResult, Transport, TransportError
 
@@ -41,6 +43,7 @@ SSH_RETRY_S = 3.0
 
 Log = Callable[[list[str], CommandResult], None]
 SMOKE_VERDICTS = {0: "PASS", 1: "FAIL", 2: "CANNOT RUN"}
+PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,99}$")
 
 
 class RemoteCommandError(Exception):
@@ -117,39 +120,220 @@ def cuda_repo(os_release: Mapping[str, str]) -> str:
     return CUDA_REPOS[key]
 
 
-def cuda_commands(repo: str, cuda_version: str, repo_base: str = CUDA_REPO_BASE) -> list[list[str]]:
-    """NVIDIA's documented network-repository install: keyring, then the toolkit of that
-    major.minor and the open kernel modules (the driver NVIDIA recommends from Turing on)."""
+# The apt sources, preferences and copied repository gpuhost writes in the guest.
+LOCAL_SOURCE_LIST = "/etc/apt/sources.list.d/gpuhost-package-repo.list"
+DRIVER_PREFERENCES = "/etc/apt/preferences.d/gpuhost-nvidia-driver"
+COPIED_REPO_DIR = f"{REPORT_DIR}/package-repo"
+# unattended-upgrades runs at first boot and holds dpkg's lock for minutes: apt waits for it
+# (DPkg::Lock::Timeout, apt >= 1.9.11), printing "Waiting for cache lock: Could not get lock
+# /var/lib/dpkg/lock-frontend. It is held by process 812 (unattended-upgr)..." as it waits, and
+# past it fails with one of these (apt 2.6's words).
+LOCK_FAILURES = ("Unable to acquire the dpkg frontend lock", "Could not get lock")
+LOCK_HOLDER = re.compile(r"It is held by process [0-9]+ \([^)\n]*\)")
+_REPO_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,200}$")
+
+
+class InstalledVersionError(GpuhostError):
+    """The guest has another driver branch or toolkit than its pin: reported, never replaced."""
+
+
+@dataclass(frozen=True)
+class PackageRoot:
+    """The tree apt and dpkg work on: '/' in a guest; another directory to install into a tree of
+    its own (a chroot being prepared, or a test that runs the real apt and dpkg without touching
+    the machine's packages)."""
+
+    path: str = "/"
+
+    @property
+    def is_system(self) -> bool:
+        return self.path == "/"
+
+    def file(self, path: str) -> str:
+        return path if self.is_system else f"{self.path.rstrip('/')}{path}"
+
+    def apt_options(self) -> list[str]:
+        if self.is_system:
+            return []
+        return ["-o", f"Dir={self.path}", "-o", f"DPkg::Options::=--root={self.path}"]
+
+    def dpkg_query_options(self) -> list[str]:
+        return [] if self.is_system else [f"--admindir={self.file('/var/lib/dpkg')}"]
+
+
+@dataclass(frozen=True)
+class CudaInstall:
+    """What the cuda step did: installed (from where) or found a prebuilt image's."""
+
+    source: str
+    before: pins.InstalledStack
+    after: pins.InstalledStack
+    installed: tuple[str, ...]  # the apt-get install arguments; () when the image had both
+
+    def describe(self) -> str:
+        if not self.installed:
+            return f"prebuilt image: {self.after.describe()}, install skipped"
+        return f"{self.after.describe()} from {self.source}"
+
+
+def keyring_download(repo: str, repo_base: str = CUDA_REPO_BASE) -> list[str]:
+    """NVIDIA's documented network-repository setup starts with its keyring package (installed
+    next, with apt for its lock wait), which adds the signed source."""
     keyring = f"{repo_base.rstrip('/')}/{repo}/x86_64/{CUDA_KEYRING}"
-    return [
-        ["curl", "-fsSL", "--retry", "3", "-o", f"/tmp/{CUDA_KEYRING}", keyring],
-        ["dpkg", "-i", f"/tmp/{CUDA_KEYRING}"],
-        ["apt-get", "update", "-q"],
-        [
-            "env",
-            "DEBIAN_FRONTEND=noninteractive",
-            "apt-get",
-            "install",
-            "-y",
-            "-q",
-            *cuda_packages(cuda_version),
-        ],
-        ["modprobe", "nvidia"],
-    ]
+    return ["curl", "-fsSL", "--retry", "3", "-o", f"/tmp/{CUDA_KEYRING}", keyring]
 
 
-def cuda_packages(cuda_version: str) -> tuple[str, ...]:
-    major, minor = cuda_version.split(".")[:2]
-    return (f"cuda-toolkit-{major}-{minor}", "nvidia-open")
+def local_source_line(url: str) -> str:
+    """The one apt source of an offline guest: a flat repository (Packages beside the .debs).
+    trusted=yes: such a repository (dpkg-scanpackages' output) carries no signed Release file; it is
+    the operator's own, on the guest's network or disk."""
+    return f"deb [trusted=yes] {url.rstrip('/')}/ ./\n"
 
 
-def install_cuda(transport: Transport, cuda_version: str, *, log: Log, timeout: float, repo_base: str) -> str:
-    release = parse_os_release(run_checked(transport, ["cat", "/etc/os-release"], log=log, timeout=60).stdout.decode())
-    repo = cuda_repo(release)
+def apt_argv(root: PackageRoot, *, local: bool, lock_timeout: float, args: list[str]) -> list[str]:
+    """apt-get with the tree, the lock wait and, offline, only gpuhost's source: no other network."""
+    options = [*root.apt_options(), "-o", f"DPkg::Lock::Timeout={int(lock_timeout)}"]
+    if local:
+        options += [
+            "-o",
+            f"Dir::Etc::SourceList={root.file(LOCAL_SOURCE_LIST)}",
+            "-o",
+            "Dir::Etc::SourceParts=-",
+            "-o",
+            "APT::Get::List-Cleanup=false",  # keep the lists of the sources left out
+        ]
+    return ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", *options, "-q", *args]
+
+
+def detect_installed(transport: Transport, root: PackageRoot, *, log: Log) -> pins.InstalledStack:
+    """The driver (loaded module, else dpkg) and toolkits (dpkg) the guest has now."""
+    query = ["dpkg-query", *root.dpkg_query_options(), "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n"]
+    # 1: a pattern matched nothing (still prints the others).
+    packages = run_checked(transport, [*query, *pins.DETECT_PATTERNS], log=log, timeout=120, ok=(0, 1))
+    module = run_checked(transport, ["cat", root.file("/sys/module/nvidia/version")], log=log, timeout=60, ok=(0, 1))
+    loaded = module.stdout.decode(errors="replace") if module.exit_status == 0 else ""
+    return pins.parse_installed(packages.stdout.decode(errors="replace"), loaded)
+
+
+def headers_package(kernel_release: str) -> str:
+    """The kernel headers the driver's DKMS build needs, for the running kernel."""
+    package = f"linux-headers-{kernel_release.strip()}"
+    if not PACKAGE_NAME.match(package):
+        raise RemoteCommandError(f"`uname -r` in the guest printed {kernel_release!r}, not a kernel release")
+    return package
+
+
+def copy_package_repo(
+    host: Transport, guest: Transport, host_path: str, *, log: Log, timeout: float, dest: str = COPIED_REPO_DIR
+) -> str:
+    """Copy a flat repository from a directory on the host into the guest, one file at a time
+    through this machine (the guest may have no route to the host); returns the file:// URL."""
     deadline = time.monotonic() + timeout
-    for argv in cuda_commands(repo, cuda_version, repo_base):
-        run_checked(transport, argv, log=log, timeout=max(1.0, deadline - time.monotonic()))
-    return repo
+
+    def left() -> float:
+        return max(1.0, deadline - time.monotonic())
+
+    listing = run_checked(
+        host, ["find", host_path, "-maxdepth", "1", "-type", "f", "-printf", "%f\\n"], log=log, timeout=left()
+    )
+    names = sorted(listing.stdout.decode(errors="replace").splitlines())
+    if "Packages" not in names and "Packages.gz" not in names:
+        raise InputError(
+            f"package_repo {host_path} on the host has no Packages index; build it there with "
+            "`dpkg-scanpackages --multiversion . > Packages` beside the .deb files."
+        )
+    run_checked(guest, ["mkdir", "-p", dest], log=log, timeout=left())
+    for name in names:
+        if not _REPO_FILE.match(name):
+            raise InputError(f"package_repo {host_path}: file name {name!r} is not a package or index name; remove it.")
+        data = run_checked(
+            host, ["cat", f"{host_path.rstrip('/')}/{name}"], log=lambda argv, result: None, timeout=left()
+        )
+        log(["cat", f"{host_path.rstrip('/')}/{name}"], CommandResult(0, b"(%d bytes)" % len(data.stdout), b""))
+        run_checked(guest, ["dd", f"of={dest}/{name}", "status=none"], stdin=data.stdout, log=log, timeout=left())
+    return f"file://{dest}"
+
+
+def install_cuda(
+    transport: Transport,
+    pin: pins.CudaPin,
+    *,
+    log: Log,
+    timeout: float,
+    lock_timeout: float,
+    repo_base: str = CUDA_REPO_BASE,
+    local_repo: str | None = None,
+    root: PackageRoot = PackageRoot(),
+) -> CudaInstall:
+    """Install the pinned driver branch and toolkit: exact packages, from NVIDIA's repository (or
+    `local_repo`, a flat repository and then the only source), never the newest. A guest that has
+    them already (a prebuilt image) is left as it is; one with other versions is refused."""
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return max(1.0, deadline - time.monotonic())
+
+    before = detect_installed(transport, root, log=log)
+    driver, toolkit = before.driver(pin), before.toolkit(pin)
+    if pins.Match.OTHER in (driver, toolkit):
+        raise InstalledVersionError(
+            f"the guest already has {before.describe()}; the VM pins {pin.describe()}. gpuhost does not replace an "
+            "installed driver or toolkit: use a base image with the pinned versions (or none), or set cuda_version and "
+            "driver_branch to what the image has."
+        )
+    source = local_repo or repo_base
+    if driver is pins.Match.PINNED and toolkit is pins.Match.PINNED:
+        return CudaInstall(source, before, before, ())
+    local = local_repo is not None
+    if local:
+        assert local_repo is not None
+        write = ["dd", f"of={root.file(LOCAL_SOURCE_LIST)}", "status=none"]
+        run_checked(transport, write, stdin=local_source_line(local_repo).encode(), log=log, timeout=left())
+    else:
+        release = parse_os_release(
+            run_checked(transport, ["cat", "/etc/os-release"], log=log, timeout=60).stdout.decode()
+        )
+        repo = cuda_repo(release)
+        source = f"{repo_base.rstrip('/')}/{repo}"
+        run_checked(transport, keyring_download(repo, repo_base), log=log, timeout=left())
+        keyring = apt_argv(root, local=False, lock_timeout=lock_timeout, args=["install", "-y", f"/tmp/{CUDA_KEYRING}"])
+        _apt(transport, keyring, log=log, timeout=left(), lock_timeout=lock_timeout)
+    write = ["dd", f"of={root.file(DRIVER_PREFERENCES)}", "status=none"]
+    run_checked(transport, write, stdin=pin.apt_preferences().encode(), log=log, timeout=left())
+    wanted = [pin.toolkit_request] if toolkit is pins.Match.ABSENT else []
+    if driver is pins.Match.ABSENT:
+        kernel = run_checked(transport, ["uname", "-r"], log=log, timeout=60).stdout.decode(errors="replace")
+        wanted += [pin.driver_request, headers_package(kernel)]
+    for args in (["update"], ["install", "-y", *wanted]):
+        _apt(
+            transport,
+            apt_argv(root, local=local, lock_timeout=lock_timeout, args=args),
+            log=log,
+            timeout=left(),
+            lock_timeout=lock_timeout,
+        )
+    after = detect_installed(transport, root, log=log)
+    if (after.driver(pin), after.toolkit(pin)) != (pins.Match.PINNED, pins.Match.PINNED):
+        raise RemoteCommandError(f"after the install the guest has {after.describe()}, not {pin.describe()}")
+    if root.is_system and driver is pins.Match.ABSENT:
+        run_checked(transport, ["modprobe", "nvidia"], log=log, timeout=left())
+    return CudaInstall(source, before, after, tuple(wanted))
+
+
+def _apt(transport: Transport, argv: list[str], *, log: Log, timeout: float, lock_timeout: float) -> None:
+    try:
+        run_checked(transport, argv, log=log, timeout=timeout)
+    except RemoteCommandError as error:
+        text = str(error)
+        if any(failure in text for failure in LOCK_FAILURES):
+            holders = LOCK_HOLDER.findall(text)
+            held = f" ({holders[-1][0].lower()}{holders[-1][1:]})" if holders else ""
+            raise RemoteCommandError(
+                f"dpkg's lock stayed held for {lock_timeout:g} s{held}; unattended-upgrades installs updates at first "
+                "boot. Raise the VM's timeouts: {dpkg_lock: SECONDS}, or disable unattended-upgrades in the base "
+                f"image.\n{error}"
+            ) from error
+        raise
 
 
 def install_gpuhost(transport: Transport, wheels: tuple[Wheel, ...], *, log: Log, timeout: float) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuhost.checks.base import AuditPolicy
 from gpuhost.errors import InputError
+from gpuhost.guest.pins import CudaPin, resolve_pin, validate_driver_branch
 from gpuhost.selection import GpuSelector
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -63,8 +64,20 @@ _VM_KEYS = frozenset(
         "initrd",
         "cmdline",
         "packages",
+        "driver_branch",
+        "package_repo",
+        "timeouts",
     }
 )
+# Host variables (set them in the inventory's `all: vars:` for a fleet) that every VM of the host
+# takes unless its own entry says otherwise.
+VM_DEFAULT_VARIABLES = {"cuda_version": "gpuhost_guest_cuda_version", "driver_branch": "gpuhost_guest_driver_branch"}
+# A local Debian repository (flat: Packages beside the .deb files, as dpkg-scanpackages writes it
+# and as NVIDIA's local installers carry it) on the guest's network, or a directory in the guest.
+PACKAGE_REPO_URL = re.compile(
+    r"^(?:https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?|https?://\[[0-9A-Fa-f:]+\](?::[0-9]{1,5})?|file://)(?:/[A-Za-z0-9._~/%+-]*)?$"
+)
+STEP_TIMEOUT_MAX_S = 24 * 3600
 # Debian/Ubuntu package names (for the guest's cloud-init seed).
 PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,99}$")
 
@@ -91,6 +104,21 @@ class VmSpec:
     # Installed by cloud-init at first boot (`gpuhost guest up`); an Ubuntu cloud image needs
     # python3-venv here. Each entry makes cloud-init run apt-get update first.
     packages: tuple[str, ...] = ()
+    # The driver branch installed with cuda_version (550): the VM's, the host's
+    # gpuhost_guest_driver_branch, or the branch the toolkit shipped with; None without cuda_version.
+    driver_branch: int | None = None
+    # Where the guest installs the driver and CUDA from instead of NVIDIA's network repository: an
+    # http(s):// or file:// URL of a flat Debian repository (the guest uses no other source), or
+    # an absolute path of one on the host, copied into the guest.
+    package_repo: str | None = None
+    # Per-step timeouts in seconds ({address: 900}) over the defaults that scale with the guest.
+    timeouts: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def cuda_pin(self) -> CudaPin | None:
+        if self.cuda_version is None or self.driver_branch is None:
+            return None
+        return CudaPin(self.cuda_version, self.driver_branch)
 
     @property
     def has_disk(self) -> bool:
@@ -148,7 +176,12 @@ def validate_cpulist(text: str, where: str, remedy: str) -> str:
 
 def find_vm(variables: Mapping[str, Any], name: str, where: str) -> VmSpec:
     """The VM called `name` in the host's `gpuhost_vms` (every entry is validated)."""
-    return pick_vm(parse_vms(variables.get("gpuhost_vms"), where), name, where)
+    return pick_vm(parse_vms(variables.get("gpuhost_vms"), where, vm_defaults(variables)), name, where)
+
+
+def vm_defaults(variables: Mapping[str, Any]) -> dict[str, object]:
+    """The VM keys a host (or the whole inventory) sets for all its VMs: gpuhost_guest_cuda_version, ..."""
+    return {key: variables[name] for key, name in VM_DEFAULT_VARIABLES.items() if variables.get(name) is not None}
 
 
 def pick_vm(vms: tuple[VmSpec, ...], name: str, where: str) -> VmSpec:
@@ -160,12 +193,12 @@ def pick_vm(vms: tuple[VmSpec, ...], name: str, where: str) -> VmSpec:
     raise InputError(f"{where}: no VM {name!r} in gpuhost_vms (defined: {known}).")
 
 
-def parse_vms(value: object, where: str) -> tuple[VmSpec, ...]:
+def parse_vms(value: object, where: str, defaults: Mapping[str, object] | None = None) -> tuple[VmSpec, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
         raise InputError(f"{where}: gpuhost_vms must be a list of VMs (name, vcpus, memory, gpus, ...).")
-    vms = tuple(parse_vm(entry, f"{where}: gpuhost_vms[{index}]") for index, entry in enumerate(value))
+    vms = tuple(parse_vm(entry, f"{where}: gpuhost_vms[{index}]", defaults) for index, entry in enumerate(value))
     seen: set[str] = set()
     for vm in vms:
         if vm.name in seen:
@@ -174,7 +207,7 @@ def parse_vms(value: object, where: str) -> tuple[VmSpec, ...]:
     return vms
 
 
-def parse_vm(entry: object, where: str) -> VmSpec:
+def parse_vm(entry: object, where: str, defaults: Mapping[str, object] | None = None) -> VmSpec:
     if not isinstance(entry, Mapping):
         raise InputError(f"{where}: each VM must be a mapping (name, vcpus, memory, gpus, ...), not {entry!r}.")
     unknown = sorted(str(key) for key in entry if key not in _VM_KEYS)
@@ -182,6 +215,27 @@ def parse_vm(entry: object, where: str) -> VmSpec:
         raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_VM_KEYS))}.")
     name = validate_name(entry.get("name"), f"{where}: name")
     where = f"{where} ({name})"
+    # The VM's own values first, then the host's gpuhost_guest_* defaults, named as where they came from.
+    pinned: dict[str, object] = {}
+    named = dict.fromkeys(VM_DEFAULT_VARIABLES, "")
+    for key, variable in VM_DEFAULT_VARIABLES.items():
+        if entry.get(key) is not None:
+            pinned[key], named[key] = entry[key], key
+        elif defaults and defaults.get(key) is not None:
+            pinned[key], named[key] = defaults[key], variable
+    cuda_version = (
+        _cuda_version(pinned["cuda_version"], f"{where}: {named['cuda_version']}") if named["cuda_version"] else None
+    )
+    driver_branch = (
+        validate_driver_branch(pinned["driver_branch"], f"{where}: {named['driver_branch']}")
+        if named["driver_branch"]
+        else None
+    )
+    if cuda_version is not None:
+        keys = (named["cuda_version"], named["driver_branch"] or "driver_branch")
+        driver_branch = resolve_pin(cuda_version, driver_branch, where, keys).driver_branch
+    elif driver_branch is not None:
+        raise InputError(f"{where}: driver_branch {driver_branch} without cuda_version; set cuda_version too.")
     return VmSpec(
         name=name,
         vcpus=validate_count(entry.get("vcpus"), f"{where}: vcpus", 1, VCPUS_MAX),
@@ -190,7 +244,10 @@ def parse_vm(entry: object, where: str) -> VmSpec:
         base_image=_optional(entry, "base_image", where, validate_path),
         disk_size_gib=_optional(entry, "disk_size", where, _disk_size),
         ssh_key=_optional(entry, "ssh_key", where, validate_ssh_key),
-        cuda_version=_optional(entry, "cuda_version", where, _cuda_version),
+        cuda_version=cuda_version,
+        driver_branch=driver_branch,
+        package_repo=_optional(entry, "package_repo", where, validate_package_repo),
+        timeouts=_timeouts(entry.get("timeouts", {}), f"{where}: timeouts"),
         hugepages=_choice(entry.get("hugepages", "auto"), f"{where}: hugepages", HUGEPAGES),
         network=_network(entry.get("network", "default"), f"{where}: network"),
         domain_type=_choice(entry.get("domain_type", "kvm"), f"{where}: domain_type", DOMAIN_TYPES),
@@ -304,6 +361,32 @@ def validate_ssh_key(value: object, where: str) -> str:
     if text.startswith("~/") and ".." not in text.split("/"):
         return text
     return validate_path(text, where)
+
+
+def validate_package_repo(value: object, where: str) -> str:
+    """An http(s):// or file:// URL of a flat Debian repository, or an absolute path on the host."""
+    text = str(value).strip() if isinstance(value, str) else ""
+    if text.startswith("/"):
+        return validate_path(text, where)
+    if not PACKAGE_REPO_URL.match(text):
+        raise InputError(
+            f"{where}: {value!r} is neither an http://, https:// or file:// URL (letters, digits, '._~/%+-' in its "
+            "path) nor an absolute path on the host; give the directory that holds the repository's Packages file."
+        )
+    return text
+
+
+def _timeouts(value: object, where: str) -> tuple[tuple[str, float], ...]:
+    """{step: seconds}; the step names are checked against the lifecycle's steps by `guest up`."""
+    if not isinstance(value, Mapping):
+        raise InputError(f"{where}: a mapping of step names to seconds (address: 900) is required, not {value!r}.")
+    steps: list[tuple[str, float]] = []
+    for step, seconds in value.items():
+        name = validate_name(step, f"{where}: step")
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= STEP_TIMEOUT_MAX_S:
+            raise InputError(f"{where}: {name}: {seconds!r} is not a number of seconds from 1 to {STEP_TIMEOUT_MAX_S}.")
+        steps.append((name, float(seconds)))
+    return tuple(steps)
 
 
 def _cuda_version(value: object, where: str) -> str:

@@ -1,0 +1,206 @@
+"""The driver branch and CUDA toolkit a guest gets, pinned: which packages that means in NVIDIA's
+Debian/Ubuntu repositories, which combinations NVIDIA ships (gpuhost/data/cuda_drivers.yml), and
+what a guest already has installed (a prebuilt image).
+
+Pure: the commands that read the guest are in `provision`; here their output is parsed.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib.resources
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpuhost.errors import InputError
+
+TABLE = "cuda_drivers.yml"
+DRIVER_VERSION = re.compile(r"^([0-9]{3,4})\.[0-9]+(?:\.[0-9]+)?$")
+DRIVER_BRANCH = re.compile(r"^[0-9]{3,4}$")
+# The driver's kernel modules from NVIDIA's repository, the ones NVIDIA recommends from Turing on;
+# the same name in its Ubuntu and Debian repositories.
+DRIVER_PACKAGE = "nvidia-open"
+# Packages whose version is the driver's (e.g. 550.54.15-1): an apt preference gives the pinned
+# branch's versions priority 1001, so that nvidia-open's dependencies come from that branch too,
+# not the newest one. Other versions keep their default priority (the container toolkit's
+# libnvidia-container1 1.x is not held back).
+DRIVER_PIN_PACKAGES = "/^(lib)?nvidia-/ /^cuda-drivers/ /^libcuda/ /^libnv(cuvid|idia)/ /^xserver-xorg-video-nvidia/"
+
+
+@dataclass(frozen=True)
+class DriverTable:
+    minimum_driver: Mapping[str, str]  # 'major.minor' -> the toolkit's driver version
+    branches: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CudaPin:
+    """A VM's CUDA toolkit version (major.minor, optionally .patch) and driver branch."""
+
+    cuda_version: str
+    driver_branch: int
+
+    @property
+    def cuda_minor(self) -> str:
+        return ".".join(self.cuda_version.split(".")[:2])
+
+    @property
+    def toolkit_package(self) -> str:
+        """NVIDIA's package of one toolkit minor version: cuda-toolkit-12-4."""
+        return "cuda-toolkit-" + self.cuda_minor.replace(".", "-")
+
+    @property
+    def toolkit_request(self) -> str:
+        """The toolkit as apt-get install names it: the package of the minor version, restricted
+        to the patch level when one is given (cuda-toolkit-12-4=12.4.1*)."""
+        if self.cuda_version.count(".") == 2:
+            return f"{self.toolkit_package}={self.cuda_version}*"
+        return self.toolkit_package
+
+    @property
+    def driver_request(self) -> str:
+        """nvidia-open restricted to the branch (nvidia-open=550.*): apt refuses when the
+        repository has no version of it, where a bare name would take the newest."""
+        return f"{DRIVER_PACKAGE}={self.driver_branch}.*"
+
+    def apt_preferences(self) -> str:
+        """/etc/apt/preferences.d/ text that keeps the driver's packages on the pinned branch."""
+        return (
+            "# Written by gpuhost guest up: the driver branch of this VM's inventory entry.\n"
+            f"Package: {DRIVER_PIN_PACKAGES}\n"
+            f"Pin: version {self.driver_branch}.*\n"
+            "Pin-Priority: 1001\n"
+        )
+
+    def describe(self) -> str:
+        return f"driver branch {self.driver_branch}, CUDA {self.cuda_version}"
+
+
+@functools.cache
+def driver_table() -> DriverTable:
+    import yaml
+
+    text = importlib.resources.files("gpuhost").joinpath("data", TABLE).read_text(encoding="utf-8")
+    document = yaml.safe_load(text)
+    return DriverTable(
+        minimum_driver={str(key): str(value) for key, value in document["minimum_driver"].items()},
+        branches=tuple(int(branch) for branch in document["branches"]),
+    )
+
+
+def driver_branch_of(version: str) -> int:
+    match = DRIVER_VERSION.match(version)
+    if match is None:
+        raise ValueError(f"{version!r} is not a driver version like 550.54.15")
+    return int(match.group(1))
+
+
+def validate_driver_branch(value: object, where: str) -> int:
+    """A driver branch: 550 (or '550'); a full version like 550.54.15 names its branch too."""
+    text = str(value).strip() if isinstance(value, int | str) and not isinstance(value, bool) else ""
+    match = DRIVER_VERSION.match(text)
+    if match is not None:
+        text = match.group(1)
+    if not DRIVER_BRANCH.match(text):
+        raise InputError(f"{where}: {value!r} is not a driver branch like 550.")
+    branch = int(text)
+    known = driver_table().branches
+    if branch not in known:
+        raise InputError(
+            f"{where}: driver branch {branch} is not one NVIDIA released for Linux data center GPUs "
+            f"({', '.join(map(str, known))}); fix the value, or add the branch to gpuhost/data/{TABLE}."
+        )
+    return branch
+
+
+def resolve_pin(
+    cuda_version: str, driver_branch: int | None, where: str, keys: tuple[str, str] = ("cuda_version", "driver_branch")
+) -> CudaPin:
+    """The pin of a VM: its driver branch, or the branch its toolkit shipped with; refused when
+    NVIDIA ships no such combination (the toolkit needs a newer driver) or the toolkit is unknown.
+    `keys` name the settings the two values came from (a VM's keys or the host's variables)."""
+    cuda_key, branch_key = keys
+    table = driver_table()
+    minor = ".".join(cuda_version.split(".")[:2])
+    minimum = table.minimum_driver.get(minor)
+    if minimum is None:
+        raise InputError(
+            f"{where}: {cuda_key} {cuda_version} is not in gpuhost's table of CUDA toolkits and their drivers "
+            f"({', '.join(table.minimum_driver)}); use one of those, or add its row (from NVIDIA's CUDA release "
+            f"notes) to gpuhost/data/{TABLE}."
+        )
+    needed = driver_branch_of(minimum)
+    if driver_branch is None:
+        return CudaPin(cuda_version, needed)
+    if driver_branch < needed:
+        raise InputError(
+            f"{where}: {cuda_key} {cuda_version} with {branch_key} {driver_branch}: NVIDIA does not ship "
+            f"that combination, CUDA {minor} needs driver {minimum} or newer. Set {branch_key} to {needed} or "
+            f"newer, or {cuda_key} to one the {driver_branch} branch supports."
+        )
+    return CudaPin(cuda_version, driver_branch)
+
+
+class Match(str, enum.Enum):
+    """What a guest has, against its pin."""
+
+    ABSENT = "absent"  # install it
+    PINNED = "pinned"  # already there: nothing to install
+    OTHER = "other"  # another version: reported, never replaced
+
+
+@dataclass(frozen=True)
+class InstalledStack:
+    """The driver and toolkit a guest has before gpuhost installs anything."""
+
+    driver_version: str | None  # of the loaded module, else of the installed nvidia-open package
+    toolkits: Mapping[str, str]  # installed cuda-toolkit-X-Y package -> its version (12.4.1-1)
+
+    def driver(self, pin: CudaPin) -> Match:
+        if self.driver_version is None:
+            return Match.ABSENT
+        return Match.PINNED if driver_branch_of(self.driver_version) == pin.driver_branch else Match.OTHER
+
+    def toolkit(self, pin: CudaPin) -> Match:
+        version = self.toolkits.get(pin.toolkit_package)
+        if version is None:
+            return Match.OTHER if self.toolkits else Match.ABSENT
+        upstream = version.split("-")[0]  # 12.4.1-1 -> 12.4.1
+        if pin.cuda_version.count(".") == 2 and upstream != pin.cuda_version:
+            return Match.OTHER
+        return Match.PINNED
+
+    def describe(self) -> str:
+        toolkits = ", ".join(f"{name} {version}" for name, version in sorted(self.toolkits.items()))
+        return f"driver {self.driver_version or 'none'}, toolkit {toolkits or 'none'}"
+
+
+def parse_dpkg_query(text: str) -> dict[str, str]:
+    """`dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Abbrev}\\n' ...` -> the installed
+    packages (status 'ii') and their versions; known but removed packages ('un', 'rc') are left out."""
+    installed: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) == 3 and fields[1] and fields[2].strip() == "ii":
+            installed[fields[0]] = fields[1]
+    return installed
+
+
+def parse_installed(dpkg_text: str, module_version: str) -> InstalledStack:
+    """What a guest has, from dpkg-query (DETECT_PATTERNS) and /sys/module/nvidia/version (empty
+    when no module is loaded). The loaded module wins: it is what nvidia-smi reports."""
+    packages = parse_dpkg_query(dpkg_text)
+    loaded = module_version.strip()
+    driver = loaded if DRIVER_VERSION.match(loaded) else None
+    if driver is None and DRIVER_PACKAGE in packages:
+        driver = packages[DRIVER_PACKAGE].split("-")[0]
+    toolkits = {
+        name: version for name, version in packages.items() if re.fullmatch(r"cuda-toolkit-[0-9]+-[0-9]+", name)
+    }
+    return InstalledStack(driver if driver and DRIVER_VERSION.match(driver) else None, toolkits)
+
+
+# dpkg-query patterns for the detection: the toolkit packages and the driver's metapackage.
+DETECT_PATTERNS = ("cuda-toolkit-*", f"{DRIVER_PACKAGE}*")
