@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import lzma
 import struct
 
 import pytest
@@ -108,3 +109,24 @@ def test_busybox_initramfs_is_a_newc_archive_with_init_busybox_and_console() -> 
 def test_busybox_initramfs_is_reproducible() -> None:
     one = diskimage.busybox_initramfs(b"x", "#!/bin/sh\n")
     assert one == diskimage.busybox_initramfs(b"x", "#!/bin/sh\n")
+
+
+def test_the_uncompressed_kernel_is_the_xz_payload_of_the_bzimage() -> None:
+    """A bzImage is setup code, the decompressor, the XZ payload and a trailer (its size word)."""
+    elf = b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 64
+    payload = lzma.compress(elf, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32)
+    bzimage = b"MZ setup and decompressor " * 100 + payload + (len(elf)).to_bytes(4, "little")
+    assert diskimage.uncompressed_kernel(bzimage) == elf
+
+
+@pytest.mark.parametrize(
+    ("image", "message"),
+    [
+        (b"MZ a gzip kernel \x1f\x8b\x08", "no XZ-compressed payload"),
+        (b"MZ" + diskimage.XZ_MAGIC + b"\x00\x04garbage", "corrupt"),
+        (b"MZ" + lzma.compress(b"#!/bin/sh not a kernel", format=lzma.FORMAT_XZ), "not an ELF kernel"),
+    ],
+)
+def test_a_kernel_image_without_an_xz_elf_payload_is_refused(image: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        diskimage.uncompressed_kernel(image)

@@ -200,13 +200,15 @@ poweroff -f
 NESTED_GUEST_DIR = "/opt/gpuhost/nested-guest"
 
 # Boots the tiny guest; extra arguments go to QEMU (e.g. -device vfio-pci,host=0000:01:00.0).
+# vmlinux, not vmlinuz: an ELF kernel QEMU starts through PVH, without the XZ decompressor (the
+# image build extracts it; changing this text also re-keys the nested image).
 NESTED_GUEST_RUNNER = f"""\
 #!/bin/sh
 # gpuhost lab: boot the tiny nested guest under TCG; extra arguments are passed to QEMU.
 set -e
 dir=/opt/gpuhost/nested-guest
 exec qemu-system-x86_64 -accel tcg -machine q35 -cpu max -m 512 -nographic -no-reboot \\
-  -kernel "$dir/vmlinuz" -initrd "$dir/initrd.gz" -append "console=ttyS0 quiet panic=-1 {GUEST_SPEED_OPTIONS}" "$@"
+  -kernel "$dir/vmlinux" -initrd "$dir/initrd.gz" -append "console=ttyS0 quiet panic=-1 {GUEST_SPEED_OPTIONS}" "$@"
 """
 
 

@@ -73,7 +73,7 @@ PROOF_VM: dict[str, Any] = {
     "domain_type": "qemu",
     "firmware": "bios",
     "network": "none",
-    "kernel": f"{NESTED_GUEST_DIR}/vmlinuz",
+    "kernel": f"{NESTED_GUEST_DIR}/vmlinux",  # ELF, booted through PVH: no decompressor at two levels of TCG
     "initrd": f"{NESTED_GUEST_DIR}/initrd.gz",
     "cmdline": f"console=ttyS0 quiet panic=-1 {GUEST_SPEED_OPTIONS}",
 }
