@@ -17,6 +17,7 @@ CLASS_DISPLAY_OTHER = 0x0380
 CLASS_AUDIO_HDA = 0x0403
 CLASS_HOST_BRIDGE = 0x0600
 CLASS_PCI_BRIDGE = 0x0604
+CLASS_BRIDGE_OTHER = 0x0680  # "Bridge [0680]": what an NVSwitch reports (HGX/DGX baseboards)
 CLASS_USB = 0x0C03
 CLASS_SERIAL_BUS_OTHER = 0x0C80  # NVIDIA's USB Type-C UCSI controller on consumer cards
 VENDOR_NVIDIA = 0x10DE
@@ -27,6 +28,8 @@ GIB_BYTES = 1024 * GIB_KIB
 # Host GPU driver modules: loaded, they hold the GPU before vfio-pci can (the audit's nvidia.loaded,
 # the plan's reboot reasons, the verification after the reboot).
 HOST_DRIVER_MODULES = ("nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nouveau", "nvidiafb")
+# NVIDIA Fabric Manager's packages (Ubuntu/CUDA repository names; the driver branch is a suffix).
+FABRIC_MANAGER_PACKAGE_PREFIXES = ("nvidia-fabricmanager", "libnvidia-nscq", "nvlsm")
 # What the initramfs must load for vfio-pci to claim the GPU before a host driver (vfio-pci as a module).
 VFIO_INITRAMFS_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 
@@ -151,6 +154,11 @@ class PciFunction:
     @property
     def is_bridge(self) -> bool:
         return self.base_class in BRIDGE_CLASSES
+
+    @property
+    def is_nvswitch(self) -> bool:
+        """An NVIDIA function of class 0x0680: an NVSwitch of an HGX/DGX baseboard (10de:22a3 on H100/H200)."""
+        return self.vendor == VENDOR_NVIDIA and self.base_class == CLASS_BRIDGE_OTHER
 
     def describe(self) -> str:
         return f"{self.address} [{self.vendor_device}]"
@@ -320,6 +328,11 @@ class NvidiaInstall:
     @property
     def installed(self) -> bool:
         return bool(self.packages) or self.runfile_installed
+
+    @property
+    def fabric_packages(self) -> tuple[Package, ...]:
+        """Fabric Manager and what it needs (NSCQ; NVLSM on 4th-generation NVSwitches): an NVSwitch host's."""
+        return tuple(p for p in self.packages or () if p.name.startswith(FABRIC_MANAGER_PACKAGE_PREFIXES))
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,10 @@ from pathlib import Path
 from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import InputError
-from gpuhost.facts.model import GIB_KIB, HostFacts, PciFunction
-from gpuhost.problems import Problem, Severity, Stage, register
+from gpuhost.facts.model import GIB_KIB, VENDOR_NVIDIA, HostFacts, PciFunction
+from gpuhost.problems import Problem, Severity, Stage, listed, register
 from gpuhost.render.spec import HostPolicy, VmSpec
-from gpuhost.selection import GpuCard, gpu_cards, select_gpus
+from gpuhost.selection import GpuCard, gpu_cards, nvswitch_functions_to_bind, select_gpus
 
 KIB_PER_MIB = 1024
 HOLE64_MIN_BYTES = 32 << 30  # QEMU's q35 default pci-hole64-size
@@ -42,6 +42,8 @@ MAX_CELLS = 7
 FIRST_PORT_SLOT = 0x02  # pcie.0 slot of the first root port (0x00 host bridge, 0x1f ICH9)
 LAST_PORT_SLOT = 0x1E
 VFIO_PCI = "vfio-pci"
+GPU_PURPOSE = "GPU "  # a root port's purpose: 'GPU 0000:41:00.0'
+NVSWITCH_PURPOSE = "NVSwitch "
 
 TEMPLATES_ENV = "GPUHOST_TEMPLATES"
 
@@ -125,6 +127,12 @@ MEMORY_NODE_TOO_SMALL = register(
     "render.memory.node_too_small", Stage.RENDER, Severity.ERROR, "more memory per cell than its NUMA node has"
 )
 MEMORY_TOO_MUCH = register("render.memory.too_much", Stage.RENDER, Severity.ERROR, "more memory than the host has")
+NVSWITCH_PARTIAL = register(
+    "render.nvswitch.partial",
+    Stage.RENDER,
+    Severity.ERROR,
+    "a VM on an NVSwitch host that does not take every NVIDIA GPU (full passthrough: all GPUs and NVSwitches)",
+)
 HUGEPAGES_NONE_RESERVED = register(
     "render.hugepages.none_reserved",
     Stage.RENDER,
@@ -226,8 +234,17 @@ class DomainPlan:
     seed_path: str | None = None
 
     @property
-    def gpu_ports(self) -> tuple[RootPort, ...]:
+    def passthrough_ports(self) -> tuple[RootPort, ...]:
+        """Every root port with a host device behind it: the GPUs, then the NVSwitches."""
         return tuple(port for port in self.ports if port.functions)
+
+    @property
+    def gpu_ports(self) -> tuple[RootPort, ...]:
+        return tuple(port for port in self.passthrough_ports if port.purpose.startswith(GPU_PURPOSE))
+
+    @property
+    def nvswitch_ports(self) -> tuple[RootPort, ...]:
+        return tuple(port for port in self.passthrough_ports if port.purpose.startswith(NVSWITCH_PURPOSE))
 
     def port(self, purpose: str) -> RootPort | None:
         return next((port for port in self.ports if port.purpose == purpose), None)
@@ -289,7 +306,8 @@ def plan_domain(
     notes: list[str] = []
     cards = _resolve_gpus(facts, spec, policy, conflicts)
     groups = _passthrough_groups(facts, cards, policy, conflicts)
-    _check_functions(groups, spec, taken or {}, conflicts)
+    nvswitches = _nvswitches(facts, cards, policy, conflicts)
+    _check_functions(groups, spec, taken or {}, conflicts, extra=nvswitches)
 
     node_of = {card.gpu.address: _card_node(facts, card) for card in cards}
     nodes = _known_nodes(node_of)
@@ -357,7 +375,7 @@ def plan_domain(
         if len(nodes) > 1
         else ()
     )
-    expanders, ports = _layout(spec, groups, node_of, nodes)
+    expanders, ports = _layout(spec, groups, node_of, nodes, nvswitches)
     return DomainPlan(
         name=spec.name,
         host=host,
@@ -494,29 +512,57 @@ def _passthrough_groups(
     return tuple(groups)
 
 
+def _nvswitches(
+    facts: HostFacts, cards: Sequence[GpuCard], policy: HostPolicy, conflicts: list[Problem]
+) -> tuple[PciFunction, ...]:
+    """An NVSwitch host's VM with GPUs takes every NVIDIA GPU and every NVSwitch (NVIDIA's full
+    passthrough model, the one gpuhost supports); anything less is refused: its GPUs' NVLinks would
+    need a Fabric Manager outside the guest (the shared NVSwitch model)."""
+    selection = select_gpus(facts, policy.gpus)
+    if not selection.nvswitches or not any(card.gpu.vendor == VENDOR_NVIDIA for card in cards):
+        return ()
+    every_gpu = {card.gpu.address for card in (*selection.passthrough_nvidia, *selection.kept_nvidia)}
+    missing = sorted(every_gpu - {card.gpu.address for card in cards})
+    if missing:
+        conflicts.append(
+            _conflict(
+                NVSWITCH_PARTIAL,
+                "NVSwitch",
+                f"the host has {len(selection.nvswitches)} NVSwitch(es); a VM there takes every NVIDIA GPU and "
+                f"NVSwitch (NVIDIA's full passthrough model), but this one leaves out {listed(missing)}; "
+                "splitting the NVLink fabric between VMs needs the shared NVSwitch model, which gpuhost does "
+                "not support:",
+                "give this VM gpus: all, and declare no other VM with GPUs on this host.",
+            )
+        )
+        return ()
+    return nvswitch_functions_to_bind(facts, selection)
+
+
 def _check_functions(
-    groups: Sequence[_Group], spec: VmSpec, taken: Mapping[str, str], conflicts: list[Problem]
+    groups: Sequence[_Group],
+    spec: VmSpec,
+    taken: Mapping[str, str],
+    conflicts: list[Problem],
+    extra: Sequence[PciFunction] = (),
 ) -> None:
-    for group in groups:
-        for device in group.devices:
-            for function in device:
-                if function.driver != VFIO_PCI:
-                    bound = f"bound to {function.driver}" if function.driver else "bound to no driver"
-                    conflicts.append(
-                        _conflict(
-                            FUNCTION_NOT_VFIO,
-                            function.address,
-                            f"{function.describe()} is {bound}, not vfio-pci:",
-                            "run `gpuhost apply` on the host (and reboot) before giving it to a guest.",
-                        )
-                    )
-                owner = taken.get(function.address)
-                if owner is not None and owner != spec.name:
-                    conflicts.append(
-                        _conflict(
-                            GPU_TAKEN, function.address, f"{function.describe()} is already given to domain {owner!r}."
-                        )
-                    )
+    functions = [f for group in groups for device in group.devices for f in device] + list(extra)
+    for function in functions:
+        if function.driver != VFIO_PCI:
+            bound = f"bound to {function.driver}" if function.driver else "bound to no driver"
+            conflicts.append(
+                _conflict(
+                    FUNCTION_NOT_VFIO,
+                    function.address,
+                    f"{function.describe()} is {bound}, not vfio-pci:",
+                    "run `gpuhost apply` on the host (and reboot) before giving it to a guest.",
+                )
+            )
+        owner = taken.get(function.address)
+        if owner is not None and owner != spec.name:
+            conflicts.append(
+                _conflict(GPU_TAKEN, function.address, f"{function.describe()} is already given to domain {owner!r}.")
+            )
 
 
 def _card_node(facts: HostFacts, card: GpuCard) -> int | None:
@@ -785,7 +831,11 @@ def _check_memory(
 
 
 def _layout(
-    spec: VmSpec, groups: Sequence[_Group], node_of: Mapping[str, int | None], nodes: Sequence[int]
+    spec: VmSpec,
+    groups: Sequence[_Group],
+    node_of: Mapping[str, int | None],
+    nodes: Sequence[int],
+    nvswitches: Sequence[PciFunction] = (),
 ) -> tuple[tuple[ExpanderBus, ...], tuple[RootPort, ...]]:
     """Controller indices, pcie.0 slots and guest buses, all explicit so the XML is stable."""
     slots = iter(range(FIRST_PORT_SLOT, LAST_PORT_SLOT + 1))
@@ -810,10 +860,21 @@ def _layout(
                 for i, f in enumerate(device)
             )
             ports.append(
-                RootPort(index, chassis, 0x10 + chassis - 1, parent, slot, f"GPU {device[0].address}", functions)
+                RootPort(index, chassis, 0x10 + chassis - 1, parent, slot, GPU_PURPOSE + device[0].address, functions)
             )
             index += 1
             chassis += 1
+    # NVSwitches on pcie.0, each behind its own root port: the guest's Fabric Manager only needs to
+    # find them; NVLink traffic never crosses the guest's PCI topology.
+    for nvswitch in nvswitches:
+        function = GuestFunction(host=nvswitch, guest_function=0, multifunction=False)
+        ports.append(
+            RootPort(
+                index, chassis, 0x10 + chassis - 1, 0, next(slots), NVSWITCH_PURPOSE + nvswitch.address, (function,)
+            )
+        )
+        index += 1
+        chassis += 1
     extras = (("disk", spec.has_disk), ("network", spec.network is not None), ("virtio-serial", True), ("rng", True))
     for purpose, wanted in extras:
         if wanted:
