@@ -287,6 +287,30 @@ def test_gpu_pair_functions_stay_one_multifunction_device_behind_its_own_root_po
     assert "qemu:commandline" not in render_case("lab-gpu-pair")
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_locked_memory_always_comes_with_a_hard_limit_holding_memory_bars_and_libvirts_allowance(name):
+    """libvirt: with <locked/> set a memtune hard_limit, else it lifts the memory lock limit altogether.
+    The limit: guest memory + every BAR of the passed functions + the 1 GiB libvirt allows VFIO domains."""
+    build, policy, entry = CASES[name]
+    facts, spec = build(), parse_vm(entry, "test")
+    domain = parse(render_domain(facts, spec, policy, host="h"))
+    limit = domain.find("memtune/hard_limit")
+    assert (domain.find("memoryBacking/locked") is not None) == (limit is not None)
+    assert limit is not None and limit.get("unit") == "KiB"  # every case has huge pages
+    passed = {address for address, _, _ in hostdevs(domain)}
+    bars_kib = sum(bar.size for f in facts.pci if f.address in passed for bar in f.bars) // 1024
+    memory_kib = int(domain.findtext("memory") or 0)
+    assert int(limit.text or 0) == memory_kib + bars_kib + GIB_KIB
+    if name == "hgx-8gpu-all":  # 768 GiB + 8 x (16 MiB + 128 GiB + 32 MiB) + 1 GiB
+        assert int(limit.text or 0) == (768 + 8 * 128 + 1) * GIB_KIB + 8 * 48 * 1024
+
+
+def test_without_huge_pages_memory_is_neither_locked_nor_limited():
+    entry = {**CASES["lab-gpu-pair"][2], "hugepages": False}
+    domain = parse(render_domain(lab_gpu_pair_applied(), parse_vm(entry, "test"), LAB_POLICY, host="lab"))
+    assert domain.find("memoryBacking") is None and domain.find("memtune") is None
+
+
 def test_two_gpus_each_get_a_port_and_kvm_gets_host_passthrough():
     domain = parse(render_case("lab-two-gpus"))
     assert [h[:2] for h in hostdevs(domain)] == [

@@ -13,7 +13,8 @@ host; `render_plan` only fills templates/domain.xml.j2 in. The layout, and why:
   its GPUs behind a pcie-expander-bus (pxb-pcie) that carries the cell's number, so the guest
   driver sees each GPU's node.
 - 1 GiB huge pages (locked) when the host reserved them; the pages must be free on the nodes the
-  memory is bound to.
+  memory is bound to. `<locked/>` always comes with a memtune `<hard_limit>` (libvirt's advice:
+  without one it must lift the process's memory lock limit altogether): `lock_limit_kib`.
 - The 64-bit PCI hole is sized from the cards' 64-bit prefetchable BARs (each root port's window
   aligned to its largest BAR), never below QEMU's 32 GiB default. The guest sees the host's
   physical address width (maxphysaddr passthrough), from which OVMF sizes its own 64-bit window.
@@ -37,6 +38,9 @@ from gpuhost.selection import GpuCard, gpu_cards, nvswitch_functions_to_bind, se
 
 KIB_PER_MIB = 1024
 HOLE64_MIN_BYTES = 32 << 30  # QEMU's q35 default pci-hole64-size
+# What libvirt itself allows beyond guest memory for a VFIO domain's locked memory when no limit is
+# given (the devices' I/O space and QEMU's own locked allocations).
+VFIO_LOCK_ALLOWANCE_KIB = GIB_KIB
 PXB_BUS_STEP = 0x20  # guest bus numbers reserved per pcie-expander-bus
 MAX_CELLS = 7
 FIRST_PORT_SLOT = 0x02  # pcie.0 slot of the first root port (0x00 host bridge, 0x1f ICH9)
@@ -220,6 +224,7 @@ class DomainPlan:
     cores: int
     cells: tuple[Cell, ...]  # guest NUMA cells; empty for a single-node VM
     host_nodes: tuple[int, ...]  # host NUMA nodes the memory is bound to; empty: not bound (unknown)
+    hard_limit_kib: int | None  # memtune hard_limit, with <locked/> (hugepages); None: neither
     vcpu_pins: tuple[tuple[int, int], ...]  # (vcpu, host cpu)
     emulator_cpus: str | None
     hole64_gib: int
@@ -383,6 +388,7 @@ def plan_domain(
         vcpus=spec.vcpus,
         memory_kib=spec.memory_mib * KIB_PER_MIB,
         hugepages=hugepages,
+        hard_limit_kib=lock_limit_kib(spec.memory_mib * KIB_PER_MIB, ports) if hugepages else None,
         firmware=spec.firmware,
         ovmf_code=policy.ovmf_code,
         ovmf_vars=policy.ovmf_vars,
@@ -882,6 +888,15 @@ def _layout(
             index += 1
             chassis += 1
     return tuple(expanders), tuple(ports)
+
+
+def lock_limit_kib(memory_kib: int, ports: Sequence[RootPort]) -> int:
+    """The memtune hard_limit of a domain with locked memory: the guest memory, every BAR of every
+    passed-through function (VFIO maps them into the process; libvirt's docs: the limit must hold
+    the guest's memory and what the process itself uses) and libvirt's own VFIO allowance. A limit
+    too low gets the domain killed; one this size only bounds it."""
+    bars = sum(bar.size for port in ports for f in port.functions for bar in f.host.bars)
+    return memory_kib + -(-bars // 1024) + VFIO_LOCK_ALLOWANCE_KIB
 
 
 def _hole64_bytes(ports: Sequence[RootPort]) -> int:
