@@ -6,6 +6,7 @@ unknown is a fact of its own and the checks say so, rather than guessing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -396,6 +397,29 @@ class Iommu:
 
 
 @dataclass(frozen=True)
+class VirtualizationSoftware:
+    """The host's libvirt, QEMU and OVMF, as package versions (None: not installed)."""
+
+    libvirt: str | None  # libvirt-daemon
+    qemu: str | None  # qemu-system-x86 (Debian), qemu-kvm (RHEL)
+    ovmf: str | None  # ovmf (Debian), edk2-ovmf (RHEL)
+
+    @property
+    def libvirt_release(self) -> tuple[int, int] | None:
+        """(8, 0) from '8.0.0-1ubuntu7.10'; None when not installed."""
+        match = re.match(r"(?:\d+:)?(\d+)\.(\d+)", self.libvirt or "")
+        return (int(match.group(1)), int(match.group(2))) if match else None
+
+    @property
+    def ovmf_release(self) -> int | None:
+        """The edk2 stable tag as YYYYMM: 202211 from Debian's '2022.11-6+deb12u2', 202202 from Ubuntu's
+        '2022.02-3ubuntu0.22.04.2', 201911 from '0~20191122.bd85bf54-2ubuntu3', 202305 from RHEL's
+        '20230524-4.el9'; None when not installed or not of these forms."""
+        match = re.search(r"(20\d\d)\.?(\d\d)", self.ovmf or "")
+        return int(match.group(1) + match.group(2)) if match else None
+
+
+@dataclass(frozen=True)
 class HostFacts:
     """Everything the audit read from one host."""
 
@@ -422,6 +446,7 @@ class HostFacts:
     kernel_log: KernelLog | None
     dmi_vendor: str | None
     dmi_product: str | None
+    virtualization: VirtualizationSoftware | None = None  # None: no package database could be read
 
     def function(self, address: str) -> PciFunction | None:
         return self._functions_by_address.get(address)

@@ -16,8 +16,10 @@ host; `render_plan` only fills templates/domain.xml.j2 in. The layout, and why:
   memory is bound to. `<locked/>` always comes with a memtune `<hard_limit>` (libvirt's advice:
   without one it must lift the process's memory lock limit altogether): `lock_limit_kib`.
 - The 64-bit PCI hole is sized from the cards' 64-bit prefetchable BARs (each root port's window
-  aligned to its largest BAR), never below QEMU's 32 GiB default. The guest sees the host's
-  physical address width (maxphysaddr passthrough), from which OVMF sizes its own 64-bit window.
+  aligned to its largest BAR), never below QEMU's 32 GiB default; that only widens QEMU's ACPI
+  window. The guest sees the host's physical address width (maxphysaddr passthrough, libvirt 8.7
+  on), from which OVMF sizes its own 64-bit window (edk2-stable202211 on; an older OVMF is given
+  the size through fw_cfg opt/ovmf/X-PciMmio64Mb).
 - No balloon (VFIO pins all guest memory anyway), no emulated display (serial console only).
 """
 
@@ -41,6 +43,10 @@ HOLE64_MIN_BYTES = 32 << 30  # QEMU's q35 default pci-hole64-size
 # What libvirt itself allows beyond guest memory for a VFIO domain's locked memory when no limit is
 # given (the devices' I/O space and QEMU's own locked allocations).
 VFIO_LOCK_ALLOWANCE_KIB = GIB_KIB
+MAXPHYSADDR_LIBVIRT = (8, 7)  # the first libvirt with <maxphysaddr>
+# OVMF sizes its 64-bit PCI aperture from the guest's physical address width from edk2-stable202211
+# on; older builds keep 32 GiB unless fw_cfg opt/ovmf/X-PciMmio64Mb says otherwise.
+OVMF_SIZES_FROM_PHYS_BITS = 202211
 PXB_BUS_STEP = 0x20  # guest bus numbers reserved per pcie-expander-bus
 MAX_CELLS = 7
 FIRST_PORT_SLOT = 0x02  # pcie.0 slot of the first root port (0x00 host bridge, 0x1f ICH9)
@@ -137,6 +143,12 @@ NVSWITCH_PARTIAL = register(
     Severity.ERROR,
     "a VM on an NVSwitch host that does not take every NVIDIA GPU (full passthrough: all GPUs and NVSwitches)",
 )
+LIBVIRT_MAXPHYSADDR = register(
+    "render.libvirt.maxphysaddr",
+    Stage.RENDER,
+    Severity.ERROR,
+    "the host's libvirt is older than 8.7, which <maxphysaddr> (KVM guests) needs",
+)
 HUGEPAGES_NONE_RESERVED = register(
     "render.hugepages.none_reserved",
     Stage.RENDER,
@@ -228,6 +240,8 @@ class DomainPlan:
     vcpu_pins: tuple[tuple[int, int], ...]  # (vcpu, host cpu)
     emulator_cpus: str | None
     hole64_gib: int
+    maxphysaddr: bool  # <maxphysaddr mode='passthrough'/> (KVM's host-passthrough CPU)
+    ovmf_mmio64_mib: int | None  # -fw_cfg opt/ovmf/X-PciMmio64Mb for an OVMF older than 202211; None: not needed
     expanders: tuple[ExpanderBus, ...]
     ports: tuple[RootPort, ...]
     disk_path: str | None
@@ -367,6 +381,7 @@ def plan_domain(
     vms = tuple(host_vms or ())
     if spec not in vms:
         vms = (*(vm for vm in vms if vm.name != spec.name), spec)
+    maxphysaddr = spec.domain_type == "kvm" and _maxphysaddr_supported(facts, conflicts, notes)
     cpus = allocate_cpus(facts, policy, vms, cpus_taken=cpus_taken).of(spec)
     conflicts.extend(cpus.conflicts)
     _check_memory(facts, spec, nodes, hugepages, conflicts)
@@ -381,6 +396,8 @@ def plan_domain(
         else ()
     )
     expanders, ports = _layout(spec, groups, node_of, nodes, nvswitches)
+    hole64 = _hole64_bytes(ports)
+    ovmf_mmio64_mib = _ovmf_mmio64_mib(facts, spec, hole64, notes)
     return DomainPlan(
         name=spec.name,
         host=host,
@@ -403,7 +420,9 @@ def plan_domain(
         host_nodes=tuple(nodes),
         vcpu_pins=cpus.vcpu_pins,
         emulator_cpus=cpus.emulator_cpus,
-        hole64_gib=_hole64_bytes(ports) >> 30,
+        hole64_gib=hole64 >> 30,
+        maxphysaddr=maxphysaddr,
+        ovmf_mmio64_mib=ovmf_mmio64_mib,
         expanders=expanders,
         ports=ports,
         disk_path=f"{policy.images_dir.rstrip('/')}/{spec.name}.qcow2" if spec.has_disk else None,
@@ -888,6 +907,52 @@ def _layout(
             index += 1
             chassis += 1
     return tuple(expanders), tuple(ports)
+
+
+def _maxphysaddr_supported(facts: HostFacts, conflicts: list[Problem], notes: list[str]) -> bool:
+    """Whether the host's libvirt takes <maxphysaddr> (8.7 on); an older one is refused, naming it:
+    `virsh define` would fail there. Unknown (no package database, libvirt not installed): emitted."""
+    software = facts.virtualization
+    release = software.libvirt_release if software is not None else None
+    if release is None:
+        notes.append("the libvirt version of the host is unknown: maxphysaddr needs libvirt 8.7 or later")
+        return True
+    if release < MAXPHYSADDR_LIBVIRT:
+        assert software is not None
+        conflicts.append(
+            _conflict(
+                LIBVIRT_MAXPHYSADDR,
+                "libvirt",
+                f"the host's libvirt is {software.libvirt} (libvirt-daemon), older than 8.7: it does not know "
+                "<maxphysaddr>, through which the guest gets the host's physical address width for the GPUs' BARs, "
+                "so `virsh define` would fail;",
+                "upgrade libvirt to 8.7 or later (Debian 12 ships 9.0, Ubuntu 24.04 10.0) and audit again.",
+            )
+        )
+    return True
+
+
+def _ovmf_mmio64_mib(facts: HostFacts, spec: VmSpec, hole64: int, notes: list[str]) -> int | None:
+    """The 64-bit aperture to hand an OVMF older than edk2-stable202211 through fw_cfg (it keeps 32 GiB
+    otherwise, and a larger BAR is not assigned); None where OVMF sizes it itself or is not used."""
+    if spec.firmware != "uefi":
+        return None
+    software = facts.virtualization
+    release = software.ovmf_release if software is not None else None
+    if release is None:
+        notes.append(
+            "the OVMF version of the host is unknown: an OVMF older than edk2-stable202211 keeps a 32 GiB "
+            "64-bit PCI window whatever the address width of the guest"
+        )
+        return None
+    if release >= OVMF_SIZES_FROM_PHYS_BITS:
+        return None
+    assert software is not None
+    notes.append(
+        f"the OVMF of the host ({software.ovmf}) predates edk2-stable202211 and keeps a 32 GiB 64-bit PCI window: "
+        f"it is set to {hole64 >> 20} MiB through fw_cfg opt/ovmf/X-PciMmio64Mb"
+    )
+    return hole64 >> 20
 
 
 def lock_limit_kib(memory_kib: int, ports: Sequence[RootPort]) -> int:
