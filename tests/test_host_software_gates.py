@@ -82,3 +82,23 @@ def test_ovmf_older_than_202211_gets_its_64_bit_window_through_fw_cfg(tmp_path):
     assert "qemu:commandline" not in current and "version of the host is unknown" not in current
     if validator_available():
         assert validate_domain_xml(xml).ok
+
+
+def test_more_than_288_vcpus_are_refused_on_qemu_7_2(tmp_path):
+    """Debian 12's QEMU 7.2 (dev-vm's real package list): q35 takes at most 288 vCPUs; QEMU 8.2 more."""
+    debian = dev_vm_packages(tmp_path)
+    assert debian is not None and debian.qemu_release == (7, 2)
+    entry = {**CASES["lab-two-gpus"][2], "vcpus": 290}
+    spec = parse_vm(entry, "test")
+    with pytest.raises(RenderRefused) as refused:
+        plan_domain(two_gpus_with(debian), spec, LAB_POLICY, host="lab")
+    limit = [c for c in refused.value.conflicts if c.code == "render.vcpus.qemu_q35_limit"]
+    assert len(limit) == 1 and "1:7.2+dfsg-7+deb12u18+b3" in limit[0].message and "at most 288" in limit[0].remedy
+    newer = dataclasses.replace(debian, qemu="1:8.2.2+ds-0ubuntu1")
+    with pytest.raises(RenderRefused) as refused:
+        plan_domain(two_gpus_with(newer), spec, LAB_POLICY, host="lab")
+    assert "render.vcpus.qemu_q35_limit" not in {c.code for c in refused.value.conflicts}  # (the lab has 2 CPUs)
+    at_limit = parse_vm({**entry, "vcpus": 288}, "test")
+    with pytest.raises(RenderRefused) as refused:
+        plan_domain(two_gpus_with(debian), at_limit, LAB_POLICY, host="lab")
+    assert "render.vcpus.qemu_q35_limit" not in {c.code for c in refused.value.conflicts}

@@ -411,6 +411,12 @@ class VirtualizationSoftware:
         return (int(match.group(1)), int(match.group(2))) if match else None
 
     @property
+    def qemu_release(self) -> tuple[int, int] | None:
+        """(7, 2) from Debian's '1:7.2+dfsg-7+deb12u18+b3' or RHEL's '8.2.0-11.el9'; None when not installed."""
+        match = re.match(r"(?:\d+:)?(\d+)\.(\d+)", self.qemu or "")
+        return (int(match.group(1)), int(match.group(2))) if match else None
+
+    @property
     def ovmf_release(self) -> int | None:
         """The edk2 stable tag as YYYYMM: 202211 from Debian's '2022.11-6+deb12u2', 202202 from Ubuntu's
         '2022.02-3ubuntu0.22.04.2', 201911 from '0~20191122.bd85bf54-2ubuntu3', 202305 from RHEL's

@@ -47,6 +47,9 @@ MAXPHYSADDR_LIBVIRT = (8, 7)  # the first libvirt with <maxphysaddr>
 # OVMF sizes its 64-bit PCI aperture from the guest's physical address width from edk2-stable202211
 # on; older builds keep 32 GiB unless fw_cfg opt/ovmf/X-PciMmio64Mb says otherwise.
 OVMF_SIZES_FROM_PHYS_BITS = 202211
+# q35's most vCPUs: 288 until QEMU 8.1 raised it to 1024 (QEMU refuses to start the domain beyond it).
+Q35_MAX_VCPUS_OLD_QEMU = 288
+Q35_MORE_VCPUS_QEMU = (8, 1)
 PXB_BUS_STEP = 0x20  # guest bus numbers reserved per pcie-expander-bus
 MAX_CELLS = 7
 FIRST_PORT_SLOT = 0x02  # pcie.0 slot of the first root port (0x00 host bridge, 0x1f ICH9)
@@ -100,6 +103,12 @@ GROUP_INTRUDER = register(
     "the GPU's IOMMU group holds another device (unless gpuhost_allow_shared_group)",
 )
 VCPUS_TOO_MANY = register("render.vcpus.too_many", Stage.RENDER, Severity.ERROR, "more vCPUs than the host has CPUs")
+VCPUS_QEMU_Q35_LIMIT = register(
+    "render.vcpus.qemu_q35_limit",
+    Stage.RENDER,
+    Severity.ERROR,
+    "more than 288 vCPUs, the most q35 takes on the host's QEMU (before 8.1)",
+)
 VCPUS_UNEVEN = register(
     "render.vcpus.uneven", Stage.RENDER, Severity.ERROR, "the vCPUs do not split evenly over the guest NUMA cells"
 )
@@ -382,6 +391,7 @@ def plan_domain(
     if spec not in vms:
         vms = (*(vm for vm in vms if vm.name != spec.name), spec)
     maxphysaddr = spec.domain_type == "kvm" and _maxphysaddr_supported(facts, conflicts, notes)
+    _check_q35_vcpus(facts, spec, conflicts)
     cpus = allocate_cpus(facts, policy, vms, cpus_taken=cpus_taken).of(spec)
     conflicts.extend(cpus.conflicts)
     _check_memory(facts, spec, nodes, hugepages, conflicts)
@@ -930,6 +940,24 @@ def _maxphysaddr_supported(facts: HostFacts, conflicts: list[Problem], notes: li
             )
         )
     return True
+
+
+def _check_q35_vcpus(facts: HostFacts, spec: VmSpec, conflicts: list[Problem]) -> None:
+    """More than 288 vCPUs on a QEMU before 8.1: q35 refuses them when the domain starts."""
+    software = facts.virtualization
+    release = software.qemu_release if software is not None else None
+    if spec.vcpus <= Q35_MAX_VCPUS_OLD_QEMU or release is None or release >= Q35_MORE_VCPUS_QEMU:
+        return
+    assert software is not None
+    conflicts.append(
+        _conflict(
+            VCPUS_QEMU_Q35_LIMIT,
+            "vCPUs",
+            f"{spec.vcpus} vCPUs asked, but the host's QEMU is {software.qemu}, whose q35 machine takes at most "
+            f"{Q35_MAX_VCPUS_OLD_QEMU};",
+            f"ask for at most {Q35_MAX_VCPUS_OLD_QEMU} vCPUs, or upgrade QEMU to 8.1 or later.",
+        )
+    )
 
 
 def _ovmf_mmio64_mib(facts: HostFacts, spec: VmSpec, hole64: int, notes: list[str]) -> int | None:
