@@ -66,6 +66,7 @@ def build_facts(tree: Tree) -> HostFacts:
         dmi_vendor=_first_line(tree.read("/sys/class/dmi/id/sys_vendor")),
         dmi_product=_first_line(tree.read("/sys/class/dmi/id/product_name")),
         virtualization=_virtualization(tree),
+        thread_siblings=_thread_siblings(tree),
     )
 
 
@@ -193,6 +194,18 @@ def _numa_nodes(tree: Tree) -> tuple[NumaNode, ...]:
             )
         )
     return tuple(sorted(nodes, key=lambda node: node.node_id))
+
+
+def _thread_siblings(tree: Tree) -> dict[int, tuple[int, ...]]:
+    """Each logical CPU's core (topology/thread_siblings_list): which CPUs are SMT siblings."""
+    siblings: dict[int, tuple[int, ...]] = {}
+    for name in tree.list("/sys/devices/system/cpu"):
+        if not name.startswith("cpu") or not name[3:].isdigit():
+            continue
+        text = tree.read(f"/sys/devices/system/cpu/{name}/topology/thread_siblings_list")
+        if text is not None and text.strip():
+            siblings[int(name[3:])] = p.parse_cpulist(text)
+    return siblings
 
 
 def _modules(tree: Tree, kernel_release: str | None) -> Modules | None:

@@ -453,6 +453,8 @@ class HostFacts:
     dmi_vendor: str | None
     dmi_product: str | None
     virtualization: VirtualizationSoftware | None = None  # None: no package database could be read
+    # Logical CPU -> the logical CPUs of its core, itself included (SMT siblings); {}: not captured.
+    thread_siblings: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def function(self, address: str) -> PciFunction | None:
         return self._functions_by_address.get(address)

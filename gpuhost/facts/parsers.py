@@ -88,6 +88,17 @@ def parse_pci_resource(text: str | None) -> tuple[Bar, ...]:
     return tuple(bars)
 
 
+def parse_cpulist(text: str | None) -> tuple[int, ...]:
+    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11): the kernel's CPU list form (cpulist, thread_siblings_list)."""
+    cpus: list[int] = []
+    for part in (text or "").strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return tuple(sorted(set(cpus)))
+
+
 def parse_cpuinfo(text: str) -> CpuInfo:
     vendor = model = None
     flags: frozenset[str] = frozenset()

@@ -34,6 +34,7 @@ from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import InputError
 from gpuhost.facts.model import GIB_KIB, VENDOR_NVIDIA, HostFacts, PciFunction
+from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
 from gpuhost.problems import Problem, Severity, Stage, listed, register
 from gpuhost.render.spec import HostPolicy, VmSpec
 from gpuhost.selection import GpuCard, gpu_cards, nvswitch_functions_to_bind, select_gpus
@@ -243,6 +244,7 @@ class DomainPlan:
     cpu_mode: str
     sockets: int
     cores: int
+    threads: int  # per core: 2 where the vCPUs are pinned to whole cores (both SMT threads)
     cells: tuple[Cell, ...]  # guest NUMA cells; empty for a single-node VM
     host_nodes: tuple[int, ...]  # host NUMA nodes the memory is bound to; empty: not bound (unknown)
     hard_limit_kib: int | None  # memtune hard_limit, with <locked/> (hugepages); None: neither
@@ -276,17 +278,6 @@ class DomainPlan:
 
     def port(self, purpose: str) -> RootPort | None:
         return next((port for port in self.ports if port.purpose == purpose), None)
-
-
-def parse_cpulist(text: str | None) -> tuple[int, ...]:
-    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11)."""
-    cpus: list[int] = []
-    for part in (text or "").strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cpus.extend(range(int(low), int(high or low) + 1))
-    return tuple(sorted(set(cpus)))
 
 
 def format_cpulist(cpus: Sequence[int]) -> str:
@@ -425,7 +416,8 @@ def plan_domain(
         cmdline=spec.cmdline,
         cpu_mode="host-passthrough" if spec.domain_type == "kvm" else "maximum",
         sockets=cells_count,
-        cores=per_cell,
+        cores=per_cell // cpus.threads,
+        threads=cpus.threads,
         cells=cells,
         host_nodes=tuple(nodes),
         vcpu_pins=cpus.vcpu_pins,
@@ -650,6 +642,7 @@ class VmCpus:
     vcpu_pins: tuple[tuple[int, int], ...]  # (vcpu, host cpu), no other VM's; () where not pinned or not placed
     emulator_cpus: str | None  # on the VM's nodes, never another VM's vCPUs; None: not pinned
     conflicts: tuple[Problem, ...]  # why its vCPUs cannot be pinned (plan_domain refuses the VM with them)
+    threads: int = 1  # 2: vCPUs pinned by whole cores (both SMT threads), the guest told so
 
 
 @dataclass(frozen=True)
@@ -681,6 +674,12 @@ def allocate_cpus(
     are not reserved and hold no VM's or other domain's vCPU; where none is left, on the VM's
     own vCPUs (never on another VM's). A VM without GPUs, or whose GPUs have no NUMA node, is
     not pinned.
+
+    SMT: where the host's thread siblings are known, every core of the VM's nodes has two threads
+    and the VM's vCPUs per node are even, the VM takes whole cores (both threads free and not
+    reserved), vCPUs 2k and 2k+1 on one core's two threads, and its guest topology says
+    threads=2; otherwise one vCPU per CPU, threads=1. Emulator threads never go on a sibling of
+    any pinned vCPU (which would share its core).
     """
     reserved = frozenset(parse_cpulist(policy.reserved_cpus))
     holders = _CpuHolders(cpus_taken or {})
@@ -688,17 +687,25 @@ def allocate_cpus(
     for spec in vms:
         nodes, settled = _vcpu_nodes(facts, spec, policy)
         conflicts: list[Problem] = []
-        pins = _pin_vcpus(facts, spec, nodes, reserved, holders, conflicts)
+        threads = _threads_per_core(facts, spec, nodes)
+        pins = _pin_vcpus(facts, spec, nodes, reserved, holders, conflicts, threads)
         if not settled or conflicts:
             pins = ()  # not placed: its CPUs stay free for the VMs after it
         holders.vms.update((cpu, spec.name) for _, cpu in pins)
-        pinned.append((VmCpus(spec.name, pins, None, tuple(conflicts)), nodes))
+        pinned.append((VmCpus(spec.name, pins, None, tuple(conflicts), threads if pins else 1), nodes))
     # Emulator threads once every VM's vCPUs are known: a VM declared later is no less another VM.
     shares: list[VmCpus] = []
     for share, nodes in pinned:
         if share.vcpu_pins:
+            # A domain of the VM's own name is the VM redefined: its old pins are no other vCPUs.
+            busy = [*holders.vms, *(cpu for cpu, domain in holders.domains.items() if domain != share.vm)]
+            vcpu_cores = {sibling for cpu in busy for sibling in _core_of(facts, cpu)}
             local = (cpu for node_id in nodes for cpu in _node_cpus(facts, node_id) or ())
-            spare = [cpu for cpu in local if cpu not in reserved and holders.holder(cpu, share.vm) is None]
+            spare = [
+                cpu
+                for cpu in local
+                if cpu not in reserved and holders.holder(cpu, share.vm) is None and cpu not in vcpu_cores
+            ]
             emulator = format_cpulist(spare or [cpu for _, cpu in share.vcpu_pins])
             share = dataclasses.replace(share, emulator_cpus=emulator)
         shares.append(share)
@@ -734,6 +741,28 @@ def _vcpu_nodes(facts: HostFacts, spec: VmSpec, policy: HostPolicy) -> tuple[lis
     return nodes, settled
 
 
+def _core_of(facts: HostFacts, cpu: int) -> tuple[int, ...]:
+    """The logical CPUs of `cpu`'s core (itself alone where the siblings are unknown)."""
+    return facts.thread_siblings.get(cpu, (cpu,))
+
+
+def _threads_per_core(facts: HostFacts, spec: VmSpec, nodes: Sequence[int]) -> int:
+    """2 where the VM can be pinned by whole cores: every CPU of its nodes has exactly one sibling,
+    on the same node, and its vCPUs per node are even; else 1."""
+    if not nodes or spec.vcpus % len(nodes) or (spec.vcpus // len(nodes)) % 2:
+        return 1
+    for node_id in nodes:
+        node_cpus = _node_cpus(facts, node_id)
+        if not node_cpus:
+            return 1
+        members = set(node_cpus)
+        for cpu in node_cpus:
+            core = facts.thread_siblings.get(cpu)
+            if core is None or len(core) != 2 or not members.issuperset(core):
+                return 1
+    return 2
+
+
 def _node_cpus(facts: HostFacts, node_id: int) -> tuple[int, ...] | None:
     node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
     return None if node is None or node.cpulist is None else parse_cpulist(node.cpulist)
@@ -746,8 +775,10 @@ def _pin_vcpus(
     reserved: frozenset[int],
     holders: _CpuHolders,
     conflicts: list[Problem],
+    threads: int = 1,
 ) -> tuple[tuple[int, int], ...]:
-    """One VM's vCPUs, one to one, on the free CPUs of its nodes (one guest cell per node)."""
+    """One VM's vCPUs, one to one, on the free CPUs of its nodes (one guest cell per node); with
+    threads=2 on free whole cores, in core order, a core's two threads to consecutive vCPUs."""
     if not nodes:
         return ()
     per_cell = spec.vcpus // len(nodes) if spec.vcpus % len(nodes) == 0 else spec.vcpus
@@ -764,6 +795,8 @@ def _pin_vcpus(
             )
             continue
         usable = [cpu for cpu in node_cpus if cpu not in reserved]
+        if threads == 2:  # whole cores only: both threads usable, listed core by core
+            usable = [cpu for core in _whole_cores(facts, usable) for cpu in core]
         cpulist = format_cpulist(node_cpus)
         if per_cell > len(usable):
             kept = f" ({len(reserved)} reserved by gpuhost_reserved_cpus)" if reserved else ""
@@ -778,11 +811,20 @@ def _pin_vcpus(
             )
             continue
         free = [cpu for cpu in usable if holders.holder(cpu, spec.name) is None]
+        if threads == 2:
+            free = [cpu for core in _whole_cores(facts, free) for cpu in core]
         if per_cell > len(free):
             conflicts.append(_node_full(spec, node_id, per_cell, usable, holders))
             continue
         pins.extend((cell * per_cell + i, cpu) for i, cpu in enumerate(free[:per_cell]))
     return tuple(pins)
+
+
+def _whole_cores(facts: HostFacts, cpus: Sequence[int]) -> list[tuple[int, ...]]:
+    """The cores all of whose threads are among `cpus`, ordered by their first thread."""
+    present = set(cpus)
+    cores = {_core_of(facts, cpu) for cpu in cpus}
+    return sorted((core for core in cores if present.issuperset(core)), key=lambda core: core[0])
 
 
 def _node_full(spec: VmSpec, node_id: int, wanted: int, usable: Sequence[int], holders: _CpuHolders) -> Problem:
