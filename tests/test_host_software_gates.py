@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import HostFacts, VirtualizationSoftware
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.render.domain import RenderRefused, plan_domain, render_domain
 from gpuhost.render.spec import parse_vm
 from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.selection import GpuSelector
 from tests.helpers import SNAPSHOTS, snapshot_facts
 from tests.test_render import CASES, LAB_POLICY, lab_two_gpus_applied
 
@@ -102,3 +104,22 @@ def test_more_than_288_vcpus_are_refused_on_qemu_7_2(tmp_path):
     with pytest.raises(RenderRefused) as refused:
         plan_domain(two_gpus_with(debian), at_limit, LAB_POLICY, host="lab")
     assert "render.vcpus.qemu_q35_limit" not in {c.code for c in refused.value.conflicts}
+
+
+def test_an_iommu_narrower_than_the_cpu_is_warned_about_for_peer_to_peer():
+    """The lab host as captured: QEMU's intel-iommu reports cap d2008c22260286 (MGAW 38: 39-bit
+    addresses) in the kernel log, its CPU 'address sizes: 40 bits physical'."""
+    lab = snapshot_facts("lab-gpu-pair-fresh")
+    assert lab.cpu is not None and lab.kernel_log is not None
+    assert (lab.cpu.physical_address_bits, lab.kernel_log.iommu_address_bits) == (40, 39)
+    assert snapshot_facts("h100-guest").cpu.physical_address_bits == 46  # type: ignore[union-attr]
+    assert snapshot_facts("dev-vm").kernel_log.iommu_address_bits is None  # type: ignore[union-attr]  # no DMAR
+    policy = AuditPolicy(gpus=GpuSelector.parse(["1234:1111"], "test"))
+    (warning,) = [f for f in run_checks("lab-1", lab, policy)[2] if f.code == "gpu.p2p.iommu_width"]
+    assert warning.severity.value == "warning" and "39-bit" in warning.message and "40 physical" in warning.message
+    as_wide = dataclasses.replace(lab, cpu=dataclasses.replace(lab.cpu, physical_address_bits=39))
+    assert "gpu.p2p.iommu_width" not in {f.code for f in run_checks("lab-1", as_wide, policy)[2]}
+    spec = parse_vm(CASES["lab-two-gpus"][2], "test")
+    assert "remaps 39-bit addresses, its CPU has 40 bits" in render_domain(
+        lab_two_gpus_applied(), spec, LAB_POLICY, host="lab"
+    )

@@ -175,6 +175,7 @@ class CpuInfo:
     model_name: str | None
     logical_cpus: int
     flags: frozenset[str]
+    physical_address_bits: int | None = None  # 'address sizes: 46 bits physical' (None: not reported)
 
     @property
     def has_virtualization(self) -> bool:
@@ -345,6 +346,17 @@ class KernelLog:
     def matching(self, *needles: str) -> list[str]:
         lowered = [n.lower() for n in needles]
         return [line for line in self.lines if any(n in line.lower() for n in lowered)]
+
+    @property
+    def iommu_address_bits(self) -> int | None:
+        """The narrowest DMA address width of the Intel IOMMUs the kernel reported: MGAW (bits 21:16
+        of each unit's capability register, 'DMAR: dmar0: ... cap d2008c22260286') plus one; None
+        when no unit is reported (an AMD IOMMU, or the log was cut)."""
+        widths = [((int(m.group(1), 16) >> 16) & 0x3F) + 1 for line in self.lines for m in _DMAR_CAP.finditer(line)]
+        return min(widths) if widths else None
+
+
+_DMAR_CAP = re.compile(r"DMAR: dmar\d+: reg_base_addr \S+ ver \S+ cap ([0-9a-f]+) ecap")
 
 
 class VfioPci(TextEnum):

@@ -103,6 +103,7 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     vendor = model = None
     flags: frozenset[str] = frozenset()
     processors = 0
+    physical_bits: int | None = None
     for line in text.splitlines():
         key, sep, value = line.partition(":")
         if not sep:
@@ -117,7 +118,17 @@ def parse_cpuinfo(text: str) -> CpuInfo:
             model = value
         elif key == "flags" and not flags:
             flags = frozenset(value.split())
-    return CpuInfo(vendor=vendor, model_name=model, logical_cpus=processors, flags=flags)
+        elif key == "address sizes" and physical_bits is None:
+            physical_bits = _physical_address_bits(value)
+    return CpuInfo(
+        vendor=vendor, model_name=model, logical_cpus=processors, flags=flags, physical_address_bits=physical_bits
+    )
+
+
+def _physical_address_bits(value: str) -> int | None:
+    """'46 bits physical, 57 bits virtual' -> 46."""
+    match = re.match(r"(\d+) bits physical", value)
+    return int(match.group(1)) if match else None
 
 
 def parse_cmdline(text: str) -> KernelCommandLine:

@@ -382,6 +382,8 @@ def plan_domain(
     if spec not in vms:
         vms = (*(vm for vm in vms if vm.name != spec.name), spec)
     maxphysaddr = spec.domain_type == "kvm" and _maxphysaddr_supported(facts, conflicts, notes)
+    if maxphysaddr:
+        notes.extend(_iommu_width_note(facts))
     _check_q35_vcpus(facts, spec, conflicts)
     cpus = allocate_cpus(facts, policy, vms, cpus_taken=cpus_taken).of(spec)
     conflicts.extend(cpus.conflicts)
@@ -982,6 +984,18 @@ def _maxphysaddr_supported(facts: HostFacts, conflicts: list[Problem], notes: li
             )
         )
     return True
+
+
+def _iommu_width_note(facts: HostFacts) -> list[str]:
+    """The audit's gpu.p2p.iommu_width, said where it matters: in the XML that passes the CPU's width on."""
+    cpu_bits = facts.cpu.physical_address_bits if facts.cpu is not None else None
+    iommu_bits = facts.kernel_log.iommu_address_bits if facts.kernel_log is not None else None
+    if cpu_bits is None or iommu_bits is None or iommu_bits >= cpu_bits:
+        return []
+    return [
+        f"the IOMMU of the host remaps {iommu_bits}-bit addresses, its CPU has {cpu_bits} bits: BARs placed above "
+        f"2^{iommu_bits} by OVMF cannot be mapped for peer-to-peer between the passed devices"
+    ]
 
 
 def _check_q35_vcpus(facts: HostFacts, spec: VmSpec, conflicts: list[Problem]) -> None:
