@@ -174,6 +174,12 @@ def nvswitch_functions_to_bind(facts: HostFacts, selection: GpuSelection) -> tup
     return tuple(found.values())
 
 
+def nvswitch_group_intruders(facts: HostFacts, selection: GpuSelection) -> tuple[PciFunction, ...]:
+    """Functions sharing an NVSwitch's IOMMU group that are neither NVSwitches nor bridges: binding
+    the group to vfio-pci would take them from the host (the planner and render refuse that)."""
+    return tuple(f for f in nvswitch_functions_to_bind(facts, selection) if not f.is_nvswitch)
+
+
 def group_members(facts: HostFacts, function: PciFunction) -> tuple[PciFunction, ...]:
     """Every function in `function`'s IOMMU group (itself included)."""
     if function.iommu_group is None:

@@ -160,3 +160,19 @@ def test_verification_accepts_the_nvidia_driver_the_host_keeps(tmp_path: Path):
     plan = plan_host("lab-1", snapshot_facts("lab-gpu-pair-fresh"), settings).require_applicable().to_json()
     codes = [p.code for p in verify_host("h100", facts, settings, plan).problems]
     assert "verify.host_driver.loaded" not in codes
+
+
+def test_a_device_in_an_nvswitch_s_group_is_refused_by_plan_and_render():
+    """The lab host's virtio NIC (a real function of the recorded host) put into the first
+    NVSwitch's IOMMU group, as a platform without ACS between them would."""
+    host = hgx_h100_host()
+    nic = dataclasses.replace(host.function("0000:00:05.0"), iommu_group=100)  # type: ignore[arg-type]
+    groups = {**host.iommu.groups, 100: (NVSWITCHES[0], nic.address)}
+    pci = tuple(nic if f.address == nic.address else f for f in host.pci)
+    shared = dataclasses.replace(host, pci=pci, iommu=dataclasses.replace(host.iommu, groups=groups))
+    refusals = [r for r in hgx_plan(shared).refusals if r.subject == nic.address]
+    assert [r.code for r in refusals] == ["group.intruder"] and "NVSwitch" in refusals[0].message
+    spec = parse_vm({"name": "train-8", "vcpus": 16, "memory": "64G", "gpus": "all"}, "test")
+    with pytest.raises(RenderRefused) as refused:
+        plan_domain(shared, spec, HostPolicy(gpus=ALL), host="hgx")
+    assert "render.group.intruder" in {c.code for c in refused.value.conflicts if c.subject == nic.address}

@@ -37,7 +37,13 @@ from gpuhost.plan.model import (
 )
 from gpuhost.plan.settings import BIND_AUTO, PlanSettings
 from gpuhost.problems import Problem, Severity, Stage, register
-from gpuhost.selection import GpuSelection, NvSwitchModel, nvswitch_functions_to_bind, select_gpus
+from gpuhost.selection import (
+    GpuSelection,
+    NvSwitchModel,
+    nvswitch_functions_to_bind,
+    nvswitch_group_intruders,
+    select_gpus,
+)
 
 BLACKLIST = ("nouveau", "nvidia", "nvidiafb")
 # Left loadable where the host keeps its NVIDIA driver (gpuhost_remove_nvidia_driver: false): it keeps
@@ -421,6 +427,15 @@ def _nvswitches(
         return ()
     if model is NvSwitchModel.FULL_PASSTHROUGH:
         bound = nvswitch_functions_to_bind(facts, selection)
+        for intruder in nvswitch_group_intruders(facts, selection):
+            refuse(
+                REFUSE_GROUP_INTRUDER,
+                intruder.address,
+                f"{_describe(intruder)} shares an IOMMU group (group {intruder.iommu_group}) with an NVSwitch, and "
+                "is neither an NVSwitch nor a bridge: binding the group to vfio-pci would take it from the host.",
+                "Move the device to another slot, or check the platform's ACS settings (the NVSwitches of an HGX "
+                "baseboard each have a group of their own).",
+            )
         notes.append(
             f"NVSwitch host: its {count} NVSwitch(es) go to vfio-pci with the GPUs (NVIDIA's full passthrough model): "
             "one VM takes every GPU and NVSwitch and runs nvidia-fabricmanager of its driver branch; a VM with "

@@ -37,7 +37,13 @@ from gpuhost.facts.model import GIB_KIB, VENDOR_NVIDIA, HostFacts, PciFunction
 from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
 from gpuhost.problems import Problem, Severity, Stage, listed, register
 from gpuhost.render.spec import HostPolicy, VmSpec
-from gpuhost.selection import GpuCard, gpu_cards, nvswitch_functions_to_bind, select_gpus
+from gpuhost.selection import (
+    GpuCard,
+    gpu_cards,
+    nvswitch_functions_to_bind,
+    nvswitch_group_intruders,
+    select_gpus,
+)
 
 KIB_PER_MIB = 1024
 HOLE64_MIN_BYTES = 32 << 30  # QEMU's q35 default pci-hole64-size
@@ -565,6 +571,16 @@ def _nvswitches(
             )
         )
         return ()
+    for intruder in nvswitch_group_intruders(facts, selection):
+        conflicts.append(
+            _conflict(
+                GROUP_INTRUDER,
+                intruder.address,
+                f"{intruder.describe()} shares IOMMU group {intruder.iommu_group} with an NVSwitch and would go to "
+                "the guest too;",
+                "move the device to another slot.",
+            )
+        )
     return nvswitch_functions_to_bind(facts, selection)
 
 
