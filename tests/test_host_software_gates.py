@@ -115,9 +115,11 @@ def test_an_iommu_narrower_than_the_cpu_is_warned_about_for_peer_to_peer():
     assert snapshot_facts("h100-guest").cpu.physical_address_bits == 46  # type: ignore[union-attr]
     assert snapshot_facts("dev-vm").kernel_log.iommu_address_bits is None  # type: ignore[union-attr]  # no DMAR
     policy = AuditPolicy(gpus=GpuSelector.parse(["1234:1111"], "test"))
-    (warning,) = [f for f in run_checks("lab-1", lab, policy)[2] if f.code == "gpu.p2p.iommu_width"]
+    assert "gpu.p2p.iommu_width" not in {f.code for f in run_checks("lab-1", lab, policy)[2]}  # one GPU: no peer
+    two = lab_two_gpus_applied()  # the same host with a second GPU
+    (warning,) = [f for f in run_checks("lab-1", two, policy)[2] if f.code == "gpu.p2p.iommu_width"]
     assert warning.severity.value == "warning" and "39-bit" in warning.message and "40 physical" in warning.message
-    as_wide = dataclasses.replace(lab, cpu=dataclasses.replace(lab.cpu, physical_address_bits=39))
+    as_wide = dataclasses.replace(two, cpu=dataclasses.replace(lab.cpu, physical_address_bits=39))
     assert "gpu.p2p.iommu_width" not in {f.code for f in run_checks("lab-1", as_wide, policy)[2]}
     spec = parse_vm(CASES["lab-two-gpus"][2], "test")
     assert "remaps 39-bit addresses, its CPU has 40 bits" in render_domain(

@@ -388,7 +388,7 @@ def plan_domain(
     if spec not in vms:
         vms = (*(vm for vm in vms if vm.name != spec.name), spec)
     maxphysaddr = spec.domain_type == "kvm" and _maxphysaddr_supported(facts, conflicts, notes)
-    if maxphysaddr:
+    if maxphysaddr and len(cards) > 1:  # peer-to-peer needs two GPUs
         notes.extend(_iommu_width_note(facts))
     _check_q35_vcpus(facts, spec, conflicts)
     cpus = allocate_cpus(facts, policy, vms, cpus_taken=cpus_taken).of(spec)
