@@ -16,6 +16,7 @@ from gpuhost.facts.model import (
     VENDOR_NVIDIA,
     HostFacts,
     PciFunction,
+    TextEnum,
 )
 
 _ADDRESS = re.compile(r"^(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
@@ -94,7 +95,39 @@ class GpuCard:
 class GpuSelection:
     passthrough: tuple[GpuCard, ...]
     kept: tuple[GpuCard, ...]  # GPUs the host keeps: its console, or GPUs not selected
-    other_nvidia: tuple[PciFunction, ...]  # NVIDIA functions that are not GPUs (NVSwitch, bridges)
+    other_nvidia: tuple[PciFunction, ...]  # NVIDIA functions that are neither GPUs nor NVSwitches
+    nvswitches: tuple[PciFunction, ...] = ()  # NVIDIA class 0x0680 functions: an HGX/DGX baseboard
+
+    @property
+    def nvswitch_model(self) -> NvSwitchModel:
+        """How this selection uses the host's NVSwitches (NVIDIA Fabric Manager guide's models)."""
+        if not self.nvswitches:
+            return NvSwitchModel.NONE
+        if not self.passthrough_nvidia:  # NVSwitches join NVIDIA GPUs only
+            return NvSwitchModel.BARE_METAL
+        return NvSwitchModel.SHARED if self.kept_nvidia else NvSwitchModel.FULL_PASSTHROUGH
+
+    @property
+    def passthrough_nvidia(self) -> tuple[GpuCard, ...]:
+        return tuple(card for card in self.passthrough if card.gpu.vendor == VENDOR_NVIDIA)
+
+    @property
+    def kept_nvidia(self) -> tuple[GpuCard, ...]:
+        return tuple(card for card in self.kept if card.gpu.vendor == VENDOR_NVIDIA)
+
+
+class NvSwitchModel(TextEnum):
+    """Where an NVSwitch host's GPUs and NVSwitches go, in the terms of NVIDIA's Fabric Manager guide.
+
+    Full passthrough (every GPU and every NVSwitch to vfio-pci, for one VM that takes them all; the
+    guest runs nvidia-fabricmanager) is what gpuhost supports. Passing some GPUs while the host keeps
+    others needs the NVSwitches partitioned by a Fabric Manager outside the guests (the shared
+    NVSwitch model, with a service VM): gpuhost refuses it."""
+
+    NONE = "none"  # no NVSwitch on the host
+    BARE_METAL = "bare metal"  # no NVIDIA GPU passed: the host keeps them, the NVSwitches and its Fabric Manager
+    FULL_PASSTHROUGH = "full passthrough"
+    SHARED = "shared NVSwitch"  # some GPUs passed, some kept: refused
 
 
 def gpu_cards(facts: HostFacts) -> tuple[GpuCard, ...]:
@@ -120,9 +153,31 @@ def select_gpus(facts: HostFacts, selector: GpuSelector) -> GpuSelection:
     kept = tuple(card for card in cards if not selector.selects(card.gpu))
     card_functions = {f.address for card in cards for f in card.functions}
     other_nvidia = tuple(
-        f for f in facts.pci if f.vendor == VENDOR_NVIDIA and f.address not in card_functions and not f.is_bridge
+        f
+        for f in facts.pci
+        if f.vendor == VENDOR_NVIDIA and f.address not in card_functions and not f.is_bridge and not f.is_nvswitch
     )
-    return GpuSelection(passthrough=passthrough, kept=kept, other_nvidia=other_nvidia)
+    nvswitches = tuple(f for f in facts.pci if f.is_nvswitch)
+    return GpuSelection(passthrough=passthrough, kept=kept, other_nvidia=other_nvidia, nvswitches=nvswitches)
+
+
+def nvswitch_functions_to_bind(facts: HostFacts, selection: GpuSelection) -> tuple[PciFunction, ...]:
+    """What vfio-pci must own for the full passthrough model: every non-bridge function of each
+    NVSwitch's IOMMU group (the NVSwitch itself; anything else there is an intruder the checks name)."""
+    if selection.nvswitch_model is not NvSwitchModel.FULL_PASSTHROUGH:
+        return ()
+    found: dict[str, PciFunction] = {}
+    for nvswitch in selection.nvswitches:
+        for member in group_members(facts, nvswitch):
+            if not member.is_bridge:
+                found.setdefault(member.address, member)
+    return tuple(found.values())
+
+
+def nvswitch_group_intruders(facts: HostFacts, selection: GpuSelection) -> tuple[PciFunction, ...]:
+    """Functions sharing an NVSwitch's IOMMU group that are neither NVSwitches nor bridges: binding
+    the group to vfio-pci would take them from the host (the planner and render refuse that)."""
+    return tuple(f for f in nvswitch_functions_to_bind(facts, selection) if not f.is_nvswitch)
 
 
 def group_members(facts: HostFacts, function: PciFunction) -> tuple[PciFunction, ...]:

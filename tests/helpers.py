@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import HostFacts, Iommu, PcieLinkStatus, PciFunction
-from gpuhost.facts.parsers import parse_cmdline, parse_lspci_nn
+from gpuhost.facts.parsers import LspciEntry, parse_cmdline, parse_lspci_nn
 from gpuhost.facts.snapshot import SnapshotTree
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -17,6 +18,32 @@ SNAPSHOTS = FIXTURES / "snapshots"
 
 def snapshot_facts(name: str) -> HostFacts:
     return build_facts(SnapshotTree(SNAPSHOTS / name))
+
+
+def function_from_lspci(entry: LspciEntry, group: int, **known: Any) -> PciFunction:
+    """A PCI function as an `lspci -nn` line shows it, in IOMMU group `group`; what lspci does not
+    show is unknown (None) unless given in `known` (driver, numa_node, ...)."""
+    values: dict[str, Any] = {
+        "subsystem_vendor": None,
+        "subsystem_device": None,
+        "revision": None,
+        "driver": None,
+        "driver_override": None,
+        "numa_node": None,
+        "local_cpulist": None,
+        "link": PcieLinkStatus(None, None, None, None),
+        "reset_methods": None,
+        "bars": (),
+    }
+    values.update(known)
+    return PciFunction(
+        address=entry.address,
+        vendor=entry.vendor,
+        device=entry.device,
+        class_code=entry.class_code << 8,
+        iommu_group=group,
+        **values,
+    )
 
 
 def guide_host(listing: str, cmdline: str, base: HostFacts) -> HostFacts:
@@ -32,26 +59,8 @@ def guide_host(listing: str, cmdline: str, base: HostFacts) -> HostFacts:
         entries = parse_lspci_nn(block)
         groups[group] = tuple(entry.address for entry in entries)
         for entry in entries:
-            functions.append(
-                PciFunction(
-                    address=entry.address,
-                    vendor=entry.vendor,
-                    device=entry.device,
-                    subsystem_vendor=None,
-                    subsystem_device=None,
-                    class_code=entry.class_code << 8,
-                    revision=None,
-                    driver=None,
-                    driver_override=None,
-                    iommu_group=group,
-                    numa_node=None,
-                    local_cpulist=None,
-                    link=PcieLinkStatus(None, None, None, None),
-                    reset_methods=None,
-                    bars=(),
-                    boot_vga=entry.vendor == 0x1A03,  # the ASPEED BMC display is the console
-                )
-            )
+            # the ASPEED BMC display is the console
+            functions.append(function_from_lspci(entry, group, boot_vga=entry.vendor == 0x1A03))
         group = None
     iommu = Iommu(dmar_table=False, ivrs_table=True, units=("ivhd0",), groups=groups, group_types={})
     return dataclasses.replace(base, pci=tuple(functions), iommu=iommu, cmdline=parse_cmdline(cmdline))

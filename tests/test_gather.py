@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.gather import gather_script
+from gpuhost.facts.parsers import parse_cpulist
 from gpuhost.facts.snapshot import MemoryTree, SnapshotTree, unpack_gathered
 
 ESSENTIAL = ("proc/cmdline", "proc/cpuinfo", "proc/meminfo", "commands/status.txt", "commands/pci-device-paths.txt")
@@ -35,6 +36,12 @@ def test_an_unprivileged_user_gets_the_same_world_readable_files(tmp_path):
 
 def test_gathered_functions_match_the_kernels(tmp_path):
     facts = build_facts(gather_as([], tmp_path, "self"))
+    cpus = Path("/sys/devices/system/cpu")
+    assert facts.thread_siblings and facts.thread_siblings == {
+        int(entry.name[3:]): parse_cpulist((entry / "topology" / "thread_siblings_list").read_text())
+        for entry in cpus.glob("cpu[0-9]*")
+        if (entry / "topology" / "thread_siblings_list").is_file()
+    }
     devices = Path("/sys/bus/pci/devices")
     assert sorted(f.address for f in facts.pci) == sorted(entry.name for entry in devices.iterdir())
     for function in facts.pci:

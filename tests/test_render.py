@@ -287,6 +287,30 @@ def test_gpu_pair_functions_stay_one_multifunction_device_behind_its_own_root_po
     assert "qemu:commandline" not in render_case("lab-gpu-pair")
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_locked_memory_always_comes_with_a_hard_limit_holding_memory_bars_and_libvirts_allowance(name):
+    """libvirt: with <locked/> set a memtune hard_limit, else it lifts the memory lock limit altogether.
+    The limit: guest memory + every BAR of the passed functions + the 1 GiB libvirt allows VFIO domains."""
+    build, policy, entry = CASES[name]
+    facts, spec = build(), parse_vm(entry, "test")
+    domain = parse(render_domain(facts, spec, policy, host="h"))
+    limit = domain.find("memtune/hard_limit")
+    assert (domain.find("memoryBacking/locked") is not None) == (limit is not None)
+    assert limit is not None and limit.get("unit") == "KiB"  # every case has huge pages
+    passed = {address for address, _, _ in hostdevs(domain)}
+    bars_kib = sum(bar.size for f in facts.pci if f.address in passed for bar in f.bars) // 1024
+    memory_kib = int(domain.findtext("memory") or 0)
+    assert int(limit.text or 0) == memory_kib + bars_kib + GIB_KIB
+    if name == "hgx-8gpu-all":  # 768 GiB + 8 x (16 MiB + 128 GiB + 32 MiB) + 1 GiB
+        assert int(limit.text or 0) == (768 + 8 * 128 + 1) * GIB_KIB + 8 * 48 * 1024
+
+
+def test_without_huge_pages_memory_is_neither_locked_nor_limited():
+    entry = {**CASES["lab-gpu-pair"][2], "hugepages": False}
+    domain = parse(render_domain(lab_gpu_pair_applied(), parse_vm(entry, "test"), LAB_POLICY, host="lab"))
+    assert domain.find("memoryBacking") is None and domain.find("memtune") is None
+
+
 def test_two_gpus_each_get_a_port_and_kvm_gets_host_passthrough():
     domain = parse(render_case("lab-two-gpus"))
     assert [h[:2] for h in hostdevs(domain)] == [
@@ -641,3 +665,58 @@ def test_cpus_other_defined_domains_hold_are_left_to_them():
     with pytest.raises(RenderRefused) as caught:
         plan_domain(host, TRAIN_C, HGX_POLICY, host="hgx", host_vms=NODE1_VMS, cpus_taken=taken)
     assert "VM train-a (8), VM train-b (8), defined domain legacy (4) hold 20 of them, 42 are left" in str(caught.value)
+
+
+# --- SMT siblings ----------------------------------------------------------------------------
+
+
+def with_smt_siblings(facts: HostFacts) -> HostFacts:
+    """The 2-socket host with its SMT siblings as its docstring numbers them: CPUs n and n+64 are
+    the two threads of one core (thread_siblings_list 'n,n+64', as Linux numbers Intel/AMD hosts)."""
+    half = facts.cpu.logical_cpus // 2 if facts.cpu else 0
+    siblings = {cpu: (cpu % half, cpu % half + half) for cpu in range(2 * half)}
+    return dataclasses.replace(facts, thread_siblings=siblings)
+
+
+def test_vcpus_go_to_whole_cores_and_the_guest_is_told_threads_2():
+    host = with_smt_siblings(eight_gpu_two_socket_host())
+    plans = [plan_domain(host, spec, HGX_POLICY, host="hgx", host_vms=NODE1_VMS) for spec in (TRAIN_A, TRAIN_B)]
+    for plan in plans:
+        assert (plan.sockets, plan.cores, plan.threads) == (1, 4, 2)
+        for vcpu, cpu in plan.vcpu_pins:
+            if vcpu % 2 == 0:  # vCPUs 2k and 2k+1: the two threads of one host core
+                assert dict(plan.vcpu_pins)[vcpu + 1] == host.thread_siblings[cpu][1]
+    # Node 1 is 32-63,96-127; 32-33 are reserved, so their cores (with 96-97) are not used.
+    assert plans[0].vcpu_pins == ((0, 34), (1, 98), (2, 35), (3, 99), (4, 36), (5, 100), (6, 37), (7, 101))
+    assert {cpu for _, cpu in plans[1].vcpu_pins} == {38, 39, 40, 41, 102, 103, 104, 105}
+    xml = render_domain(host, TRAIN_A, HGX_POLICY, host="hgx", host_vms=NODE1_VMS)
+    assert "<topology sockets='1' dies='1' cores='4' threads='2'/>" in xml
+
+
+def test_emulator_threads_never_share_a_core_with_a_pinned_vcpu():
+    """An odd vCPU count is pinned one vCPU per CPU (threads=1); the emulator threads still avoid
+    the siblings of every pinned vCPU, this VM's and the others'."""
+    host = with_smt_siblings(eight_gpu_two_socket_host())
+    odd = parse_vms(
+        [
+            {"name": "odd-a", "vcpus": 3, "memory": "8G", "gpus": ["gpu4"]},
+            {"name": "odd-b", "vcpus": 5, "memory": "8G", "gpus": ["gpu5"]},
+        ],
+        "test",
+    )
+    allocation = allocate_cpus(host, HGX_POLICY, odd)
+    a, b = (allocation.of(spec) for spec in odd)
+    assert a.threads == b.threads == 1
+    pinned = {cpu for share in (a, b) for _, cpu in share.vcpu_pins}
+    assert pinned == {34, 35, 36, 37, 38, 39, 40, 41}
+    siblings = {host.thread_siblings[cpu][1] for cpu in pinned}  # 98-105: idle threads of those cores
+    for share in (a, b):
+        emulator = set(parse_cpulist(share.emulator_cpus))
+        assert emulator and not emulator & (pinned | siblings) and not emulator & {32, 33}  # reserved
+    plan = plan_domain(host, odd[0], HGX_POLICY, host="hgx", host_vms=odd)
+    assert (plan.cores, plan.threads) == (3, 1)
+
+
+def test_without_known_siblings_pinning_is_as_before():
+    plan = plan_domain(eight_gpu_two_socket_host(), TRAIN_A, HGX_POLICY, host="hgx", host_vms=NODE1_VMS)
+    assert plan.threads == 1 and [cpu for _, cpu in plan.vcpu_pins] == list(range(34, 42))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from gpuhost.checks.base import AuditPolicy, CheckContext, Role
-from gpuhost.checks.gpus import check_gpu_cards, check_gpu_presence
+from gpuhost.checks.gpus import check_gpu_cards, check_gpu_presence, check_nvswitches
 from gpuhost.checks.guest import check_guest
 from gpuhost.checks.host_software import check_initramfs, check_modprobe, check_nvidia_driver
 from gpuhost.checks.memory import check_hugepages
@@ -22,6 +22,7 @@ HOST_CHECKS: tuple[Check, ...] = (
     check_command_line,
     check_gpu_presence,
     check_gpu_cards,
+    check_nvswitches,
     check_nvidia_driver,
     check_modprobe,
     check_initramfs,

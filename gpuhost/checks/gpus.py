@@ -8,7 +8,7 @@ from gpuhost.checks.base import CheckContext, class_name, describe_function
 from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.facts.model import GIB_BYTES, GIB_KIB, MIB_BYTES, PciFunction
 from gpuhost.problems import Problem, Severity, Stage, listed, register
-from gpuhost.selection import GpuCard, functions_to_bind
+from gpuhost.selection import GpuCard, NvSwitchModel, functions_to_bind, nvswitch_functions_to_bind
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
@@ -16,7 +16,25 @@ GPU_OTHER_NVIDIA = register(
     "gpu.other_nvidia",
     Stage.AUDIT,
     Severity.INFO,
-    "NVIDIA functions that are not GPUs (NVSwitch): reported, not passed",
+    "NVIDIA functions that are neither GPUs nor NVSwitches: reported, not passed",
+)
+GPU_NVSWITCH = register(
+    "gpu.nvswitch",
+    Stage.AUDIT,
+    Severity.INFO,
+    "an NVSwitch (HGX/DGX baseboard): its IOMMU group, driver, and where it goes (NVIDIA's virtualization model)",
+)
+GPU_NVSWITCH_SHARED = register(
+    "gpu.nvswitch.shared",
+    Stage.AUDIT,
+    Severity.ERROR,
+    "NVSwitch host with some GPUs selected and others kept: the shared NVSwitch model is not supported",
+)
+GPU_NVSWITCH_DRIVER = register(
+    "gpu.nvswitch.driver",
+    Stage.AUDIT,
+    Severity.ERROR,
+    "full passthrough, but an NVSwitch (or a function of its IOMMU group) is not on vfio-pci",
 )
 GPU_NONE = register("gpu.none", Stage.AUDIT, Severity.ERROR, "no GPU on the PCI bus")
 GPU_NONE_SELECTED = register(
@@ -72,6 +90,12 @@ GPU_NUMA = register(
 GPU_NUMA_HUGEPAGES = register(
     "gpu.numa.hugepages", Stage.AUDIT, Severity.WARNING, "no 1 GiB pages on the GPU's NUMA node"
 )
+GPU_P2P_IOMMU_WIDTH = register(
+    "gpu.p2p.iommu_width",
+    Stage.AUDIT,
+    Severity.WARNING,
+    "the IOMMU remaps fewer address bits than the CPU has (2 GPUs or more): BARs above its width break peer-to-peer",
+)
 GPU_BOOT_DISPLAY = register(
     "gpu.boot_display", Stage.AUDIT, Severity.WARNING, "the GPU is the boot display (efifb/simpledrm)"
 )
@@ -86,7 +110,7 @@ def check_gpu_presence(ctx: CheckContext) -> Iterator[Problem]:
             GPU_OTHER_NVIDIA,
             INFO,
             function.address,
-            f"{describe_function(function)} is an NVIDIA function that is not a GPU (e.g. an NVSwitch); "
+            f"{describe_function(function)} is an NVIDIA function that is neither a GPU nor an NVSwitch; "
             "it is reported, not treated as a GPU",
         )
     if selection.passthrough:
@@ -111,6 +135,57 @@ def check_gpu_presence(ctx: CheckContext) -> Iterator[Problem]:
     )
 
 
+def check_nvswitches(ctx: CheckContext) -> Iterator[Problem]:
+    """NVSwitch functions (an HGX/DGX baseboard), and whether the GPU selection fits NVIDIA's full
+    passthrough model: every GPU and every NVSwitch to vfio-pci, for one VM that runs Fabric Manager."""
+    selection = ctx.selection
+    model = selection.nvswitch_model
+    if model is NvSwitchModel.NONE:
+        return
+    fabric = ctx.facts.nvidia.fabric_packages
+    installed = ", ".join(f"{p.name} {p.version}" for p in fabric) or "no Fabric Manager package"
+    where = {
+        NvSwitchModel.BARE_METAL: "it stays on the host (no NVIDIA GPU is selected), whose Fabric Manager manages it",
+        NvSwitchModel.FULL_PASSTHROUGH: "it goes to vfio-pci with every GPU, for the one VM that takes all GPUs "
+        "(NVIDIA's full passthrough model; the guest runs nvidia-fabricmanager of its driver branch)",
+        NvSwitchModel.SHARED: "some GPUs are selected and others kept (the shared NVSwitch model, not supported)",
+    }[model]
+    for nvswitch in selection.nvswitches:
+        group = f"IOMMU group {nvswitch.iommu_group}" if nvswitch.iommu_group is not None else "no IOMMU group"
+        yield ctx.finding(
+            GPU_NVSWITCH,
+            INFO,
+            nvswitch.address,
+            f"NVSwitch {describe_function(nvswitch)} in {group}: {where}; host packages: {installed}",
+        )
+    if model is NvSwitchModel.SHARED:
+        kept = listed(card.gpu.address for card in selection.kept_nvidia)
+        yield ctx.finding(
+            GPU_NVSWITCH_SHARED,
+            ERROR,
+            "NVSwitch",
+            f"this host has {len(selection.nvswitches)} NVSwitch(es) and "
+            f"{len(selection.passthrough_nvidia)} GPU(s) are selected while it keeps the NVIDIA GPU(s) {kept}: "
+            "the GPUs share one NVLink fabric, which only NVIDIA's shared NVSwitch model (a Fabric Manager "
+            "in a service VM partitioning the NVSwitches) can split; "
+            "gpuhost does not support it",
+            "Select every NVIDIA GPU (gpuhost_gpus: all) for one VM with all GPUs and NVSwitches (full passthrough), "
+            "or none, to keep the host bare metal.",
+        )
+        return
+    if model is NvSwitchModel.FULL_PASSTHROUGH:
+        for function in nvswitch_functions_to_bind(ctx.facts, selection):
+            if function.driver != VFIO_DRIVER:
+                yield ctx.finding(
+                    GPU_NVSWITCH_DRIVER,
+                    ERROR,
+                    function.address,
+                    f"{describe_function(function)} is not on vfio-pci, so it cannot go to the guest with the GPUs "
+                    "(a multi-GPU guest without its NVSwitches fails CUDA init: error 802, system not yet initialized)",
+                    "Run gpuhost apply: it binds the NVSwitches to vfio-pci with the GPUs.",
+                )
+
+
 def check_gpu_cards(ctx: CheckContext) -> Iterator[Problem]:
     checked: set[str] = set()  # functions whose binding was judged: GPUs sharing a group share them
     for card in ctx.selection.passthrough:
@@ -122,6 +197,28 @@ def check_gpu_cards(ctx: CheckContext) -> Iterator[Problem]:
         yield from check_numa(ctx, card.gpu)
         yield from _check_boot_display(ctx, card.gpu)
     yield from _check_kept_gpus(ctx)
+    yield from _check_iommu_width(ctx)
+
+
+def _check_iommu_width(ctx: CheckContext) -> Iterator[Problem]:
+    """With <maxphysaddr mode='passthrough'/> the guest's OVMF sizes its 64-bit window from the CPU's
+    address width and may place BARs above what the IOMMU can remap: DMA between the passed GPUs
+    then fails, though each works alone. Said where at least two GPUs are passed."""
+    facts = ctx.facts
+    cpu_bits = facts.cpu.physical_address_bits if facts.cpu is not None else None
+    iommu_bits = facts.kernel_log.iommu_address_bits if facts.kernel_log is not None else None
+    if len(ctx.selection.passthrough) < 2 or cpu_bits is None or iommu_bits is None or iommu_bits >= cpu_bits:
+        return  # one GPU has no GPU peer
+    yield ctx.finding(
+        GPU_P2P_IOMMU_WIDTH,
+        WARNING,
+        "IOMMU",
+        f"the IOMMU remaps {iommu_bits}-bit addresses (its capability register in the kernel log) and the CPU has "
+        f"{cpu_bits} physical address bits: a guest rendered with maxphysaddr passthrough may get its GPUs' BARs "
+        f"above 2^{iommu_bits}, where the IOMMU cannot map them, so peer-to-peer between the GPUs fails",
+        "Check peer-to-peer in the guest (gpuhost smoke-test); where it fails, keep the BARs below the IOMMU's "
+        "width (a maxphysaddr limit, or a BIOS setting that widens the IOMMU's address width).",
+    )
 
 
 def _check_group(ctx: CheckContext, card: GpuCard) -> Iterator[Problem]:

@@ -20,6 +20,7 @@ from gpuhost.facts.model import (
     PcieLinkStatus,
     PciFunction,
     VfioPci,
+    VirtualizationSoftware,
 )
 from gpuhost.facts.snapshot import Tree
 
@@ -64,6 +65,8 @@ def build_facts(tree: Tree) -> HostFacts:
         kernel_log=_kernel_log(tree, status),
         dmi_vendor=_first_line(tree.read("/sys/class/dmi/id/sys_vendor")),
         dmi_product=_first_line(tree.read("/sys/class/dmi/id/product_name")),
+        virtualization=_virtualization(tree),
+        thread_siblings=_thread_siblings(tree),
     )
 
 
@@ -193,6 +196,18 @@ def _numa_nodes(tree: Tree) -> tuple[NumaNode, ...]:
     return tuple(sorted(nodes, key=lambda node: node.node_id))
 
 
+def _thread_siblings(tree: Tree) -> dict[int, tuple[int, ...]]:
+    """Each logical CPU's core (topology/thread_siblings_list): which CPUs are SMT siblings."""
+    siblings: dict[int, tuple[int, ...]] = {}
+    for name in tree.list("/sys/devices/system/cpu"):
+        if not name.startswith("cpu") or not name[3:].isdigit():
+            continue
+        text = tree.read(f"/sys/devices/system/cpu/{name}/topology/thread_siblings_list")
+        if text is not None and text.strip():
+            siblings[int(name[3:])] = p.parse_cpulist(text)
+    return siblings
+
+
 def _modules(tree: Tree, kernel_release: str | None) -> Modules | None:
     loaded_text = tree.read("/proc/modules")
     if loaded_text is None:
@@ -271,6 +286,28 @@ def _bootloader(tree: Tree, exists: frozenset[str] | None) -> Bootloader:
             command = "grub2-mkconfig"
         return Bootloader(BootloaderKind.GRUB, efi, command, "/etc/default/grub is present")
     return Bootloader(BootloaderKind.UNKNOWN, efi, None, "no GRUB, systemd-boot or BLS configuration found")
+
+
+# Package names of libvirt, QEMU and OVMF on Debian/Ubuntu and on RHEL-like hosts.
+LIBVIRT_PACKAGES = ("libvirt-daemon",)
+QEMU_PACKAGES = ("qemu-system-x86", "qemu-kvm")
+OVMF_PACKAGES = ("ovmf", "edk2-ovmf")
+
+
+def _virtualization(tree: Tree) -> VirtualizationSoftware | None:
+    """What render needs to know of the host's libvirt, QEMU and OVMF, from the package database."""
+    dpkg, rpm = tree.command("dpkg"), tree.command("rpm")
+    if dpkg is None and rpm is None:
+        return None
+    versions = {
+        pkg.name: pkg.version
+        for pkg in (p.parse_dpkg_status(dpkg) if dpkg is not None else p.parse_rpm_list(rpm or ""))
+    }
+
+    def version(names: tuple[str, ...]) -> str | None:
+        return next((versions[name] for name in names if name in versions), None)
+
+    return VirtualizationSoftware(version(LIBVIRT_PACKAGES), version(QEMU_PACKAGES), version(OVMF_PACKAGES))
 
 
 def _nvidia(tree: Tree, exists: frozenset[str] | None) -> NvidiaInstall:

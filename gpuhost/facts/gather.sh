@@ -77,6 +77,7 @@ copy_files \
     /sys/kernel/mm/hugepages/hugepages-*/nr_hugepages /sys/kernel/mm/hugepages/hugepages-*/free_hugepages \
     /sys/kernel/mm/hugepages/hugepages-*/resv_hugepages /sys/kernel/mm/hugepages/hugepages-*/surplus_hugepages \
     /sys/devices/system/node/online /sys/devices/system/node/node*/meminfo /sys/devices/system/node/node*/cpulist \
+    /sys/devices/system/cpu/cpu*/topology/thread_siblings_list \
     /sys/devices/system/node/node*/hugepages/hugepages-*/nr_hugepages \
     /sys/devices/system/node/node*/hugepages/hugepages-*/free_hugepages \
     /sys/kernel/iommu_groups/*/type \

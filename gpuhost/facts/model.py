@@ -6,6 +6,7 @@ unknown is a fact of its own and the checks say so, rather than guessing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -17,6 +18,7 @@ CLASS_DISPLAY_OTHER = 0x0380
 CLASS_AUDIO_HDA = 0x0403
 CLASS_HOST_BRIDGE = 0x0600
 CLASS_PCI_BRIDGE = 0x0604
+CLASS_BRIDGE_OTHER = 0x0680  # "Bridge [0680]": what an NVSwitch reports (HGX/DGX baseboards)
 CLASS_USB = 0x0C03
 CLASS_SERIAL_BUS_OTHER = 0x0C80  # NVIDIA's USB Type-C UCSI controller on consumer cards
 VENDOR_NVIDIA = 0x10DE
@@ -27,6 +29,8 @@ GIB_BYTES = 1024 * GIB_KIB
 # Host GPU driver modules: loaded, they hold the GPU before vfio-pci can (the audit's nvidia.loaded,
 # the plan's reboot reasons, the verification after the reboot).
 HOST_DRIVER_MODULES = ("nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nouveau", "nvidiafb")
+# NVIDIA Fabric Manager's packages (Ubuntu/CUDA repository names; the driver branch is a suffix).
+FABRIC_MANAGER_PACKAGE_PREFIXES = ("nvidia-fabricmanager", "libnvidia-nscq", "nvlsm")
 # What the initramfs must load for vfio-pci to claim the GPU before a host driver (vfio-pci as a module).
 VFIO_INITRAMFS_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 
@@ -152,6 +156,11 @@ class PciFunction:
     def is_bridge(self) -> bool:
         return self.base_class in BRIDGE_CLASSES
 
+    @property
+    def is_nvswitch(self) -> bool:
+        """An NVIDIA function of class 0x0680: an NVSwitch of an HGX/DGX baseboard (10de:22a3 on H100/H200)."""
+        return self.vendor == VENDOR_NVIDIA and self.base_class == CLASS_BRIDGE_OTHER
+
     def describe(self) -> str:
         return f"{self.address} [{self.vendor_device}]"
 
@@ -166,6 +175,7 @@ class CpuInfo:
     model_name: str | None
     logical_cpus: int
     flags: frozenset[str]
+    physical_address_bits: int | None = None  # 'address sizes: 46 bits physical' (None: not reported)
 
     @property
     def has_virtualization(self) -> bool:
@@ -321,6 +331,11 @@ class NvidiaInstall:
     def installed(self) -> bool:
         return bool(self.packages) or self.runfile_installed
 
+    @property
+    def fabric_packages(self) -> tuple[Package, ...]:
+        """Fabric Manager and what it needs (NSCQ; NVLSM on 4th-generation NVSwitches): an NVSwitch host's."""
+        return tuple(p for p in self.packages or () if p.name.startswith(FABRIC_MANAGER_PACKAGE_PREFIXES))
+
 
 @dataclass(frozen=True)
 class KernelLog:
@@ -331,6 +346,17 @@ class KernelLog:
     def matching(self, *needles: str) -> list[str]:
         lowered = [n.lower() for n in needles]
         return [line for line in self.lines if any(n in line.lower() for n in lowered)]
+
+    @property
+    def iommu_address_bits(self) -> int | None:
+        """The narrowest DMA address width of the Intel IOMMUs the kernel reported: MGAW (bits 21:16
+        of each unit's capability register, 'DMAR: dmar0: ... cap d2008c22260286') plus one; None
+        when no unit is reported (an AMD IOMMU, or the log was cut)."""
+        widths = [((int(m.group(1), 16) >> 16) & 0x3F) + 1 for line in self.lines for m in _DMAR_CAP.finditer(line)]
+        return min(widths) if widths else None
+
+
+_DMAR_CAP = re.compile(r"DMAR: dmar\d+: reg_base_addr \S+ ver \S+ cap ([0-9a-f]+) ecap")
 
 
 class VfioPci(TextEnum):
@@ -383,6 +409,35 @@ class Iommu:
 
 
 @dataclass(frozen=True)
+class VirtualizationSoftware:
+    """The host's libvirt, QEMU and OVMF, as package versions (None: not installed)."""
+
+    libvirt: str | None  # libvirt-daemon
+    qemu: str | None  # qemu-system-x86 (Debian), qemu-kvm (RHEL)
+    ovmf: str | None  # ovmf (Debian), edk2-ovmf (RHEL)
+
+    @property
+    def libvirt_release(self) -> tuple[int, int] | None:
+        """(8, 0) from '8.0.0-1ubuntu7.10'; None when not installed."""
+        match = re.match(r"(?:\d+:)?(\d+)\.(\d+)", self.libvirt or "")
+        return (int(match.group(1)), int(match.group(2))) if match else None
+
+    @property
+    def qemu_release(self) -> tuple[int, int] | None:
+        """(7, 2) from Debian's '1:7.2+dfsg-7+deb12u18+b3' or RHEL's '8.2.0-11.el9'; None when not installed."""
+        match = re.match(r"(?:\d+:)?(\d+)\.(\d+)", self.qemu or "")
+        return (int(match.group(1)), int(match.group(2))) if match else None
+
+    @property
+    def ovmf_release(self) -> int | None:
+        """The edk2 stable tag as YYYYMM: 202211 from Debian's '2022.11-6+deb12u2', 202202 from Ubuntu's
+        '2022.02-3ubuntu0.22.04.2', 201911 from '0~20191122.bd85bf54-2ubuntu3', 202305 from RHEL's
+        '20230524-4.el9'; None when not installed or not of these forms."""
+        match = re.search(r"(20\d\d)\.?(\d\d)", self.ovmf or "")
+        return int(match.group(1) + match.group(2)) if match else None
+
+
+@dataclass(frozen=True)
 class HostFacts:
     """Everything the audit read from one host."""
 
@@ -409,6 +464,9 @@ class HostFacts:
     kernel_log: KernelLog | None
     dmi_vendor: str | None
     dmi_product: str | None
+    virtualization: VirtualizationSoftware | None = None  # None: no package database could be read
+    # Logical CPU -> the logical CPUs of its core, itself included (SMT siblings); {}: not captured.
+    thread_siblings: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def function(self, address: str) -> PciFunction | None:
         return self._functions_by_address.get(address)

@@ -88,10 +88,22 @@ def parse_pci_resource(text: str | None) -> tuple[Bar, ...]:
     return tuple(bars)
 
 
+def parse_cpulist(text: str | None) -> tuple[int, ...]:
+    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11): the kernel's CPU list form (cpulist, thread_siblings_list)."""
+    cpus: list[int] = []
+    for part in (text or "").strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return tuple(sorted(set(cpus)))
+
+
 def parse_cpuinfo(text: str) -> CpuInfo:
     vendor = model = None
     flags: frozenset[str] = frozenset()
     processors = 0
+    physical_bits: int | None = None
     for line in text.splitlines():
         key, sep, value = line.partition(":")
         if not sep:
@@ -106,7 +118,17 @@ def parse_cpuinfo(text: str) -> CpuInfo:
             model = value
         elif key == "flags" and not flags:
             flags = frozenset(value.split())
-    return CpuInfo(vendor=vendor, model_name=model, logical_cpus=processors, flags=flags)
+        elif key == "address sizes" and physical_bits is None:
+            physical_bits = _physical_address_bits(value)
+    return CpuInfo(
+        vendor=vendor, model_name=model, logical_cpus=processors, flags=flags, physical_address_bits=physical_bits
+    )
+
+
+def _physical_address_bits(value: str) -> int | None:
+    """'46 bits physical, 57 bits virtual' -> 46."""
+    match = re.match(r"(\d+) bits physical", value)
+    return int(match.group(1)) if match else None
 
 
 def parse_cmdline(text: str) -> KernelCommandLine:

@@ -47,7 +47,7 @@ class PlanRefused(GpuhostError):
 class BoundFunction:
     address: str
     vendor_device: str
-    gpu: str  # the address of the GPU whose card or group it belongs to
+    gpu: str  # the address of the GPU whose card or group it belongs to (an NVSwitch: its own)
     driver: str | None  # bound now (None: none)
 
 

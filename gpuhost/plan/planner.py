@@ -37,9 +37,33 @@ from gpuhost.plan.model import (
 )
 from gpuhost.plan.settings import BIND_AUTO, PlanSettings
 from gpuhost.problems import Problem, Severity, Stage, register
-from gpuhost.selection import GpuSelection, select_gpus
+from gpuhost.selection import (
+    GpuSelection,
+    NvSwitchModel,
+    nvswitch_functions_to_bind,
+    nvswitch_group_intruders,
+    select_gpus,
+)
 
 BLACKLIST = ("nouveau", "nvidia", "nvidiafb")
+# Left loadable where the host keeps its NVIDIA driver (gpuhost_remove_nvidia_driver: false): it keeps
+# an NVIDIA GPU or tool whose driver must load; the passthrough functions are bound to vfio-pci
+# before it can claim them (vfio-pci.ids, or driver_override from the initramfs).
+KEPT_DRIVER_MODULES = ("nvidia",)
+
+
+def blacklisted_modules(removes_nvidia_driver: bool) -> tuple[str, ...]:
+    """modprobe.blacklist's host GPU drivers: all of BLACKLIST, or nouveau's where the host keeps nvidia."""
+    return BLACKLIST if removes_nvidia_driver else tuple(m for m in BLACKLIST if m not in KEPT_DRIVER_MODULES)
+
+
+def forbidden_loaded_modules(removes_nvidia_driver: bool) -> tuple[str, ...]:
+    """The HOST_DRIVER_MODULES that must not be loaded after apply (the verification's check)."""
+    if removes_nvidia_driver:
+        return HOST_DRIVER_MODULES
+    return tuple(m for m in HOST_DRIVER_MODULES if m in blacklisted_modules(False))
+
+
 # Option names gpuhost sets and therefore removes from the earlier GRUB lines, whatever their value.
 OWNED_KEYS = ("vfio-pci.ids", "iommu", "hugepages", "hugepagesz", "default_hugepagesz")
 # Refusal codes: two words (gpuhost.plan.settings validates GPUHOST_TESTING_ONLY_FORCE_PAST_REFUSALS so).
@@ -104,6 +128,12 @@ REFUSE_HUGEPAGES_NODE_TOO_SMALL = register(
     Severity.ERROR,
     "a NUMA node's share of the pages would leave it too little memory",
 )
+REFUSE_NVSWITCH_SHARED = register(
+    "nvswitch.shared",
+    Stage.PLAN,
+    Severity.ERROR,
+    "an NVSwitch host with some NVIDIA GPUs selected and others kept (shared NVSwitch model: not supported)",
+)
 REFUSE_TRIAL_GRUBENV_UNWRITABLE = register(
     "trial.grubenv_unwritable",
     Stage.PLAN,
@@ -130,6 +160,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
 
     _check_platform(facts, refuse)
     selection = select_gpus(facts, settings.gpus)
+    switches = {f.address for f in selection.nvswitches}
     if not selection.passthrough:
         found = ", ".join(f"{card.gpu.describe()}" for card in selection.kept) or "none"
         refuse(
@@ -138,7 +169,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
             f"no GPU matches gpuhost_gpus ({settings.gpus.describe()}); GPUs on the host: {found}.",
             "Name the GPUs to pass through in gpuhost_gpus (PCI addresses or vendor:device IDs).",
         )
-    functions = _functions(facts, selection, settings, refuse)
+    functions = _functions(facts, selection, settings, refuse) + _nvswitches(facts, selection, refuse, notes)
     bind_by, vfio_ids, override = _binding(selection, functions, settings, refuse, notes)
     pages = _hugepages(facts, settings, refuse)
 
@@ -147,7 +178,10 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     owned_tokens: list[str] = []
     if vfio_ids:
         options.append("vfio-pci.ids=" + ",".join(vfio_ids))
-    blacklist = ",".join(BLACKLIST + (("snd_hda_intel",) if settings.blacklist_snd_hda_intel else ()))
+    blacklist = ",".join(
+        blacklisted_modules(settings.remove_nvidia_driver)
+        + (("snd_hda_intel",) if settings.blacklist_snd_hda_intel else ())
+    )
     options.append(f"modprobe.blacklist={blacklist}")
     owned_tokens.append(f"modprobe.blacklist={blacklist}")
     options.append("iommu=pt")
@@ -170,7 +204,9 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     linux = _without_owned(facts.grub.cmdline_linux, owned_keys, owned_tokens)
     default = _without_owned(facts.grub.cmdline_linux_default, owned_keys, owned_tokens)
     desired = KernelCommandLine(linux + default + tuple(options))
-    described = [f"GPU {f.gpu}: {f.address} [{f.vendor_device}]" for f in functions] or ["no GPU selected"]
+    described = [
+        f"{'NVSwitch' if f.gpu in switches else f'GPU {f.gpu}'}: {f.address} [{f.vendor_device}]" for f in functions
+    ] or ["no GPU selected"]
     if pages.pages:
         described.append(f"huge pages: {pages.rule}")
     dropin = _render(
@@ -249,7 +285,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         backup_files=backups,
         reboot_needed=bool(reasons),
         reboot_reasons=reasons,
-        verify_command=_verify_command(tuple(options), functions, facts),
+        verify_command=_verify_command(tuple(options), functions, removal.pin),
         notes=tuple(notes),
         refusals=tuple(refusals),
     )
@@ -369,6 +405,44 @@ def _functions(
             if m.address not in seen
         )
     return tuple(bound)
+
+
+def _nvswitches(
+    facts: HostFacts, selection: GpuSelection, refuse: _Refuse, notes: list[str]
+) -> tuple[BoundFunction, ...]:
+    """An HGX host's NVSwitches: to vfio-pci with every GPU (NVIDIA's full passthrough model), or refused."""
+    model = selection.nvswitch_model
+    count = len(selection.nvswitches)
+    if model is NvSwitchModel.SHARED:
+        kept = ", ".join(card.gpu.address for card in selection.kept_nvidia)
+        refuse(
+            REFUSE_NVSWITCH_SHARED,
+            "NVSwitch",
+            f"the host has {count} NVSwitch(es) joining its GPUs in one NVLink fabric; passing "
+            f"{len(selection.passthrough_nvidia)} GPU(s) while the host keeps {kept} needs NVIDIA's shared NVSwitch "
+            "model (a Fabric Manager outside the guests partitions the NVSwitches), which gpuhost does not support.",
+            "Select every NVIDIA GPU (gpuhost_gpus: all): all GPUs and NVSwitches then go to one VM (full "
+            "passthrough). Or select none and keep the host bare metal.",
+        )
+        return ()
+    if model is NvSwitchModel.FULL_PASSTHROUGH:
+        bound = nvswitch_functions_to_bind(facts, selection)
+        for intruder in nvswitch_group_intruders(facts, selection):
+            refuse(
+                REFUSE_GROUP_INTRUDER,
+                intruder.address,
+                f"{_describe(intruder)} shares an IOMMU group (group {intruder.iommu_group}) with an NVSwitch, and "
+                "is neither an NVSwitch nor a bridge: binding the group to vfio-pci would take it from the host.",
+                "Move the device to another slot, or check the platform's ACS settings (the NVSwitches of an HGX "
+                "baseboard each have a group of their own).",
+            )
+        notes.append(
+            f"NVSwitch host: its {count} NVSwitch(es) go to vfio-pci with the GPUs (NVIDIA's full passthrough model): "
+            "one VM takes every GPU and NVSwitch and runs nvidia-fabricmanager of its driver branch; a VM with "
+            "only some of them is refused by render"
+        )
+        return tuple(BoundFunction(f.address, f.vendor_device, f.address, f.driver) for f in bound)
+    return ()
 
 
 def _describe(function: object) -> str:
@@ -521,7 +595,11 @@ def _driver_removal(facts: HostFacts, settings: PlanSettings, selection: GpuSele
     nvidia = facts.nvidia
     if not settings.remove_nvidia_driver:
         return DriverRemoval((), False, (), False, "gpuhost_remove_nvidia_driver is false: the host driver is kept")
-    packages = tuple(sorted(p.name for p in nvidia.packages or ()))
+    fabric = {p.name for p in nvidia.fabric_packages}
+    # Fabric Manager goes with the driver only where the NVSwitches go to the guest (full passthrough):
+    # the guest runs its own. Where they stay on the host it is what trains their NVLinks: never purged.
+    keep_fabric = bool(fabric) and selection.nvswitch_model is not NvSwitchModel.FULL_PASSTHROUGH
+    packages = tuple(sorted(p.name for p in nvidia.packages or () if not (keep_fabric and p.name in fabric)))
     files = sorted(
         {d.path for d in facts.modprobe if d.path.rsplit("/", 1)[-1].startswith("nvidia") and d.path.endswith(".conf")}
     )
@@ -541,6 +619,10 @@ def _driver_removal(facts: HostFacts, settings: PlanSettings, selection: GpuSele
         note = "; ".join(parts)
     if kept_nvidia:
         note += f" (note: the host keeps NVIDIA GPU(s) {', '.join(kept_nvidia)}, which lose their driver)"
+    if fabric and not keep_fabric:
+        note += f"; {', '.join(sorted(fabric))} go(es) too: the NVSwitches go to the guest, which runs its own"
+    elif keep_fabric:
+        note += f"; {', '.join(sorted(fabric))} kept: the host's NVSwitches need it"
     return DriverRemoval(packages, nvidia.runfile_installed, tuple(files), True, note)
 
 
@@ -583,13 +665,16 @@ def _reboot_reasons(
     return tuple(reasons)
 
 
-def _verify_command(options: tuple[str, ...], functions: tuple[BoundFunction, ...], facts: HostFacts) -> str:
-    """A POSIX sh test for the reboot's test_command: new options in /proc/cmdline, functions on vfio-pci."""
+def _verify_command(options: tuple[str, ...], functions: tuple[BoundFunction, ...], removes_driver: bool) -> str:
+    """A POSIX sh test for the reboot's test_command: new options in /proc/cmdline, functions on vfio-pci,
+    and no host GPU driver loaded (nouveau only, where the host keeps its NVIDIA driver)."""
     checks = [f"grep -qwF -- {shlex.quote(option)} /proc/cmdline" for option in options]
     checks.extend(
         f'[ "$(basename "$(readlink /sys/bus/pci/devices/{f.address}/driver)")" = vfio-pci ]' for f in functions
     )
-    checks.append("! grep -qE '^(nvidia|nouveau) ' /proc/modules")
+    checks.append(
+        "! grep -qE '^(nvidia|nouveau) ' /proc/modules" if removes_driver else "! grep -q '^nouveau ' /proc/modules"
+    )
     return " && ".join(checks) if checks else "true"
 
 

@@ -13,8 +13,9 @@ from typing import Any
 from gpuhost.audit import AuditStatus
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.checks.base import Role
-from gpuhost.facts.model import GIB_KIB, HOST_DRIVER_MODULES, HostFacts
+from gpuhost.facts.model import GIB_KIB, HostFacts
 from gpuhost.plan.model import GRUB_DROPIN_PATH, TRIAL_MARKER
+from gpuhost.plan.planner import forbidden_loaded_modules
 from gpuhost.plan.settings import PlanSettings
 from gpuhost.problems import Problem, Severity, Stage, errors, register
 
@@ -135,7 +136,9 @@ def verify_host(host: str, facts: HostFacts, settings: PlanSettings, plan: Mappi
             function["address"],
             "Check vfio-pci.ids (or the initramfs binding script) and that no host driver claims it first.",
         )
-    loaded = [m for m in HOST_DRIVER_MODULES if facts.modules is not None and facts.modules.is_loaded(m)]
+    # Where the host keeps its NVIDIA driver (driver_removal.pin false) only nouveau's modules are barred.
+    barred = forbidden_loaded_modules(bool(plan["driver_removal"]["pin"]))
+    loaded = [m for m in barred if facts.modules is not None and facts.modules.is_loaded(m)]
     check(
         "no host GPU driver",
         f"loaded: {', '.join(loaded)}" if loaded else "none loaded",

@@ -13,10 +13,13 @@ host; `render_plan` only fills templates/domain.xml.j2 in. The layout, and why:
   its GPUs behind a pcie-expander-bus (pxb-pcie) that carries the cell's number, so the guest
   driver sees each GPU's node.
 - 1 GiB huge pages (locked) when the host reserved them; the pages must be free on the nodes the
-  memory is bound to.
+  memory is bound to. `<locked/>` always comes with a memtune `<hard_limit>` (libvirt's advice:
+  without one it must lift the process's memory lock limit altogether): `lock_limit_kib`.
 - The 64-bit PCI hole is sized from the cards' 64-bit prefetchable BARs (each root port's window
-  aligned to its largest BAR), never below QEMU's 32 GiB default. The guest sees the host's
-  physical address width (maxphysaddr passthrough), from which OVMF sizes its own 64-bit window.
+  aligned to its largest BAR), never below QEMU's 32 GiB default; that only widens QEMU's ACPI
+  window. The guest sees the host's physical address width (maxphysaddr passthrough, libvirt 8.7
+  on), from which OVMF sizes its own 64-bit window (edk2-stable202211 on; an older OVMF is given
+  the size through fw_cfg opt/ovmf/X-PciMmio64Mb).
 - No balloon (VFIO pins all guest memory anyway), no emulated display (serial console only).
 """
 
@@ -30,18 +33,37 @@ from pathlib import Path
 from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import InputError
-from gpuhost.facts.model import GIB_KIB, HostFacts, PciFunction
-from gpuhost.problems import Problem, Severity, Stage, register
+from gpuhost.facts.model import GIB_KIB, VENDOR_NVIDIA, HostFacts, PciFunction
+from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
+from gpuhost.problems import Problem, Severity, Stage, listed, register
 from gpuhost.render.spec import HostPolicy, VmSpec
-from gpuhost.selection import GpuCard, gpu_cards, select_gpus
+from gpuhost.selection import (
+    GpuCard,
+    gpu_cards,
+    nvswitch_functions_to_bind,
+    nvswitch_group_intruders,
+    select_gpus,
+)
 
 KIB_PER_MIB = 1024
 HOLE64_MIN_BYTES = 32 << 30  # QEMU's q35 default pci-hole64-size
+# What libvirt itself allows beyond guest memory for a VFIO domain's locked memory when no limit is
+# given (the devices' I/O space and QEMU's own locked allocations).
+VFIO_LOCK_ALLOWANCE_KIB = GIB_KIB
+MAXPHYSADDR_LIBVIRT = (8, 7)  # the first libvirt with <maxphysaddr>
+# OVMF sizes its 64-bit PCI aperture from the guest's physical address width from edk2-stable202211
+# on; older builds keep 32 GiB unless fw_cfg opt/ovmf/X-PciMmio64Mb says otherwise.
+OVMF_SIZES_FROM_PHYS_BITS = 202211
+# q35's most vCPUs: 288 until QEMU 8.1 raised it to 1024 (QEMU refuses to start the domain beyond it).
+Q35_MAX_VCPUS_OLD_QEMU = 288
+Q35_MORE_VCPUS_QEMU = (8, 1)
 PXB_BUS_STEP = 0x20  # guest bus numbers reserved per pcie-expander-bus
 MAX_CELLS = 7
 FIRST_PORT_SLOT = 0x02  # pcie.0 slot of the first root port (0x00 host bridge, 0x1f ICH9)
 LAST_PORT_SLOT = 0x1E
 VFIO_PCI = "vfio-pci"
+GPU_PURPOSE = "GPU "  # a root port's purpose: 'GPU 0000:41:00.0'
+NVSWITCH_PURPOSE = "NVSwitch "
 
 TEMPLATES_ENV = "GPUHOST_TEMPLATES"
 
@@ -88,6 +110,12 @@ GROUP_INTRUDER = register(
     "the GPU's IOMMU group holds another device (unless gpuhost_allow_shared_group)",
 )
 VCPUS_TOO_MANY = register("render.vcpus.too_many", Stage.RENDER, Severity.ERROR, "more vCPUs than the host has CPUs")
+VCPUS_QEMU_Q35_LIMIT = register(
+    "render.vcpus.qemu_q35_limit",
+    Stage.RENDER,
+    Severity.ERROR,
+    "more than 288 vCPUs, the most q35 takes on the host's QEMU (before 8.1)",
+)
 VCPUS_UNEVEN = register(
     "render.vcpus.uneven", Stage.RENDER, Severity.ERROR, "the vCPUs do not split evenly over the guest NUMA cells"
 )
@@ -125,6 +153,18 @@ MEMORY_NODE_TOO_SMALL = register(
     "render.memory.node_too_small", Stage.RENDER, Severity.ERROR, "more memory per cell than its NUMA node has"
 )
 MEMORY_TOO_MUCH = register("render.memory.too_much", Stage.RENDER, Severity.ERROR, "more memory than the host has")
+NVSWITCH_PARTIAL = register(
+    "render.nvswitch.partial",
+    Stage.RENDER,
+    Severity.ERROR,
+    "a VM on an NVSwitch host that does not take every NVIDIA GPU (full passthrough: all GPUs and NVSwitches)",
+)
+LIBVIRT_MAXPHYSADDR = register(
+    "render.libvirt.maxphysaddr",
+    Stage.RENDER,
+    Severity.ERROR,
+    "the host's libvirt is older than 8.7, which <maxphysaddr> (KVM guests) needs",
+)
 HUGEPAGES_NONE_RESERVED = register(
     "render.hugepages.none_reserved",
     Stage.RENDER,
@@ -210,11 +250,15 @@ class DomainPlan:
     cpu_mode: str
     sockets: int
     cores: int
+    threads: int  # per core: 2 where the vCPUs are pinned to whole cores (both SMT threads)
     cells: tuple[Cell, ...]  # guest NUMA cells; empty for a single-node VM
     host_nodes: tuple[int, ...]  # host NUMA nodes the memory is bound to; empty: not bound (unknown)
+    hard_limit_kib: int | None  # memtune hard_limit, with <locked/> (hugepages); None: neither
     vcpu_pins: tuple[tuple[int, int], ...]  # (vcpu, host cpu)
     emulator_cpus: str | None
     hole64_gib: int
+    maxphysaddr: bool  # <maxphysaddr mode='passthrough'/> (KVM's host-passthrough CPU)
+    ovmf_mmio64_mib: int | None  # -fw_cfg opt/ovmf/X-PciMmio64Mb for an OVMF older than 202211; None: not needed
     expanders: tuple[ExpanderBus, ...]
     ports: tuple[RootPort, ...]
     disk_path: str | None
@@ -226,22 +270,20 @@ class DomainPlan:
     seed_path: str | None = None
 
     @property
-    def gpu_ports(self) -> tuple[RootPort, ...]:
+    def passthrough_ports(self) -> tuple[RootPort, ...]:
+        """Every root port with a host device behind it: the GPUs, then the NVSwitches."""
         return tuple(port for port in self.ports if port.functions)
+
+    @property
+    def gpu_ports(self) -> tuple[RootPort, ...]:
+        return tuple(port for port in self.passthrough_ports if port.purpose.startswith(GPU_PURPOSE))
+
+    @property
+    def nvswitch_ports(self) -> tuple[RootPort, ...]:
+        return tuple(port for port in self.passthrough_ports if port.purpose.startswith(NVSWITCH_PURPOSE))
 
     def port(self, purpose: str) -> RootPort | None:
         return next((port for port in self.ports if port.purpose == purpose), None)
-
-
-def parse_cpulist(text: str | None) -> tuple[int, ...]:
-    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11)."""
-    cpus: list[int] = []
-    for part in (text or "").strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cpus.extend(range(int(low), int(high or low) + 1))
-    return tuple(sorted(set(cpus)))
 
 
 def format_cpulist(cpus: Sequence[int]) -> str:
@@ -289,7 +331,8 @@ def plan_domain(
     notes: list[str] = []
     cards = _resolve_gpus(facts, spec, policy, conflicts)
     groups = _passthrough_groups(facts, cards, policy, conflicts)
-    _check_functions(groups, spec, taken or {}, conflicts)
+    nvswitches = _nvswitches(facts, cards, policy, conflicts)
+    _check_functions(groups, spec, taken or {}, conflicts, extra=nvswitches)
 
     node_of = {card.gpu.address: _card_node(facts, card) for card in cards}
     nodes = _known_nodes(node_of)
@@ -344,6 +387,10 @@ def plan_domain(
     vms = tuple(host_vms or ())
     if spec not in vms:
         vms = (*(vm for vm in vms if vm.name != spec.name), spec)
+    maxphysaddr = spec.domain_type == "kvm" and _maxphysaddr_supported(facts, conflicts, notes)
+    if maxphysaddr and len(cards) > 1:  # peer-to-peer needs two GPUs
+        notes.extend(_iommu_width_note(facts))
+    _check_q35_vcpus(facts, spec, conflicts)
     cpus = allocate_cpus(facts, policy, vms, cpus_taken=cpus_taken).of(spec)
     conflicts.extend(cpus.conflicts)
     _check_memory(facts, spec, nodes, hugepages, conflicts)
@@ -357,7 +404,9 @@ def plan_domain(
         if len(nodes) > 1
         else ()
     )
-    expanders, ports = _layout(spec, groups, node_of, nodes)
+    expanders, ports = _layout(spec, groups, node_of, nodes, nvswitches)
+    hole64 = _hole64_bytes(ports)
+    ovmf_mmio64_mib = _ovmf_mmio64_mib(facts, spec, hole64, notes)
     return DomainPlan(
         name=spec.name,
         host=host,
@@ -365,6 +414,7 @@ def plan_domain(
         vcpus=spec.vcpus,
         memory_kib=spec.memory_mib * KIB_PER_MIB,
         hugepages=hugepages,
+        hard_limit_kib=lock_limit_kib(spec.memory_mib * KIB_PER_MIB, ports) if hugepages else None,
         firmware=spec.firmware,
         ovmf_code=policy.ovmf_code,
         ovmf_vars=policy.ovmf_vars,
@@ -374,12 +424,15 @@ def plan_domain(
         cmdline=spec.cmdline,
         cpu_mode="host-passthrough" if spec.domain_type == "kvm" else "maximum",
         sockets=cells_count,
-        cores=per_cell,
+        cores=per_cell // cpus.threads,
+        threads=cpus.threads,
         cells=cells,
         host_nodes=tuple(nodes),
         vcpu_pins=cpus.vcpu_pins,
         emulator_cpus=cpus.emulator_cpus,
-        hole64_gib=_hole64_bytes(ports) >> 30,
+        hole64_gib=hole64 >> 30,
+        maxphysaddr=maxphysaddr,
+        ovmf_mmio64_mib=ovmf_mmio64_mib,
         expanders=expanders,
         ports=ports,
         disk_path=f"{policy.images_dir.rstrip('/')}/{spec.name}.qcow2" if spec.has_disk else None,
@@ -494,29 +547,67 @@ def _passthrough_groups(
     return tuple(groups)
 
 
+def _nvswitches(
+    facts: HostFacts, cards: Sequence[GpuCard], policy: HostPolicy, conflicts: list[Problem]
+) -> tuple[PciFunction, ...]:
+    """An NVSwitch host's VM with GPUs takes every NVIDIA GPU and every NVSwitch (NVIDIA's full
+    passthrough model, the one gpuhost supports); anything less is refused: its GPUs' NVLinks would
+    need a Fabric Manager outside the guest (the shared NVSwitch model)."""
+    selection = select_gpus(facts, policy.gpus)
+    if not selection.nvswitches or not any(card.gpu.vendor == VENDOR_NVIDIA for card in cards):
+        return ()
+    every_gpu = {card.gpu.address for card in (*selection.passthrough_nvidia, *selection.kept_nvidia)}
+    missing = sorted(every_gpu - {card.gpu.address for card in cards})
+    if missing:
+        conflicts.append(
+            _conflict(
+                NVSWITCH_PARTIAL,
+                "NVSwitch",
+                f"the host has {len(selection.nvswitches)} NVSwitch(es); a VM there takes every NVIDIA GPU and "
+                f"NVSwitch (NVIDIA's full passthrough model), but this one leaves out {listed(missing)}; "
+                "splitting the NVLink fabric between VMs needs the shared NVSwitch model, which gpuhost does "
+                "not support:",
+                "give this VM gpus: all, and declare no other VM with GPUs on this host.",
+            )
+        )
+        return ()
+    for intruder in nvswitch_group_intruders(facts, selection):
+        conflicts.append(
+            _conflict(
+                GROUP_INTRUDER,
+                intruder.address,
+                f"{intruder.describe()} shares IOMMU group {intruder.iommu_group} with an NVSwitch and would go to "
+                "the guest too;",
+                "move the device to another slot.",
+            )
+        )
+    return nvswitch_functions_to_bind(facts, selection)
+
+
 def _check_functions(
-    groups: Sequence[_Group], spec: VmSpec, taken: Mapping[str, str], conflicts: list[Problem]
+    groups: Sequence[_Group],
+    spec: VmSpec,
+    taken: Mapping[str, str],
+    conflicts: list[Problem],
+    extra: Sequence[PciFunction] = (),
 ) -> None:
-    for group in groups:
-        for device in group.devices:
-            for function in device:
-                if function.driver != VFIO_PCI:
-                    bound = f"bound to {function.driver}" if function.driver else "bound to no driver"
-                    conflicts.append(
-                        _conflict(
-                            FUNCTION_NOT_VFIO,
-                            function.address,
-                            f"{function.describe()} is {bound}, not vfio-pci:",
-                            "run `gpuhost apply` on the host (and reboot) before giving it to a guest.",
-                        )
-                    )
-                owner = taken.get(function.address)
-                if owner is not None and owner != spec.name:
-                    conflicts.append(
-                        _conflict(
-                            GPU_TAKEN, function.address, f"{function.describe()} is already given to domain {owner!r}."
-                        )
-                    )
+    functions = [f for group in groups for device in group.devices for f in device] + list(extra)
+    for function in functions:
+        if function.driver != VFIO_PCI:
+            bound = f"bound to {function.driver}" if function.driver else "bound to no driver"
+            conflicts.append(
+                _conflict(
+                    FUNCTION_NOT_VFIO,
+                    function.address,
+                    f"{function.describe()} is {bound}, not vfio-pci:",
+                    "run `gpuhost apply` on the host (and reboot) before giving it to a guest.",
+                )
+            )
+        owner = taken.get(function.address)
+        if owner is not None and owner != spec.name:
+            conflicts.append(
+                _conflict(GPU_TAKEN, function.address, f"{function.describe()} is already given to domain {owner!r}.")
+            )
 
 
 def _card_node(facts: HostFacts, card: GpuCard) -> int | None:
@@ -569,6 +660,7 @@ class VmCpus:
     vcpu_pins: tuple[tuple[int, int], ...]  # (vcpu, host cpu), no other VM's; () where not pinned or not placed
     emulator_cpus: str | None  # on the VM's nodes, never another VM's vCPUs; None: not pinned
     conflicts: tuple[Problem, ...]  # why its vCPUs cannot be pinned (plan_domain refuses the VM with them)
+    threads: int = 1  # 2: vCPUs pinned by whole cores (both SMT threads), the guest told so
 
 
 @dataclass(frozen=True)
@@ -600,6 +692,12 @@ def allocate_cpus(
     are not reserved and hold no VM's or other domain's vCPU; where none is left, on the VM's
     own vCPUs (never on another VM's). A VM without GPUs, or whose GPUs have no NUMA node, is
     not pinned.
+
+    SMT: where the host's thread siblings are known, every core of the VM's nodes has two threads
+    and the VM's vCPUs per node are even, the VM takes whole cores (both threads free and not
+    reserved), vCPUs 2k and 2k+1 on one core's two threads, and its guest topology says
+    threads=2; otherwise one vCPU per CPU, threads=1. Emulator threads never go on a sibling of
+    any pinned vCPU (which would share its core).
     """
     reserved = frozenset(parse_cpulist(policy.reserved_cpus))
     holders = _CpuHolders(cpus_taken or {})
@@ -607,17 +705,25 @@ def allocate_cpus(
     for spec in vms:
         nodes, settled = _vcpu_nodes(facts, spec, policy)
         conflicts: list[Problem] = []
-        pins = _pin_vcpus(facts, spec, nodes, reserved, holders, conflicts)
+        threads = _threads_per_core(facts, spec, nodes)
+        pins = _pin_vcpus(facts, spec, nodes, reserved, holders, conflicts, threads)
         if not settled or conflicts:
             pins = ()  # not placed: its CPUs stay free for the VMs after it
         holders.vms.update((cpu, spec.name) for _, cpu in pins)
-        pinned.append((VmCpus(spec.name, pins, None, tuple(conflicts)), nodes))
+        pinned.append((VmCpus(spec.name, pins, None, tuple(conflicts), threads if pins else 1), nodes))
     # Emulator threads once every VM's vCPUs are known: a VM declared later is no less another VM.
     shares: list[VmCpus] = []
     for share, nodes in pinned:
         if share.vcpu_pins:
+            # A domain of the VM's own name is the VM redefined: its old pins are no other vCPUs.
+            busy = [*holders.vms, *(cpu for cpu, domain in holders.domains.items() if domain != share.vm)]
+            vcpu_cores = {sibling for cpu in busy for sibling in _core_of(facts, cpu)}
             local = (cpu for node_id in nodes for cpu in _node_cpus(facts, node_id) or ())
-            spare = [cpu for cpu in local if cpu not in reserved and holders.holder(cpu, share.vm) is None]
+            spare = [
+                cpu
+                for cpu in local
+                if cpu not in reserved and holders.holder(cpu, share.vm) is None and cpu not in vcpu_cores
+            ]
             emulator = format_cpulist(spare or [cpu for _, cpu in share.vcpu_pins])
             share = dataclasses.replace(share, emulator_cpus=emulator)
         shares.append(share)
@@ -653,6 +759,28 @@ def _vcpu_nodes(facts: HostFacts, spec: VmSpec, policy: HostPolicy) -> tuple[lis
     return nodes, settled
 
 
+def _core_of(facts: HostFacts, cpu: int) -> tuple[int, ...]:
+    """The logical CPUs of `cpu`'s core (itself alone where the siblings are unknown)."""
+    return facts.thread_siblings.get(cpu, (cpu,))
+
+
+def _threads_per_core(facts: HostFacts, spec: VmSpec, nodes: Sequence[int]) -> int:
+    """2 where the VM can be pinned by whole cores: every CPU of its nodes has exactly one sibling,
+    on the same node, and its vCPUs per node are even; else 1."""
+    if not nodes or spec.vcpus % len(nodes) or (spec.vcpus // len(nodes)) % 2:
+        return 1
+    for node_id in nodes:
+        node_cpus = _node_cpus(facts, node_id)
+        if not node_cpus:
+            return 1
+        members = set(node_cpus)
+        for cpu in node_cpus:
+            core = facts.thread_siblings.get(cpu)
+            if core is None or len(core) != 2 or not members.issuperset(core):
+                return 1
+    return 2
+
+
 def _node_cpus(facts: HostFacts, node_id: int) -> tuple[int, ...] | None:
     node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
     return None if node is None or node.cpulist is None else parse_cpulist(node.cpulist)
@@ -665,8 +793,10 @@ def _pin_vcpus(
     reserved: frozenset[int],
     holders: _CpuHolders,
     conflicts: list[Problem],
+    threads: int = 1,
 ) -> tuple[tuple[int, int], ...]:
-    """One VM's vCPUs, one to one, on the free CPUs of its nodes (one guest cell per node)."""
+    """One VM's vCPUs, one to one, on the free CPUs of its nodes (one guest cell per node); with
+    threads=2 on free whole cores, in core order, a core's two threads to consecutive vCPUs."""
     if not nodes:
         return ()
     per_cell = spec.vcpus // len(nodes) if spec.vcpus % len(nodes) == 0 else spec.vcpus
@@ -683,6 +813,8 @@ def _pin_vcpus(
             )
             continue
         usable = [cpu for cpu in node_cpus if cpu not in reserved]
+        if threads == 2:  # whole cores only: both threads usable, listed core by core
+            usable = [cpu for core in _whole_cores(facts, usable) for cpu in core]
         cpulist = format_cpulist(node_cpus)
         if per_cell > len(usable):
             kept = f" ({len(reserved)} reserved by gpuhost_reserved_cpus)" if reserved else ""
@@ -697,11 +829,20 @@ def _pin_vcpus(
             )
             continue
         free = [cpu for cpu in usable if holders.holder(cpu, spec.name) is None]
+        if threads == 2:
+            free = [cpu for core in _whole_cores(facts, free) for cpu in core]
         if per_cell > len(free):
             conflicts.append(_node_full(spec, node_id, per_cell, usable, holders))
             continue
         pins.extend((cell * per_cell + i, cpu) for i, cpu in enumerate(free[:per_cell]))
     return tuple(pins)
+
+
+def _whole_cores(facts: HostFacts, cpus: Sequence[int]) -> list[tuple[int, ...]]:
+    """The cores all of whose threads are among `cpus`, ordered by their first thread."""
+    present = set(cpus)
+    cores = {_core_of(facts, cpu) for cpu in cpus}
+    return sorted((core for core in cores if present.issuperset(core)), key=lambda core: core[0])
 
 
 def _node_full(spec: VmSpec, node_id: int, wanted: int, usable: Sequence[int], holders: _CpuHolders) -> Problem:
@@ -785,7 +926,11 @@ def _check_memory(
 
 
 def _layout(
-    spec: VmSpec, groups: Sequence[_Group], node_of: Mapping[str, int | None], nodes: Sequence[int]
+    spec: VmSpec,
+    groups: Sequence[_Group],
+    node_of: Mapping[str, int | None],
+    nodes: Sequence[int],
+    nvswitches: Sequence[PciFunction] = (),
 ) -> tuple[tuple[ExpanderBus, ...], tuple[RootPort, ...]]:
     """Controller indices, pcie.0 slots and guest buses, all explicit so the XML is stable."""
     slots = iter(range(FIRST_PORT_SLOT, LAST_PORT_SLOT + 1))
@@ -810,10 +955,21 @@ def _layout(
                 for i, f in enumerate(device)
             )
             ports.append(
-                RootPort(index, chassis, 0x10 + chassis - 1, parent, slot, f"GPU {device[0].address}", functions)
+                RootPort(index, chassis, 0x10 + chassis - 1, parent, slot, GPU_PURPOSE + device[0].address, functions)
             )
             index += 1
             chassis += 1
+    # NVSwitches on pcie.0, each behind its own root port: the guest's Fabric Manager only needs to
+    # find them; NVLink traffic never crosses the guest's PCI topology.
+    for nvswitch in nvswitches:
+        function = GuestFunction(host=nvswitch, guest_function=0, multifunction=False)
+        ports.append(
+            RootPort(
+                index, chassis, 0x10 + chassis - 1, 0, next(slots), NVSWITCH_PURPOSE + nvswitch.address, (function,)
+            )
+        )
+        index += 1
+        chassis += 1
     extras = (("disk", spec.has_disk), ("network", spec.network is not None), ("virtio-serial", True), ("rng", True))
     for purpose, wanted in extras:
         if wanted:
@@ -821,6 +977,91 @@ def _layout(
             index += 1
             chassis += 1
     return tuple(expanders), tuple(ports)
+
+
+def _maxphysaddr_supported(facts: HostFacts, conflicts: list[Problem], notes: list[str]) -> bool:
+    """Whether the host's libvirt takes <maxphysaddr> (8.7 on); an older one is refused, naming it:
+    `virsh define` would fail there. Unknown (no package database, libvirt not installed): emitted."""
+    software = facts.virtualization
+    release = software.libvirt_release if software is not None else None
+    if release is None:
+        notes.append("the libvirt version of the host is unknown: maxphysaddr needs libvirt 8.7 or later")
+        return True
+    if release < MAXPHYSADDR_LIBVIRT:
+        assert software is not None
+        conflicts.append(
+            _conflict(
+                LIBVIRT_MAXPHYSADDR,
+                "libvirt",
+                f"the host's libvirt is {software.libvirt} (libvirt-daemon), older than 8.7: it does not know "
+                "<maxphysaddr>, through which the guest gets the host's physical address width for the GPUs' BARs, "
+                "so `virsh define` would fail;",
+                "upgrade libvirt to 8.7 or later (Debian 12 ships 9.0, Ubuntu 24.04 10.0) and audit again.",
+            )
+        )
+    return True
+
+
+def _iommu_width_note(facts: HostFacts) -> list[str]:
+    """The audit's gpu.p2p.iommu_width, said where it matters: in the XML that passes the CPU's width on."""
+    cpu_bits = facts.cpu.physical_address_bits if facts.cpu is not None else None
+    iommu_bits = facts.kernel_log.iommu_address_bits if facts.kernel_log is not None else None
+    if cpu_bits is None or iommu_bits is None or iommu_bits >= cpu_bits:
+        return []
+    return [
+        f"the IOMMU of the host remaps {iommu_bits}-bit addresses, its CPU has {cpu_bits} bits: BARs placed above "
+        f"2^{iommu_bits} by OVMF cannot be mapped for peer-to-peer between the passed devices"
+    ]
+
+
+def _check_q35_vcpus(facts: HostFacts, spec: VmSpec, conflicts: list[Problem]) -> None:
+    """More than 288 vCPUs on a QEMU before 8.1: q35 refuses them when the domain starts."""
+    software = facts.virtualization
+    release = software.qemu_release if software is not None else None
+    if spec.vcpus <= Q35_MAX_VCPUS_OLD_QEMU or release is None or release >= Q35_MORE_VCPUS_QEMU:
+        return
+    assert software is not None
+    conflicts.append(
+        _conflict(
+            VCPUS_QEMU_Q35_LIMIT,
+            "vCPUs",
+            f"{spec.vcpus} vCPUs asked, but the host's QEMU is {software.qemu}, whose q35 machine takes at most "
+            f"{Q35_MAX_VCPUS_OLD_QEMU};",
+            f"ask for at most {Q35_MAX_VCPUS_OLD_QEMU} vCPUs, or upgrade QEMU to 8.1 or later.",
+        )
+    )
+
+
+def _ovmf_mmio64_mib(facts: HostFacts, spec: VmSpec, hole64: int, notes: list[str]) -> int | None:
+    """The 64-bit aperture to hand an OVMF older than edk2-stable202211 through fw_cfg (it keeps 32 GiB
+    otherwise, and a larger BAR is not assigned); None where OVMF sizes it itself or is not used."""
+    if spec.firmware != "uefi":
+        return None
+    software = facts.virtualization
+    release = software.ovmf_release if software is not None else None
+    if release is None:
+        notes.append(
+            "the OVMF version of the host is unknown: an OVMF older than edk2-stable202211 keeps a 32 GiB "
+            "64-bit PCI window whatever the address width of the guest"
+        )
+        return None
+    if release >= OVMF_SIZES_FROM_PHYS_BITS:
+        return None
+    assert software is not None
+    notes.append(
+        f"the OVMF of the host ({software.ovmf}) predates edk2-stable202211 and keeps a 32 GiB 64-bit PCI window: "
+        f"it is set to {hole64 >> 20} MiB through fw_cfg opt/ovmf/X-PciMmio64Mb"
+    )
+    return hole64 >> 20
+
+
+def lock_limit_kib(memory_kib: int, ports: Sequence[RootPort]) -> int:
+    """The memtune hard_limit of a domain with locked memory: the guest memory, every BAR of every
+    passed-through function (VFIO maps them into the process; libvirt's docs: the limit must hold
+    the guest's memory and what the process itself uses) and libvirt's own VFIO allowance. A limit
+    too low gets the domain killed; one this size only bounds it."""
+    bars = sum(bar.size for port in ports for f in port.functions for bar in f.host.bars)
+    return memory_kib + -(-bars // 1024) + VFIO_LOCK_ALLOWANCE_KIB
 
 
 def _hole64_bytes(ports: Sequence[RootPort]) -> int:
