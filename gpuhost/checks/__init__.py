@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from gpuhost.checks.base import AuditPolicy, CheckContext, Role
+from gpuhost.checks.firmware import check_firmware
 from gpuhost.checks.gpus import check_gpu_cards, check_gpu_presence
 from gpuhost.checks.guest import check_guest
 from gpuhost.checks.host_software import check_initramfs, check_modprobe, check_nvidia_driver
@@ -27,6 +28,7 @@ HOST_CHECKS: tuple[Check, ...] = (
     check_initramfs,
     check_hugepages,
     check_bootloader,
+    check_firmware,
 )
 GUEST_CHECKS: tuple[Check, ...] = (check_guest,)
 
