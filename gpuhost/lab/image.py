@@ -6,7 +6,7 @@ with a manifest; it is reused as long as the recipe and the lab's keys are uncha
 
 UEFI disks (gpuhost/lab/boot.py) are GPT with an EFI system partition mounted at /boot/efi:
 shim + signed GRUB installed at the removable path \\EFI\\BOOT\\BOOTX64.EFI (found by OVMF with no
-boot entry in its variables), or systemd-boot with kernel-install's loader entries. They live in
+boot entry in its variables). They live in
 `<image dir>/<variant>-<layout>-<recipe hash>/`.
 """
 
@@ -444,10 +444,8 @@ class _Builder:
                 loop_disk,
             )
             (root / "boot/grub/grub.cfg").write_text(self._grub_cfg(kernel, root_uuid))
-        elif self.layout is DiskLayout.EFI_SHIM_GRUB:
-            self._install_shim_grub(root, kernel, root_uuid)
         else:
-            self._install_systemd_boot(root, kernel)
+            self._install_shim_grub(root, kernel, root_uuid)
         if self.recipe.variant == "nested":
             self._nested_guest(root, kernel)
         self._chroot(root, "apt-get", "clean")
@@ -492,31 +490,6 @@ class _Builder:
             (esp / directory).mkdir(parents=True, exist_ok=True)
             (esp / directory / "grub.cfg").write_text(stub)
         (root / "boot/grub/grub.cfg").write_text(self._grub_cfg(kernel, root_uuid))
-
-    def _install_systemd_boot(self, root: Path, kernel: str) -> None:
-        self.progress("installing systemd-boot and the kernel's loader entry")
-        # What `bootctl install --no-variables --make-entry-directory=yes` lays out, by hand:
-        # bootctl refuses an ESP that is not the root of a mounted file system (see _fill_esp).
-        esp = root / recipe.ESP_MOUNT.lstrip("/")
-        for directory in ("EFI/systemd", "EFI/BOOT", "loader/entries", recipe.KERNEL_ENTRY_NAME.strip()):
-            (esp / directory).mkdir(parents=True, exist_ok=True)
-        loader = root / "usr/lib/systemd/boot/efi/systemd-bootx64.efi"
-        shutil.copyfile(loader, esp / "EFI/systemd/systemd-bootx64.efi")
-        shutil.copyfile(loader, esp / "EFI/BOOT/BOOTX64.EFI")
-        (esp / "loader/loader.conf").write_text(recipe.LOADER_CONF)
-        # kernel-install finds the ESP by its entry directory (<ESP>/debian) and writes the
-        # kernel, the initramfs and loader/entries/debian-<version>.conf from /etc/kernel/cmdline.
-        # The entry's paths are relative to the mount point holding the ESP: bound onto itself,
-        # /boot/efi is one (else they start with /boot/efi and systemd-boot finds no kernel).
-        self._run([self.tools["mount"], "--bind", str(esp), str(esp)])
-        try:
-            self._chroot(root, "kernel-install", "add", kernel, f"/boot/vmlinuz-{kernel}", f"/boot/initrd.img-{kernel}")
-        finally:
-            self._umount(esp)
-        token = recipe.KERNEL_ENTRY_NAME.strip()
-        entry = (esp / f"loader/entries/{token}-{kernel}.conf").read_text()
-        if f"/{token}/{kernel}/linux" not in entry:
-            raise LabError(f"kernel-install wrote a loader entry without the kernel's ESP path:\n{entry}")
 
     def _first_initramfs(self, root: Path, kernel: str) -> None:
         # In the chroot MODULES=dep would look at the build machine's loop device, so the first

@@ -24,7 +24,7 @@ from tests.lab.conftest import BOOT_TIMEOUT, MEMORY_MIB, _timing
 
 pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab-rest")]
 
-SECURE_BOOT = boot_mode("uefi-secureboot", "grub")
+SECURE_BOOT = boot_mode("uefi-secureboot")
 
 
 @pytest.fixture(scope="module")
@@ -59,4 +59,5 @@ def test_secure_boot_host_audits_as_uefi_with_secure_boot_enabled(
     assert firmware["loader"] == "shim+grub-efi" and firmware["esp"] == "/boot/efi"
     assert firmware["cmdline_source"] == "/etc/default/grub"
     # The BMC display is the firmware's console, not the stand-in GPU.
-    assert [gpu["boot_vga"] for gpu in report["gpus"]] == [False]
+    boot_vga = {gpu["vendor_device"]: gpu["boot_vga"] for gpu in report["gpus"]}
+    assert boot_vga == {"1234:1111": False, "1013:00b8": True}
