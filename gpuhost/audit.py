@@ -205,6 +205,15 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
         "iommu_groups": len(facts.iommu.groups),
         "cmdline": str(facts.cmdline) if facts.cmdline else None,
         "bootloader": facts.bootloader.kind.value,
+        "firmware": {
+            "mode": None if facts.firmware.mode is None else facts.firmware.mode.value,
+            "secure_boot": facts.firmware.secure_boot,
+            "loader": facts.firmware.loader.value,
+            "loader_info": facts.firmware.loader_info,
+            "esp": facts.firmware.esp,
+            "cmdline_source": facts.firmware.cmdline_source,
+            "proxmox_boot_tool": facts.firmware.proxmox_boot_tool,
+        },
         "hugepages_1g": (pool.total if (pool := facts.hugepage_pool(GIB_KIB)) else None),
     }
     for passthrough, cards in ((True, audit.selection.passthrough), (False, audit.selection.kept)):

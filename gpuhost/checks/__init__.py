@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from gpuhost.checks.base import AuditPolicy, CheckContext, Role
+from gpuhost.checks.firmware import check_firmware
 from gpuhost.checks.gpus import check_gpu_cards, check_gpu_presence, check_nvswitches
 from gpuhost.checks.guest import check_guest
 from gpuhost.checks.host_software import check_initramfs, check_modprobe, check_nvidia_driver
@@ -28,6 +29,7 @@ HOST_CHECKS: tuple[Check, ...] = (
     check_initramfs,
     check_hugepages,
     check_bootloader,
+    check_firmware,
 )
 GUEST_CHECKS: tuple[Check, ...] = (check_guest,)
 

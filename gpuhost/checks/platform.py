@@ -175,7 +175,9 @@ def check_command_line(ctx: CheckContext) -> Iterator[Problem]:
             "Not for production: move the GPU to a slot with its own IOMMU group instead, and remove the option.",
         )
     grub_line = ctx.facts.grub.effective
-    if grub_line is not None:
+    # Only a GRUB host's next boot takes GRUB's line; elsewhere /etc/default/grub is a leftover
+    # (bootloader.cmdline_ignored says so), not a pending change.
+    if grub_line is not None and ctx.facts.bootloader.kind is BootloaderKind.GRUB:
         wanted = _passthrough_options(grub_line.tokens)
         running = _passthrough_options(cmdline.tokens)
         if wanted != running:

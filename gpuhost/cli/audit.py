@@ -144,6 +144,7 @@ def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
     )
     facts, selection = result.facts, result.selection
     assert facts is not None and selection is not None
+    console.print(f"  boot: {untrusted(facts.firmware.describe())}", soft_wrap=True)
     cards = [(True, card) for card in selection.passthrough] + [(False, card) for card in selection.kept]
     if cards:
         table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")

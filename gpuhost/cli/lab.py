@@ -2,6 +2,7 @@
 
 gpuhost lab image [--variant base|nested]     build (or reuse) the cached base image (root)
 gpuhost lab up --hosts 2 --topology gpu-pair  start hosts, wait for SSH, write the inventory
+    [--firmware bios|uefi|uefi-secureboot]
 gpuhost lab status                            hosts, SSH ports, PIDs, serial logs, inventory
 gpuhost lab ssh lab-1 [COMMAND...]            SSH into a host (key and host key of the lab)
 gpuhost lab reboot lab-1                      reboot a host and wait until it is back
@@ -24,6 +25,7 @@ from pathlib import Path
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.lab import fake_nvidia, fleet
 from gpuhost.lab import image as lab_image
+from gpuhost.lab.boot import BootMode, Firmware, boot_mode
 from gpuhost.lab.paths import IMAGE_DIR_ENV, LAB_DIR_ENV, LabPaths
 from gpuhost.lab.recipe import VARIANTS
 from gpuhost.lab.topology import TOPOLOGIES, parse_memory
@@ -31,6 +33,20 @@ from gpuhost.lab.topology import TOPOLOGIES, parse_memory
 
 def _progress(message: str) -> None:
     print(f"gpuhost lab: {message}", file=sys.stderr, flush=True)
+
+
+def _add_boot_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--firmware",
+        choices=[f.value for f in Firmware],
+        default=Firmware.BIOS.value,
+        help="bios (SeaBIOS, the default), uefi (OVMF) or uefi-secureboot (OVMF enforcing Secure Boot with "
+        "Microsoft's keys enrolled; boots Debian's signed shim, GRUB and kernel)",
+    )
+
+
+def _boot_mode(args: argparse.Namespace) -> BootMode:
+    return boot_mode(args.firmware)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="base",
         help="nested: also carries qemu, libvirt and a tiny guest (slower build)",
     )
+    _add_boot_options(image)
     image.add_argument("--force", action="store_true", help="rebuild even if the cached image is current")
     image.add_argument("--mirror", default=None, help="Debian mirror (default: the one apt uses)")
 
@@ -71,6 +88,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--cpus", type=int, default=fleet.DEFAULT_CPUS, help=f"vCPUs per host (default {fleet.DEFAULT_CPUS})"
     )
     up.add_argument("--variant", choices=VARIANTS, default="base", help="image variant to boot")
+    _add_boot_options(up)
     up.add_argument(
         "--fake-nvidia", action="store_true", help="install the stand-in NVIDIA driver on every host once it is up"
     )
@@ -159,15 +177,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _image(paths: LabPaths, args: argparse.Namespace) -> int:
     started = time.monotonic()
-    image = lab_image.ensure_image(paths, args.variant, mirror=args.mirror, force=args.force, progress=_progress)
+    layout = _boot_mode(args).layout
+    image = lab_image.ensure_image(
+        paths, args.variant, layout, mirror=args.mirror, force=args.force, progress=_progress
+    )
+    name = lab_image.image_name(args.variant, layout)
     if image.reused:
         print(
-            f"{image.disk}: current ({args.variant}, recipe {image.recipe_hash}, kernel {image.kernel}); "
+            f"{image.disk}: current ({name}, recipe {image.recipe_hash}, kernel {image.kernel}); "
             f"reused in {time.monotonic() - started:.1f} s"
         )
     else:
         print(
-            f"{image.disk}: built ({args.variant}, recipe {image.recipe_hash}, kernel {image.kernel}) "
+            f"{image.disk}: built ({name}, recipe {image.recipe_hash}, kernel {image.kernel}) "
             f"in {image.build_seconds:.0f} s"
         )
     return EXIT_OK
@@ -180,6 +202,7 @@ def _up(paths: LabPaths, args: argparse.Namespace) -> int:
         raise InputError(str(error)) from error
     if args.cpus < 1:
         raise InputError("--cpus must be at least 1")
+    boot = _boot_mode(args)
     result = fleet.up(
         paths,
         hosts=args.hosts,
@@ -187,6 +210,7 @@ def _up(paths: LabPaths, args: argparse.Namespace) -> int:
         memory_mib=memory,
         cpus=args.cpus,
         variant=args.variant,
+        boot=boot,
         wait=not args.no_wait,
         timeout=args.timeout,
         progress=_progress,
@@ -200,7 +224,7 @@ def _up(paths: LabPaths, args: argparse.Namespace) -> int:
             f"{record.name}: PID {record.pid}, ssh -p {record.ssh_port} root@127.0.0.1, serial log {record.serial_log}"
         )
     if not args.no_wait:
-        _progress(f"{len(result.hosts)} host(s) up in {result.boot_seconds:.0f} s")
+        _progress(f"{len(result.hosts)} host(s) up ({boot.describe()}) in {result.boot_seconds:.0f} s")
     _progress(f"inventory written to {result.inventory}; try: gpuhost audit -i {result.inventory}")
     sys.stdout.write(result.inventory_text)
     return EXIT_OK

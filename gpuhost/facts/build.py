@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from gpuhost.facts import parsers as p
 from gpuhost.facts.model import (
+    ActiveLoader,
     Bootloader,
     BootloaderKind,
+    Firmware,
+    FirmwareMode,
     GrubConfig,
     HostFacts,
     HugePagePool,
@@ -26,6 +29,8 @@ from gpuhost.facts.snapshot import Tree
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 MODPROBE_DIRS = ("/etc/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
+ESP_MOUNTS = ("/boot/efi", "/efi", "/boot")
+SHIM_FILES = frozenset({"shimx64.efi", "shimaa64.efi", "mmx64.efi", "mmaa64.efi"})
 NVIDIA_PACKAGE_PREFIXES = ("nvidia-", "libnvidia-", "cuda-drivers", "xserver-xorg-video-nvidia", "kmod-nvidia")
 
 
@@ -41,6 +46,7 @@ def build_facts(tree: Tree) -> HostFacts:
     hostname = _first_line(tree.read("/proc/sys/kernel/hostname")) or _first_line(tree.read("/etc/hostname"))
     kernel_release = _first_line(tree.read("/proc/sys/kernel/osrelease"))
     modules = _modules(tree, kernel_release)
+    bootloader = _bootloader(tree, exists)
     return HostFacts(
         hostname=hostname,
         kernel_release=kernel_release,
@@ -59,7 +65,8 @@ def build_facts(tree: Tree) -> HostFacts:
         vfio_pci_module_ids=_vfio_module_ids(tree),
         initramfs=_initramfs(tree, status),
         grub=_grub(tree, status),
-        bootloader=_bootloader(tree, exists),
+        bootloader=bootloader,
+        firmware=_firmware(tree, exists, bootloader),
         nvidia=_nvidia(tree, exists),
         modprobe=_modprobe(tree),
         kernel_log=_kernel_log(tree, status),
@@ -268,17 +275,32 @@ def _grub(tree: Tree, status: dict[str, int]) -> GrubConfig:
     )
 
 
+def _efivar(tree: Tree, name: str) -> bytes | None:
+    text = tree.command(f"efivar-{name}")
+    return None if text is None else p.parse_od_bytes(text)
+
+
 def _bootloader(tree: Tree, exists: frozenset[str] | None) -> Bootloader:
     which = {line.strip().rsplit("/", 1)[-1] for line in (tree.command("which") or "").splitlines() if line}
     efi = None if exists is None else "/sys/firmware/efi" in exists
     has_bls = exists is not None and "/boot/loader/entries" in exists
+    esp_entries = exists is not None and bool({"/boot/efi/loader/entries", "/efi/loader/entries"} & exists)
+    loader_info = p.parse_efivar_string(_efivar(tree, "LoaderInfo"))
     if "grubby" in which and has_bls:
         return Bootloader(BootloaderKind.GRUBBY_BLS, efi, "grubby", "grubby and /boot/loader/entries (BLS) are present")
     if "proxmox-boot-tool" in which and tree.read("/etc/kernel/cmdline") is not None:
         return Bootloader(
             BootloaderKind.SYSTEMD_BOOT, efi, "proxmox-boot-tool refresh", "/etc/kernel/cmdline with proxmox-boot-tool"
         )
-    if "bootctl" in which and has_bls and tree.read("/etc/default/grub") is None:
+    if loader_info is not None and loader_info.startswith("systemd-boot"):
+        # What booted, whatever files are lying around (a leftover /etc/default/grub included).
+        return Bootloader(
+            BootloaderKind.SYSTEMD_BOOT,
+            efi,
+            "/etc/kernel/cmdline and kernel-install" if "kernel-install" in which or "bootctl" in which else None,
+            f"the LoaderInfo EFI variable says {loader_info} started this kernel",
+        )
+    if "bootctl" in which and (has_bls or esp_entries) and tree.read("/etc/default/grub") is None:
         return Bootloader(BootloaderKind.SYSTEMD_BOOT, efi, "bootctl", "systemd-boot entries and no /etc/default/grub")
     if tree.read("/etc/default/grub") is not None or tree.read("/boot/grub/grub.cfg") is not None:
         command = "update-grub" if "update-grub" in which else "grub-mkconfig" if "grub-mkconfig" in which else None
@@ -308,6 +330,77 @@ def _virtualization(tree: Tree) -> VirtualizationSoftware | None:
         return next((versions[name] for name in names if name in versions), None)
 
     return VirtualizationSoftware(version(LIBVIRT_PACKAGES), version(QEMU_PACKAGES), version(OVMF_PACKAGES))
+
+
+def _firmware(tree: Tree, exists: frozenset[str] | None, bootloader: Bootloader) -> Firmware:
+    mode = None if exists is None else FirmwareMode.UEFI if "/sys/firmware/efi" in exists else FirmwareMode.BIOS
+    secure_boot: bool | None = False if mode is FirmwareMode.BIOS else None
+    if mode is FirmwareMode.UEFI:
+        secure_boot = p.parse_efivar_bool(_efivar(tree, "SecureBoot"))
+    loader_info = p.parse_efivar_string(_efivar(tree, "LoaderInfo"))
+    esp_files = tree.command("esp-files")
+    esp = None
+    binaries: list[str] = []
+    for line in (esp_files or "").splitlines():
+        directory, _, relative = line.strip().partition(" ")
+        if directory and relative:
+            esp = esp or directory.removesuffix("/EFI")
+            binaries.append(f"{directory.rsplit('/', 1)[-1]}/{relative}")
+    if esp is None:
+        # No EFI programs listed (not root, or a BIOS host): the fstab's vfat mount, if any.
+        esp = next(
+            (
+                m.target
+                for m in p.parse_mounts(tree.read("/proc/mounts") or "")
+                if m.fstype == "vfat" and m.target in ESP_MOUNTS
+            ),
+            None,
+        )
+    proxmox = (exists is not None and "/etc/kernel/proxmox-boot-uuids" in exists) or tree.read(
+        "/etc/kernel/proxmox-boot-uuids"
+    ) is not None
+    # shim installed as itself (EFI/debian/shimx64.efi), or at the removable path as BOOTX64.EFI,
+    # where its MOK manager (mmx64.efi) beside it gives it away.
+    shim = any(name.rsplit("/", 1)[-1].lower() in SHIM_FILES for name in binaries)
+    if loader_info is not None and loader_info.startswith("systemd-boot"):
+        loader = ActiveLoader.SYSTEMD_BOOT
+    elif bootloader.kind is BootloaderKind.GRUB and mode is FirmwareMode.BIOS:
+        loader = ActiveLoader.GRUB_BIOS
+    elif bootloader.kind is BootloaderKind.GRUB and mode is FirmwareMode.UEFI:
+        # Under Secure Boot only shim can start GRUB; without it, shim on the ESP is the evidence.
+        loader = ActiveLoader.SHIM_GRUB if shim or secure_boot else ActiveLoader.GRUB_EFI
+    elif bootloader.kind is BootloaderKind.SYSTEMD_BOOT:
+        loader = ActiveLoader.SYSTEMD_BOOT
+    else:
+        loader = ActiveLoader.UNKNOWN
+    modules_text = tree.command("out-of-tree-modules")
+    kernel_cmdline = tree.read("/etc/kernel/cmdline")
+    return Firmware(
+        mode=mode,
+        secure_boot=secure_boot,
+        loader=loader,
+        loader_info=loader_info,
+        loader_entry=p.parse_efivar_string(_efivar(tree, "LoaderEntrySelected")),
+        esp=esp,
+        esp_binaries=tuple(binaries),
+        proxmox_boot_tool=proxmox,
+        cmdline_source=_cmdline_source(tree, bootloader, proxmox),
+        kernel_cmdline_file=None if kernel_cmdline is None else p.parse_cmdline(kernel_cmdline),
+        out_of_tree_modules=None if modules_text is None else p.parse_out_of_tree_modules(modules_text),
+    )
+
+
+def _cmdline_source(tree: Tree, bootloader: Bootloader, proxmox: bool) -> str | None:
+    """The file the next boot's kernel command line is made from, by the active loader's tools."""
+    if proxmox or bootloader.kind is BootloaderKind.SYSTEMD_BOOT:
+        # kernel-install (and proxmox-boot-tool refresh) write loader entries from it; without it
+        # kernel-install copies the running /proc/cmdline.
+        return "/etc/kernel/cmdline" if tree.read("/etc/kernel/cmdline") is not None else "/proc/cmdline"
+    if bootloader.kind is BootloaderKind.GRUB:
+        return "/etc/default/grub"
+    if bootloader.kind is BootloaderKind.GRUBBY_BLS:
+        return "/boot/loader/entries (grubby --update-kernel)"
+    return None
 
 
 def _nvidia(tree: Tree, exists: frozenset[str] | None) -> NvidiaInstall:

@@ -69,6 +69,9 @@ copy_files \
     /proc/sys/kernel/hostname /proc/sys/kernel/osrelease /proc/driver/nvidia/version \
     /etc/os-release /etc/hostname /etc/fstab /etc/default/grub /etc/default/grub.d/*.cfg \
     /etc/kernel/cmdline /boot/grub/grubenv /boot/grub/grub.cfg /boot/grub2/grub.cfg \
+    /etc/kernel/install.conf /etc/kernel/entry-token /etc/kernel/proxmox-boot-uuids \
+    /boot/efi/loader/loader.conf /efi/loader/loader.conf /boot/loader/loader.conf \
+    /boot/efi/loader/entries/*.conf /efi/loader/entries/*.conf /boot/loader/entries/*.conf \
     /etc/modprobe.d/*.conf /lib/modprobe.d/*.conf /usr/lib/modprobe.d/*.conf \
     /etc/modules /etc/modules-load.d/*.conf /etc/initramfs-tools/modules \
     /etc/initramfs-tools/initramfs.conf /etc/initramfs-tools/conf.d/* /etc/dracut.conf.d/*.conf \
@@ -118,6 +121,7 @@ run_command pci-device-paths find /sys/bus/pci/devices/ -mindepth 1 -maxdepth 1 
     for p in /sys/firmware/efi /sys/firmware/acpi/tables/DMAR /sys/firmware/acpi/tables/IVRS \
         /sys/kernel/iommu_groups /sys/class/iommu /dev/vfio /dev/hugepages /usr/bin/nvidia-uninstall \
         /var/log/nvidia-installer.log /usr/bin/nvidia-smi /boot/efi/EFI /boot/loader/entries \
+        /boot/efi/loader/entries /efi/loader/entries /etc/kernel/proxmox-boot-uuids \
         /etc/kernel/install.conf /boot/initrd.img-"$KREL" /boot/initramfs-"$KREL".img \
         /sys/module/vfio_pci /sys/module/vfio /sys/module/nvidia /sys/module/nouveau; do
         [ -e "$p" ] && printf '%s\n' "$p"
@@ -125,18 +129,41 @@ run_command pci-device-paths find /sys/bus/pci/devices/ -mindepth 1 -maxdepth 1 
 } > "$T/commands/exists.txt"
 run_command acpi-tables ls /sys/firmware/acpi/tables
 {
-    for c in update-grub grub-mkconfig grub2-mkconfig grub-reboot grub-editenv grubby bootctl \
+    for c in update-grub grub-mkconfig grub2-mkconfig grub-reboot grub-editenv grubby bootctl kernel-install \
         proxmox-boot-tool kernelstub update-initramfs lsinitramfs dracut lsinitrd lspci dpkg-query rpm \
         nvidia-smi nvidia-uninstall journalctl dmesg sudo; do
         command -v "$c"
     done
 } > "$T/commands/which.txt" 2>/dev/null
 
+# --- firmware: EFI variables, the ESP, modules Secure Boot checks ---------------------------------
+# efivarfs files are binary (4 bytes of attributes, then the value): recorded as od's hex.
+EFIVARS=/sys/firmware/efi/efivars
+for v in SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c LoaderInfo-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f \
+    LoaderEntrySelected-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f; do
+    [ -r "$EFIVARS/$v" ] && run_command "efivar-${v%%-*}" od -An -v -tx1 "$EFIVARS/$v"
+done
+# The EFI programs on every mounted FAT file system with an EFI directory (the ESP), as
+# '<mount>/EFI <path below it>'.
+: > "$T/commands/esp-files.txt"
+while read -r _ mnt fstype _; do
+    [ "$fstype" = vfat ] && [ -d "$mnt/EFI" ] &&
+        find "$mnt/EFI" -maxdepth 2 -type f -iname '*.efi' -printf '%H %P\n' >> "$T/commands/esp-files.txt" 2> /dev/null
+done < /proc/mounts
+# Modules outside the kernel package (DKMS builds them into updates/, other installers into
+# extra/) and who signed each: a handful at most, so one modinfo per module is affordable.
+if command -v modinfo > /dev/null; then
+    find /lib/modules/"$KREL"/updates /lib/modules/"$KREL"/extra -name '*.ko*' 2> /dev/null |
+        while read -r m; do
+            printf '%s\t%s\n' "$m" "$(modinfo -F signer "$m" 2> /dev/null)"
+        done > "$T/commands/out-of-tree-modules.txt"
+fi
+
 # --- commands -----------------------------------------------------------------------------------
 command -v lspci > /dev/null && run_command lspci-nn lspci -Dnn
 # Only the kernel messages the checks read: IOMMU, interrupt remapping, VFIO, GPU drivers,
 # framebuffers, BAR assignment, huge pages. A long-running host's full log can be megabytes.
-KLOG_PATTERN='DMAR|IOMMU|AMD-Vi|remapping|vfio|nvidia|nouveau|NVRM|efifb|simpledrm|vesafb|BAR [0-9]|hugepage|HugeTLB|ACS|Command line'
+KLOG_PATTERN='DMAR|IOMMU|AMD-Vi|remapping|vfio|nvidia|nouveau|NVRM|efifb|simpledrm|vesafb|BAR [0-9]|hugepage|HugeTLB|ACS|Command line|[Ss]ecure ?[Bb]oot|Lockdown|unsigned module|module verification'
 if command -v journalctl > /dev/null && journalctl -k -b 0 -q --no-pager -n 1 > /dev/null 2>&1; then
     journalctl -k -b 0 -q --no-pager -o short-monotonic 2>/dev/null | grep -E "$KLOG_PATTERN" > "$T/commands/dmesg.txt"
     printf 'dmesg 0\n' >> "$T/commands/status.txt"

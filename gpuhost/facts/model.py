@@ -313,6 +313,59 @@ class Bootloader:
     evidence: str  # why we think so
 
 
+class FirmwareMode(TextEnum):
+    UEFI = "uefi"
+    BIOS = "bios"
+
+
+class ActiveLoader(TextEnum):
+    """The boot loader that started the running kernel (not the one a file suggests)."""
+
+    SYSTEMD_BOOT = "systemd-boot"  # its LoaderInfo EFI variable says so
+    SHIM_GRUB = "shim+grub-efi"  # GRUB on UEFI with shim on the ESP (the only way under Secure Boot)
+    GRUB_EFI = "grub-efi"
+    GRUB_BIOS = "grub-bios"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class OutOfTreeModule:
+    """A kernel module outside the kernel package (DKMS: updates/dkms, or extra/), and its signer."""
+
+    path: str
+    signer: str | None  # None: unsigned; the kernel refuses it when Secure Boot is enforcing
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1].split(".ko", 1)[0]
+
+
+@dataclass(frozen=True)
+class Firmware:
+    """How the host booted: firmware, Secure Boot, the ESP, the loader and its command line file."""
+
+    mode: FirmwareMode | None  # None: unknown (the existence list could not be read)
+    secure_boot: bool | None  # False on BIOS; None on UEFI when the SecureBoot variable is unreadable
+    loader: ActiveLoader
+    loader_info: str | None  # systemd-boot's LoaderInfo variable ("systemd-boot 252.30-1~deb12u2")
+    loader_entry: str | None  # systemd-boot's LoaderEntrySelected: the entry that booted
+    esp: str | None  # where the EFI system partition is mounted (/boot/efi, /efi, /boot)
+    esp_binaries: tuple[str, ...]  # EFI programs on the ESP, relative to it (EFI/BOOT/BOOTX64.EFI)
+    proxmox_boot_tool: bool  # /etc/kernel/proxmox-boot-uuids: proxmox-boot-tool syncs the ESPs
+    cmdline_source: str | None  # the file the next boot's kernel command line is made from
+    kernel_cmdline_file: KernelCommandLine | None  # /etc/kernel/cmdline (kernel-install, proxmox-boot-tool)
+    out_of_tree_modules: tuple[OutOfTreeModule, ...] | None  # None: not listed
+
+    def describe(self) -> str:
+        """'UEFI, Secure Boot enabled, shim+grub-efi' style text for the audit."""
+        if self.mode is None:
+            return "firmware unknown"
+        if self.mode is FirmwareMode.BIOS:
+            return f"BIOS, {self.loader}"
+        secure = {True: "Secure Boot enabled", False: "Secure Boot disabled", None: "Secure Boot unknown"}
+        return f"UEFI, {secure[self.secure_boot]}, {self.loader}"
+
+
 @dataclass(frozen=True)
 class Package:
     name: str
@@ -459,6 +512,7 @@ class HostFacts:
     initramfs: Initramfs
     grub: GrubConfig
     bootloader: Bootloader
+    firmware: Firmware
     nvidia: NvidiaInstall
     modprobe: tuple[ModprobeDirective, ...]
     kernel_log: KernelLog | None

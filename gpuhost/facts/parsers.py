@@ -17,6 +17,7 @@ from gpuhost.facts.model import (
     MemInfo,
     ModprobeDirective,
     Mount,
+    OutOfTreeModule,
     Package,
 )
 
@@ -355,6 +356,44 @@ def parse_command_status(text: str) -> dict[str, int]:
         if len(fields) == 2 and _EXIT_STATUS.match(fields[1]):
             status[fields[0]] = int(fields[1])
     return status
+
+
+def parse_od_bytes(text: str) -> bytes | None:
+    """`od -An -v -tx1 FILE` output (hex bytes separated by blanks) -> the bytes; None if not that."""
+    words = text.split()
+    try:
+        return bytes(int(word, 16) for word in words if len(word) == 2)
+    except ValueError:
+        return None
+
+
+# An efivarfs file is 4 bytes of attributes (little-endian u32), then the variable's value.
+EFIVAR_ATTRIBUTES = 4
+
+
+def parse_efivar_bool(data: bytes | None) -> bool | None:
+    """A one-byte boolean EFI variable (SecureBoot, SetupMode): 1 is on; None if malformed."""
+    if data is None or len(data) != EFIVAR_ATTRIBUTES + 1 or data[EFIVAR_ATTRIBUTES] not in (0, 1):
+        return None
+    return data[EFIVAR_ATTRIBUTES] == 1
+
+
+def parse_efivar_string(data: bytes | None) -> str | None:
+    """A UTF-16LE, NUL-terminated EFI variable (systemd-boot's LoaderInfo, LoaderEntrySelected)."""
+    if data is None or len(data) <= EFIVAR_ATTRIBUTES or (len(data) - EFIVAR_ATTRIBUTES) % 2:
+        return None
+    value = data[EFIVAR_ATTRIBUTES:].decode("utf-16-le", errors="replace").split("\0", 1)[0].strip()
+    return value or None
+
+
+def parse_out_of_tree_modules(text: str) -> tuple[OutOfTreeModule, ...]:
+    """The gather script's 'PATH<TAB>SIGNER' lines; an empty signer is an unsigned module."""
+    modules = []
+    for line in text.splitlines():
+        path, _, signer = line.partition("\t")
+        if path.startswith("/") and ".ko" in path:
+            modules.append(OutOfTreeModule(path=path, signer=signer.strip() or None))
+    return tuple(modules)
 
 
 def parse_link_target_basename(text: str | None) -> str | None:

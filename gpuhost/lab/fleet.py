@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from gpuhost.errors import InputError
 from gpuhost.lab import image as lab_image
+from gpuhost.lab.boot import BIOS_GRUB, BootMode
 from gpuhost.lab.errors import LabError
 from gpuhost.lab.inventory import InventoryHost, known_hosts_text, render_inventory
 from gpuhost.lab.paths import LabPaths
@@ -285,6 +287,7 @@ def up(
     memory_mib: int = 4096,
     cpus: int = DEFAULT_CPUS,
     variant: str = "base",
+    boot: BootMode = BIOS_GRUB,
     wait: bool = True,
     timeout: float = 300,
     progress: Progress = _no_progress,
@@ -302,15 +305,19 @@ def up(
                 "stop it with `gpuhost lab down` first (or use another --lab-dir)"
             )
         _forget(paths, state.hosts)
-        image = lab_image.find_image(paths, variant)
+        _check_firmware_files(boot)
+        image = lab_image.find_image(paths, variant, boot.layout)
+        name = lab_image.image_name(variant, boot.layout)
         if image is None:
             if os.geteuid() != 0:
                 raise LabError(
-                    f"no lab image ({variant}) for the current recipe in {paths.images}; "
-                    "build it first with: sudo gpuhost lab image" + (" --variant nested" if variant == "nested" else "")
+                    f"no lab image ({name}) for the current recipe in {paths.images}; "
+                    "build it first with: sudo gpuhost lab image"
+                    + (f" --variant {variant}" if variant != "base" else "")
+                    + (f" --firmware {boot.firmware.value}" if boot != BIOS_GRUB else "")
                 )
-            progress(f"building the {variant} image (once; cached in {paths.images})")
-            image = lab_image.ensure_image(paths, variant, progress=progress)
+            progress(f"building the {name} image (once; cached in {paths.images})")
+            image = lab_image.ensure_image(paths, variant, boot.layout, progress=progress)
         check_memory(hosts, memory_mib, mem_available_mib(Path("/proc/meminfo").read_text()))
         for directory in (paths.overlays, paths.logs):
             directory.mkdir(parents=True, exist_ok=True)
@@ -338,7 +345,7 @@ def up(
                 )
                 records.append(
                     _start_with_free_port(
-                        paths, name, topology, memory_mib, cpus, overlay, tools["qemu-system-x86_64"], image
+                        paths, name, topology, memory_mib, cpus, overlay, tools["qemu-system-x86_64"], image, boot
                     )
                 )
                 progress(f"{name}: QEMU PID {records[-1].pid}, SSH on 127.0.0.1:{records[-1].ssh_port}")
@@ -376,7 +383,14 @@ def _start_with_free_port(
     overlay: Path,
     qemu: str,
     image: lab_image.Image,
+    boot: BootMode,
 ) -> VmRecord:
+    efi_vars = None
+    if boot.ovmf is not None:
+        # A fresh copy of the template per host and per `lab up`: the firmware writes boot
+        # entries and, under Secure Boot, its own state there.
+        efi_vars = efi_vars_path(paths, name)
+        shutil.copyfile(boot.ovmf.vars_template, efi_vars)
     # The port is free when chosen but could be taken before QEMU binds it: retry then.
     error = ""
     for _ in range(PORT_ATTEMPTS):
@@ -389,6 +403,8 @@ def _start_with_free_port(
             disk=overlay,
             serial_log=paths.logs / f"{name}-serial.log",
             pidfile=paths.root / f"{name}.pid",
+            boot=boot,
+            efi_vars=efi_vars,
         )
         try:
             record = _start_vm(spec, qemu, paths.logs / f"{name}-qemu.log")
@@ -401,11 +417,27 @@ def _start_with_free_port(
     raise LabError(f"{name}: QEMU did not start: {error}")
 
 
+def efi_vars_path(paths: LabPaths, name: str) -> Path:
+    return paths.overlays / f"{name}-efivars.fd"
+
+
+def _check_firmware_files(boot: BootMode) -> None:
+    if boot.ovmf is None:
+        return
+    for path in (boot.ovmf.code, boot.ovmf.vars_template):
+        if not path.exists():
+            raise LabError(
+                f"--firmware {boot.firmware.value} needs {path}, which is missing: install Debian's "
+                "ovmf package (apt-get install ovmf)"
+            )
+
+
 def _forget(paths: LabPaths, records: Sequence[VmRecord]) -> None:
     """Remove the files of hosts that no longer run."""
     for record in records:
         Path(record.overlay).unlink(missing_ok=True)
         Path(record.pidfile).unlink(missing_ok=True)
+        efi_vars_path(paths, record.name).unlink(missing_ok=True)
 
 
 def down(paths: LabPaths, *, grace: float = 15.0, progress: Progress = _no_progress) -> DownResult:

@@ -3,6 +3,11 @@
 Debian bookworm by debootstrap onto an ext4 partition of a raw disk, GRUB in the MBR, the lab's
 keys baked in, then converted to qcow2. The image lives in `<image dir>/<variant>-<recipe hash>/`
 with a manifest; it is reused as long as the recipe and the lab's keys are unchanged.
+
+UEFI disks (gpuhost/lab/boot.py) are GPT with an EFI system partition mounted at /boot/efi:
+shim + signed GRUB installed at the removable path \\EFI\\BOOT\\BOOTX64.EFI (found by OVMF with no
+boot entry in its variables). They live in
+`<image dir>/<variant>-<layout>-<recipe hash>/`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhost.lab import diskimage, recipe
+from gpuhost.lab.boot import DiskLayout
 from gpuhost.lab.errors import LabError
 from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.tools import BUILD_TOOLS, require
@@ -83,10 +89,15 @@ def _read_manifest(directory: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) else None
 
 
-def find_image(paths: LabPaths, variant: str) -> Image | None:
+def image_name(variant: str, layout: DiskLayout) -> str:
+    """The name of an image's directory (before its hash): BIOS images keep their old names."""
+    return variant if layout is DiskLayout.BIOS_GRUB else f"{variant}-{layout.value}"
+
+
+def find_image(paths: LabPaths, variant: str, layout: DiskLayout = DiskLayout.BIOS_GRUB) -> Image | None:
     """The cached image for the current recipe of `variant`, if built with the current keys."""
-    wanted = recipe.recipe_hash(recipe.recipe_for(variant))
-    directory = paths.image_dir(variant, wanted)
+    wanted = recipe.recipe_hash(recipe.recipe_for(variant, layout))
+    directory = paths.image_dir(image_name(variant, layout), wanted)
     manifest = _read_manifest(directory)
     disk = directory / "disk.qcow2"
     if manifest is None or not disk.exists() or manifest.get("recipe_hash") != wanted:
@@ -122,6 +133,7 @@ def default_mirror() -> str:
 def ensure_image(
     paths: LabPaths,
     variant: str = "base",
+    layout: DiskLayout = DiskLayout.BIOS_GRUB,
     *,
     mirror: str | None = None,
     force: bool = False,
@@ -129,7 +141,7 @@ def ensure_image(
 ) -> Image:
     """The image for `variant`: the cached one when its recipe is unchanged, else a new build."""
     if not force:
-        cached = find_image(paths, variant)
+        cached = find_image(paths, variant, layout)
         if cached is not None:
             return cached
     if os.geteuid() != 0:
@@ -139,7 +151,8 @@ def ensure_image(
             "build into your own cache directory)"
         )
     paths.images.mkdir(parents=True, exist_ok=True)
-    with (paths.images / f".build-{variant}.lock").open("w") as lock:
+    name = image_name(variant, layout)
+    with (paths.images / f".build-{name}.lock").open("w") as lock:
         # One build per variant at a time; whoever waited reuses what the other one built.
         progress_once = True
         while True:
@@ -148,24 +161,26 @@ def ensure_image(
                 break
             except BlockingIOError:
                 if progress_once:
-                    progress(f"another process is building the {variant} image; waiting for it")
+                    progress(f"another process is building the {name} image; waiting for it")
                     progress_once = False
                 time.sleep(2)
         if not force:
-            cached = find_image(paths, variant)
+            cached = find_image(paths, variant, layout)
             if cached is not None:
                 return cached
-        return _Builder(paths, variant, mirror or default_mirror(), progress).build()
+        return _Builder(paths, variant, layout, mirror or default_mirror(), progress).build()
 
 
 class _Builder:
-    def __init__(self, paths: LabPaths, variant: str, mirror: str, progress: Progress) -> None:
+    def __init__(self, paths: LabPaths, variant: str, layout: DiskLayout, mirror: str, progress: Progress) -> None:
         self.paths = paths
-        self.recipe = recipe.recipe_for(variant)
+        self.layout = layout
+        self.name = image_name(variant, layout)
+        self.recipe = recipe.recipe_for(variant, layout)
         self.hash = recipe.recipe_hash(self.recipe)
         self.mirror = mirror
         self.progress = progress
-        self.work = paths.images / f".build-{variant}-{self.hash}-{os.getpid()}"
+        self.work = paths.images / f".build-{self.name}-{self.hash}-{os.getpid()}"
         self.log = self.work / "build.log"
         self.tools: dict[str, str] = {}
 
@@ -216,6 +231,7 @@ class _Builder:
             seconds = round(time.monotonic() - started, 1)
             manifest = {
                 "variant": self.recipe.variant,
+                "layout": self.layout.value,
                 "recipe_hash": self.hash,
                 "kernel": kernel,
                 "host_public_key": keys.host_public,
@@ -225,7 +241,7 @@ class _Builder:
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
             (self.work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-            final = self.paths.image_dir(self.recipe.variant, self.hash)
+            final = self.paths.image_dir(self.name, self.hash)
             if final.exists():
                 # Move the old one aside first: the new image appears in one rename.
                 old = final.with_name(f".old-{final.name}-{os.getpid()}")
@@ -235,7 +251,7 @@ class _Builder:
         except BaseException:
             # Keep the log of a failed build next to where the image would have been.
             with contextlib.suppress(OSError):
-                failed_log = self.paths.images / f"build-{self.recipe.variant}-failed.log"
+                failed_log = self.paths.images / f"build-{self.name}-failed.log"
                 shutil.copyfile(self.log, failed_log)
                 with failed_log.open("a") as out:
                     out.write((self.work / "debootstrap.log").read_text(errors="replace"))
@@ -253,31 +269,45 @@ class _Builder:
             reused=False,
         )
 
+    def _loop(self, raw: Path, offset: int, size: int, stack: contextlib.ExitStack) -> str:
+        device = self._run(
+            [self.tools["losetup"], "-f", "--show", "-o", str(offset), "--sizelimit", str(size), str(raw)]
+        ).strip()
+        stack.callback(self._quiet, [self.tools["losetup"], "-d", device])
+        return device
+
     def _build_disk(self, keys: LabKeys) -> str:
         raw = self.work / "disk.raw"
         size = self.recipe.disk_size_gib * 1024**3
+        gpt: diskimage.GptDisk | None = None
         with raw.open("wb") as handle:
             handle.truncate(size)
-            handle.write(diskimage.mbr_with_one_partition(size))
+            if self.layout is DiskLayout.BIOS_GRUB:
+                handle.write(diskimage.mbr_with_one_partition(size))
+            else:
+                gpt = diskimage.gpt_with_esp_and_root(
+                    size,
+                    recipe.ESP_SIZE_MIB * 1024**2,
+                    disk_guid=uuid.uuid4(),
+                    esp_guid=uuid.uuid4(),
+                    root_guid=uuid.uuid4(),
+                )
+                handle.write(gpt.head)
+                handle.seek(size - len(gpt.tail))
+                handle.write(gpt.tail)
         root = self.work / "root"
         root.mkdir()
         root_uuid = str(uuid.uuid4())
+        # A FAT volume ID, written as fstab and blkid show it (XXXX-XXXX).
+        esp_serial = uuid.uuid4().hex[:8].upper()
+        esp_uuid = f"{esp_serial[:4]}-{esp_serial[4:]}"
         with contextlib.ExitStack() as stack:
             loop_disk = self._run([self.tools["losetup"], "-f", "--show", str(raw)]).strip()
             stack.callback(self._quiet, [self.tools["losetup"], "-d", loop_disk])
-            loop_part = self._run(
-                [
-                    self.tools["losetup"],
-                    "-f",
-                    "--show",
-                    "-o",
-                    str(diskimage.PARTITION_OFFSET),
-                    "--sizelimit",
-                    str(size - diskimage.PARTITION_OFFSET),
-                    str(raw),
-                ]
-            ).strip()
-            stack.callback(self._quiet, [self.tools["losetup"], "-d", loop_part])
+            if gpt is None:
+                loop_part = self._loop(raw, diskimage.PARTITION_OFFSET, size - diskimage.PARTITION_OFFSET, stack)
+            else:
+                loop_part = self._loop(raw, gpt.root.offset, gpt.root.size, stack)
             # Initialise inode tables now: lazy init would run in every VM, under TCG.
             self._run(
                 [
@@ -298,7 +328,7 @@ class _Builder:
             self.progress(f"debootstrap {self.recipe.suite} from {self.mirror}")
             self._debootstrap(root)
             self.progress("configuring the image")
-            self._write_files(root, root_uuid, keys)
+            self._write_files(root, root_uuid, esp_uuid, keys)
             for source, target, kind in (("proc", "proc", "proc"), ("sysfs", "sys", "sysfs"), ("/dev", "dev", None)):
                 argv = (
                     [self.tools["mount"], "--bind", source, str(root / target)]
@@ -309,7 +339,14 @@ class _Builder:
                 stack.callback(self._umount, root / target)
             if self.recipe.apt_packages:
                 self._apt_install(root, stack)
+            if gpt is not None:
+                # The ESP's files are put together in /boot/efi of the image first, then copied
+                # onto the FAT file system by mtools: the build machine may not mount vfat (a
+                # container without the module), and mtools needs no mount.
+                (root / recipe.ESP_MOUNT.lstrip("/")).mkdir(parents=True, exist_ok=True)
             kernel = self._configure(root, loop_disk, root_uuid)
+            if gpt is not None:
+                self._fill_esp(root, self._loop(raw, gpt.esp.offset, gpt.esp.size, stack), esp_serial)
             with contextlib.suppress(LabError, OSError):
                 self._run(["fstrim", str(root)])  # lets qemu-img skip freed blocks
         root.rmdir()  # the mount point, empty once unmounted
@@ -362,11 +399,11 @@ class _Builder:
             # A process the chroot left behind can hold the mount; detach it lazily.
             subprocess.run([self.tools["umount"], "-l", str(target)], capture_output=True, check=False)
 
-    def _write_files(self, root: Path, root_uuid: str, keys: LabKeys) -> None:
+    def _write_files(self, root: Path, root_uuid: str, esp_uuid: str, keys: LabKeys) -> None:
         for path, mode, content in self.recipe.files:
             target = root / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content.replace("{root_uuid}", root_uuid))
+            target.write_text(content.replace("{root_uuid}", root_uuid).replace("{esp_uuid}", esp_uuid))
             target.chmod(mode)
         ssh_dir = root / "etc/ssh"
         for old in ssh_dir.glob("ssh_host_*"):
@@ -392,19 +429,67 @@ class _Builder:
         kernel = kernels[-1]
         self._chroot(root, "systemctl", "enable", "systemd-networkd.service", "gpuhost-lab-hostname.service")
         self._chroot(root, "systemctl", "mask", *self.recipe.masked_units)
-        # Lets later grub-pc upgrades inside a host install GRUB without asking.
-        self._chroot(root, "debconf-set-selections", stdin="grub-pc grub-pc/install_devices multiselect /dev/vda\n")
         self.progress("first initramfs")
         self._first_initramfs(root, kernel)
-        self.progress("installing GRUB")
-        self._chroot(
-            root, "grub-install", "--target=i386-pc", "--modules=part_msdos ext2", "--boot-directory=/boot", loop_disk
-        )
-        (root / "boot/grub/grub.cfg").write_text(self._grub_cfg(kernel, root_uuid))
+        if self.layout is DiskLayout.BIOS_GRUB:
+            # Lets later grub-pc upgrades inside a host install GRUB without asking.
+            self._chroot(root, "debconf-set-selections", stdin="grub-pc grub-pc/install_devices multiselect /dev/vda\n")
+            self.progress("installing GRUB")
+            self._chroot(
+                root,
+                "grub-install",
+                "--target=i386-pc",
+                "--modules=part_msdos ext2",
+                "--boot-directory=/boot",
+                loop_disk,
+            )
+            (root / "boot/grub/grub.cfg").write_text(self._grub_cfg(kernel, root_uuid))
+        else:
+            self._install_shim_grub(root, kernel, root_uuid)
         if self.recipe.variant == "nested":
             self._nested_guest(root, kernel)
         self._chroot(root, "apt-get", "clean")
         return kernel
+
+    def _fill_esp(self, root: Path, loop_esp: str, esp_serial: str) -> None:
+        self.progress("writing the EFI system partition")
+        staged = root / "tmp/gpuhost-esp"
+        # Moved out of /boot/efi, which is the ESP's mount point once the host boots.
+        (root / recipe.ESP_MOUNT.lstrip("/")).rename(staged)
+        (root / recipe.ESP_MOUNT.lstrip("/")).mkdir()
+        # The image's own mkfs.vfat and mcopy (dosfstools and mtools are in its packages).
+        self._chroot(root, "mkfs.vfat", "-F", "32", "-n", "ESP", "-i", esp_serial, loop_esp)
+        self._chroot(root, "sh", "-c", f"mcopy -s -p -Q -i {loop_esp} /tmp/gpuhost-esp/* ::/")
+        listing = self._chroot(root, "mdir", "-/", "-b", "-i", loop_esp, "::/")
+        with self.log.open("a") as log:
+            log.write(listing)
+        shutil.rmtree(staged)
+
+    def _install_shim_grub(self, root: Path, kernel: str, root_uuid: str) -> None:
+        self.progress("installing shim and signed GRUB at the removable path")
+        # Later grub-install runs inside the host (package upgrades) keep the removable path too.
+        self._chroot(
+            root,
+            "debconf-set-selections",
+            stdin="grub-efi-amd64 grub2/force_efi_extra_removable boolean true\n"
+            "grub-efi-amd64 grub2/update_nvram boolean false\n",
+        )
+        # What `grub-install --uefi-secure-boot --removable --no-nvram` puts on the ESP, copied
+        # by hand: grub-install refuses an --efi-directory that is not a mounted FAT file system
+        # (see _fill_esp). \\EFI\\BOOT\\BOOTX64.EFI is shim, which OVMF boots with no boot entry
+        # in a fresh variable store; shim starts grubx64.efi beside it.
+        esp = root / recipe.ESP_MOUNT.lstrip("/")
+        boot_dir = esp / "EFI/BOOT"
+        boot_dir.mkdir(parents=True, exist_ok=True)
+        for source, target in recipe.EFI_REMOVABLE_FILES:
+            shutil.copyfile(root / source.lstrip("/"), boot_dir / target)
+        # The signed GRUB image looks for its configuration in \\EFI\\debian (its built-in
+        # prefix), a removable install's in \\EFI\\BOOT: both point at /boot/grub/grub.cfg.
+        stub = f"search.fs_uuid {root_uuid} root\nset prefix=($root)'/boot/grub'\nconfigfile $prefix/grub.cfg\n"
+        for directory in ("EFI/debian", "EFI/BOOT"):
+            (esp / directory).mkdir(parents=True, exist_ok=True)
+            (esp / directory / "grub.cfg").write_text(stub)
+        (root / "boot/grub/grub.cfg").write_text(self._grub_cfg(kernel, root_uuid))
 
     def _first_initramfs(self, root: Path, kernel: str) -> None:
         # In the chroot MODULES=dep would look at the build machine's loop device, so the first
@@ -425,7 +510,7 @@ class _Builder:
             "terminal_input serial console\n"
             "terminal_output serial console\n"
             "set timeout=0\n"
-            "insmod part_msdos\n"
+            f"insmod {'part_msdos' if self.layout is DiskLayout.BIOS_GRUB else 'part_gpt'}\n"
             "insmod ext2\n"
             f"search --no-floppy --fs-uuid --set=root {root_uuid}\n"
             "menuentry 'Debian GNU/Linux (gpuhost lab)' {\n"

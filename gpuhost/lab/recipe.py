@@ -11,6 +11,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
+from gpuhost.lab.boot import DiskLayout
+
 STEPS_VERSION = 1
 
 SUITE = "bookworm"
@@ -92,6 +94,32 @@ cloud_final_modules:
 """
 
 VARIANTS = ("base", "nested", "guest")
+
+# UEFI disks boot without grub-pc. They are installed by apt-get after debootstrap, like the
+# nested packages: the signed packages pin exact versions of their unsigned twins.
+# shim + GRUB: Debian's shim (signed by Microsoft's UEFI CA) and GRUB and kernel (signed by
+# Debian), so the same disk boots with Secure Boot enforcing; mokutil says so inside the host.
+EFI_GRUB_PACKAGES: tuple[str, ...] = (
+    "grub-efi-amd64",
+    "grub-efi-amd64-signed",
+    "shim-signed",
+    "mokutil",
+    "efibootmgr",
+    "dosfstools",
+    "mtools",  # the image build writes the ESP with it (no vfat mount needed)
+)
+# Where shim and GRUB go on the ESP (\\EFI\\BOOT, the removable path), as grub-install
+# --uefi-secure-boot --removable lays them out: (file in the image, name on the ESP).
+EFI_REMOVABLE_FILES: tuple[tuple[str, str], ...] = (
+    ("/usr/lib/shim/shimx64.efi.signed", "BOOTX64.EFI"),
+    ("/usr/lib/shim/mmx64.efi.signed", "mmx64.efi"),
+    ("/usr/lib/grub/x86_64-efi-signed/grubx64.efi.signed", "grubx64.efi"),
+)
+ESP_SIZE_MIB = 256
+ESP_MOUNT = "/boot/efi"
+
+FSTAB_EFI = "UUID={root_uuid} / ext4 errors=remount-ro 0 1\nUUID={esp_uuid} /boot/efi vfat umask=0077 0 1\n"
+
 
 # Units that only cost CPU on a lab host (measured under TCG: e2scrub_reap ~17 s, getty-static
 # ~11 s of a loaded boot) or would start background work in the middle of a test.
@@ -225,9 +253,11 @@ class Recipe:
     first_initramfs_modules: tuple[str, ...]
     masked_units: tuple[str, ...]
     steps_version: int
+    # Last, with a default: a BIOS recipe hashes as it did before UEFI disks existed (see recipe_hash).
+    layout: str = DiskLayout.BIOS_GRUB.value
 
 
-def recipe_for(variant: str) -> Recipe:
+def recipe_for(variant: str, layout: DiskLayout = DiskLayout.BIOS_GRUB) -> Recipe:
     if variant not in VARIANTS:
         raise ValueError(f"unknown image variant {variant!r}; known: {', '.join(VARIANTS)}")
     files: list[tuple[str, int, str]] = [
@@ -249,10 +279,16 @@ def recipe_for(variant: str) -> Recipe:
     if variant == "guest":
         apt_packages = GUEST_PACKAGES
         files.append(("/etc/cloud/cloud.cfg.d/90-gpuhost.cfg", 0o644, CLOUD_INIT_CONF))
+    packages = BASE_PACKAGES
+    if layout is not DiskLayout.BIOS_GRUB:
+        packages = tuple(p for p in BASE_PACKAGES if p != "grub-pc")
+        files = [f for f in files if f[0] != "/etc/fstab"] + [("/etc/fstab", 0o644, FSTAB_EFI)]
+    if layout is DiskLayout.EFI_SHIM_GRUB:
+        apt_packages = EFI_GRUB_PACKAGES + apt_packages
     return Recipe(
         variant=variant,
         suite=SUITE,
-        packages=BASE_PACKAGES,
+        packages=packages,
         apt_packages=apt_packages,
         kernel_cmdline=KERNEL_CMDLINE,
         disk_size_gib=8 if variant == "base" else 12,
@@ -260,12 +296,17 @@ def recipe_for(variant: str) -> Recipe:
         first_initramfs_modules=FIRST_INITRAMFS_MODULES,
         masked_units=MASKED_UNITS,
         steps_version=STEPS_VERSION,
+        layout=layout.value,
     )
 
 
 def recipe_hash(recipe: Recipe) -> str:
     """A short stable digest of the recipe (names the cached image)."""
-    canonical = json.dumps(asdict(recipe), sort_keys=True, separators=(",", ":"))
+    fields = asdict(recipe)
+    if fields["layout"] == DiskLayout.BIOS_GRUB.value:
+        # BIOS images were hashed before the layout existed: their cached images stay valid.
+        del fields["layout"]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

@@ -5,6 +5,10 @@ Every topology gives the host a console display of its own on the root bus (cirr
 stand-in GPU boot_vga=0, as on a real GPU server. The stand-in GPU is QEMU's std VGA (1234:1111,
 class 0300) as function 0 with an ICH9 HDA audio function (8086:293e, class 0403) as function 1
 of the same device, like a GPU and its HDMI audio.
+
+Under OVMF the BMC display is on the root bus, found before the stand-in GPU behind its root port,
+so the firmware's console (and so efifb/simpledrm in the kernel) is the BMC's, as on a server
+whose GPU is not the boot display.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpuhost.lab.boot import BIOS_GRUB, BootMode
 
 GPU_ID = "1234:1111"  # QEMU std VGA: the stand-in GPU
 GPU_AUDIO_ID = "8086:293e"  # ICH9 HDA: the stand-in GPU's audio function
@@ -111,6 +117,9 @@ class LabVmSpec:
     disk: Path
     serial_log: Path
     pidfile: Path
+    boot: BootMode = BIOS_GRUB
+    # UEFI: this host's writable copy of OVMF's variable store (None under BIOS).
+    efi_vars: Path | None = None
 
 
 def _opt_value(value: str | Path) -> str:
@@ -127,6 +136,8 @@ def validate_spec(spec: LabVmSpec) -> None:
         raise ValueError(f"SSH port {spec.ssh_port} out of range")
     if spec.memory_mib < 512 or spec.cpus < 1:
         raise ValueError("a lab host needs at least 512 MiB of memory and one CPU")
+    if (spec.boot.ovmf is None) != (spec.efi_vars is None):
+        raise ValueError(f"{spec.name}: a UEFI host needs its own EFI variable store, a BIOS host none")
 
 
 def qemu_argv(spec: LabVmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
@@ -135,6 +146,10 @@ def qemu_argv(spec: LabVmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
     topology = TOPOLOGIES[spec.topology]
     # Interrupt remapping (intremap=on) needs the split irqchip.
     machine = "q35,kernel-irqchip=split" if topology.iommu else "q35"
+    ovmf = spec.boot.ovmf
+    if ovmf is not None and ovmf.needs_smm:
+        # OVMF's Secure Boot build keeps its variables safe from the OS in SMM.
+        machine += ",smm=on"
     argv = [
         qemu,
         "-name",
@@ -154,6 +169,15 @@ def qemu_argv(spec: LabVmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         "-nodefaults",
         "-no-user-config",
     ]
+    if ovmf is not None and spec.efi_vars is not None:
+        if ovmf.needs_smm:
+            argv += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
+        argv += [
+            "-drive",
+            f"if=pflash,format=raw,unit=0,readonly=on,file={_opt_value(ovmf.code)}",
+            "-drive",
+            f"if=pflash,format=raw,unit=1,file={_opt_value(spec.efi_vars)}",
+        ]
     if topology.iommu:
         # caching-mode=on lets a nested guest's vfio-pci work through this IOMMU.
         argv += ["-device", "intel-iommu,intremap=on,caching-mode=on"]

@@ -1,0 +1,88 @@
+"""Firmware facts from real lab captures: UEFI or BIOS, Secure Boot, the ESP, the loader that ran.
+
+tests/fixtures/snapshots/ (all `gpuhost snapshot` of `gpuhost lab up` hosts, gpu-pair topology):
+  lab-uefi                              --firmware uefi: OVMF, Secure Boot off, shim + GRUB on the ESP
+  lab-uefi-secureboot                   --firmware uefi-secureboot: OVMF with Microsoft's keys, enforcing
+  lab-uefi-secureboot-unsigned-module   the same host after an unsigned copy of an in-tree module
+                                        (dummy.ko with its signature cut off) was put in updates/dkms as
+                                        nvidia-stand-in.ko, as DKMS would, and insmod was refused
+  lab-gpu-pair-fresh                    the BIOS lab host, captured before the firmware facts existed
+"""
+
+from __future__ import annotations
+
+from gpuhost.checks import AuditPolicy, run_checks
+from gpuhost.facts import parsers as p
+from gpuhost.facts.model import ActiveLoader, BootloaderKind, FirmwareMode
+from gpuhost.selection import GpuSelector
+from tests.helpers import SNAPSHOTS, snapshot_facts
+
+STAND_IN = AuditPolicy(gpus=GpuSelector.parse(["1234:1111"], "test"))
+
+
+def command(snapshot: str, name: str) -> str:
+    return (SNAPSHOTS / snapshot / "commands" / f"{name}.txt").read_text()
+
+
+def test_secure_boot_variable_is_attributes_then_one_byte() -> None:
+    enforcing = p.parse_od_bytes(command("lab-uefi-secureboot", "efivar-SecureBoot"))
+    off = p.parse_od_bytes(command("lab-uefi", "efivar-SecureBoot"))
+    # Attributes 0x06: boot service and runtime access (read-only to the OS), then the value.
+    assert enforcing == b"\x06\x00\x00\x00\x01" and off == b"\x06\x00\x00\x00\x00"
+    assert p.parse_efivar_bool(enforcing) is True and p.parse_efivar_bool(off) is False
+    # Not a boolean variable: too long, or a value other than 0/1, is unknown rather than a guess.
+    assert p.parse_efivar_bool(enforcing + b"\x00") is None and p.parse_efivar_bool(off[:4] + b"\x02") is None
+    assert p.parse_efivar_bool(None) is None
+    assert p.parse_od_bytes("not od output") is None
+
+
+def test_out_of_tree_modules_with_and_without_a_signer() -> None:
+    (module,) = p.parse_out_of_tree_modules(command("lab-uefi-secureboot-unsigned-module", "out-of-tree-modules"))
+    assert module.path == "/lib/modules/6.1.0-50-amd64/updates/dkms/nvidia-stand-in.ko"
+    assert module.signer is None and module.name == "nvidia-stand-in"
+    assert p.parse_out_of_tree_modules(command("lab-uefi-secureboot", "out-of-tree-modules")) == ()
+
+
+def test_secure_boot_host_facts() -> None:
+    facts = snapshot_facts("lab-uefi-secureboot")
+    firmware = facts.firmware
+    assert firmware.mode is FirmwareMode.UEFI and firmware.secure_boot is True
+    assert firmware.loader is ActiveLoader.SHIM_GRUB and firmware.loader_info is None
+    assert firmware.esp == "/boot/efi"
+    assert set(firmware.esp_binaries) == {"EFI/BOOT/BOOTX64.EFI", "EFI/BOOT/grubx64.efi", "EFI/BOOT/mmx64.efi"}
+    assert firmware.cmdline_source == "/etc/default/grub" and not firmware.proxmox_boot_tool
+    assert facts.bootloader.kind is BootloaderKind.GRUB and facts.bootloader.efi is True
+    assert firmware.describe() == "UEFI, Secure Boot enabled, shim+grub-efi"
+    # Under OVMF the BMC display took efifb, and the stand-in GPU is not the boot display.
+    assert facts.function("0000:00:02.0").boot_vga is True and facts.function("0000:01:00.0").boot_vga is False
+    assert facts.kernel_log.matching("secureboot: Secure boot enabled")
+
+
+def test_uefi_host_without_secure_boot_still_runs_shim() -> None:
+    firmware = snapshot_facts("lab-uefi").firmware
+    assert firmware.mode is FirmwareMode.UEFI and firmware.secure_boot is False
+    # Installed at the removable path, shim is BOOTX64.EFI; its MOK manager beside it names it.
+    assert firmware.loader is ActiveLoader.SHIM_GRUB
+    assert firmware.describe() == "UEFI, Secure Boot disabled, shim+grub-efi"
+
+
+def test_bios_host_facts_from_a_capture_older_than_the_firmware_facts() -> None:
+    firmware = snapshot_facts("lab-gpu-pair-fresh").firmware
+    assert firmware.mode is FirmwareMode.BIOS and firmware.secure_boot is False
+    assert firmware.loader is ActiveLoader.GRUB_BIOS and firmware.esp is None
+    assert firmware.out_of_tree_modules is None  # not listed by that gather script: unknown, not none
+    assert firmware.describe() == "BIOS, grub-bios"
+
+
+def test_audit_reports_firmware_and_the_unsigned_module_under_secure_boot() -> None:
+    _, _, findings = run_checks("lab-1", snapshot_facts("lab-uefi-secureboot-unsigned-module"), STAND_IN)
+    by_code = {f.code: f for f in findings}
+    assert by_code["firmware"].message == (
+        "lab-1: UEFI, Secure Boot enabled, shim+grub-efi; ESP /boot/efi; kernel command line from /etc/default/grub"
+    )
+    unsigned = by_code["firmware.secure_boot.unsigned_module"]
+    assert unsigned.severity.value == "warning" and "nvidia-stand-in" in unsigned.message
+    assert "mokutil --import" in unsigned.remedy
+    _, _, fresh = run_checks("lab-1", snapshot_facts("lab-uefi-secureboot"), STAND_IN)
+    assert "firmware.secure_boot.unsigned_module" not in {f.code for f in fresh}
+    assert "firmware.unknown" not in {f.code for f in fresh}
