@@ -86,3 +86,22 @@ def test_audit_reports_firmware_and_the_unsigned_module_under_secure_boot() -> N
     _, _, fresh = run_checks("lab-1", snapshot_facts("lab-uefi-secureboot"), STAND_IN)
     assert "firmware.secure_boot.unsigned_module" not in {f.code for f in fresh}
     assert "firmware.unknown" not in {f.code for f in fresh}
+
+
+def test_efifb_on_the_stand_in_gpu_names_the_bar_it_holds() -> None:
+    """Real capture: under OVMF without Secure Boot the GOP was the stand-in GPU's (boot_vga=1), and
+    the kernel gave its BAR 0 to efifb; the finding says so, with the remedy that still works."""
+    facts = snapshot_facts("lab-uefi")
+    assert facts.kernel_log is not None and facts.kernel_log.firmware_framebuffer_bars("0000:01:00.0") == ("0",)
+    _, _, findings = run_checks("lab-1", facts, STAND_IN)
+    (display,) = [f for f in findings if f.code == "gpu.boot_display"]
+    assert display.subject == "0000:01:00.0" and "BAR 0 assigned to efifb" in display.message, display
+    assert "initcall_blacklist=simpledrm" in display.remedy and "efifb:off" not in display.remedy
+
+
+def test_efifb_on_the_bmc_display_leaves_the_stand_in_gpu_alone() -> None:
+    """Real capture: with Secure Boot the GOP was the BMC's display (0000:00:02.0)."""
+    facts = snapshot_facts("lab-uefi-secureboot")
+    assert facts.kernel_log is not None and facts.kernel_log.firmware_framebuffer_bars("0000:00:02.0") == ("0",)
+    _, _, findings = run_checks("lab-1", facts, STAND_IN)
+    assert "gpu.boot_display" not in [f.code for f in findings]

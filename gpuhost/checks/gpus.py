@@ -479,20 +479,23 @@ def _check_boot_display(ctx: CheckContext, gpu: PciFunction) -> Iterator[Problem
     if not gpu.boot_vga:
         return
     log = ctx.facts.kernel_log
+    claimed = log.firmware_framebuffer_bars(gpu.address) if log is not None else ()
     holders = []
     if log is not None:
         for name in ("efifb", "simpledrm", "vesafb"):
             if log.matching(name):
                 holders.append(name)
     held = f"; the kernel log shows {', '.join(holders)} in use" if holders else ""
+    bars = f"; BAR {', '.join(claimed)} assigned to efifb" if claimed else ""
     yield ctx.finding(
         GPU_BOOT_DISPLAY,
         WARNING,
         gpu.address,
-        f"{gpu.describe()} is the boot display (boot_vga=1){held}: the firmware framebuffer can hold its "
-        "memory and the guest may fail to initialize it",
-        "Give the host another console (BMC/onboard VGA), or add video=efifb:off / initcall_blacklist=simpledrm "
-        "and nomodeset.",
+        f"{gpu.describe()} is the boot display (boot_vga=1){bars}{held}: the firmware framebuffer can hold "
+        "its memory and the guest may fail to initialize it",
+        # The guide: video=efifb:off no longer has any effect on modern kernels; simpledrm is what binds.
+        "Make the firmware draw on another display (BMC/onboard VGA as the primary display in the firmware setup), "
+        "or add initcall_blacklist=simpledrm (and nomodeset) to the host's kernel command line.",
     )
 
 

@@ -408,8 +408,16 @@ class KernelLog:
         widths = [((int(m.group(1), 16) >> 16) & 0x3F) + 1 for line in self.lines for m in _DMAR_CAP.finditer(line)]
         return min(widths) if widths else None
 
+    def firmware_framebuffer_bars(self, address: str) -> tuple[str, ...]:
+        """The BARs of the function at `address` that the kernel handed to the firmware framebuffer
+        ('pci 0000:01:00.0: BAR 0: assigned to efifb'): which memory the framebuffer holds, for the
+        boot-display finding (seen on a lab host under OVMF whose GOP was the stand-in GPU's)."""
+        matches = (_EFIFB_BAR.search(line) for line in self.lines)
+        return tuple(m.group(2) for m in matches if m is not None and m.group(1) == address)
+
 
 _DMAR_CAP = re.compile(r"DMAR: dmar\d+: reg_base_addr \S+ ver \S+ cap ([0-9a-f]+) ecap")
+_EFIFB_BAR = re.compile(r"pci ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): BAR (\d+): assigned to efifb")
 
 
 class VfioPci(TextEnum):
