@@ -47,6 +47,7 @@ def build_facts(tree: Tree) -> HostFacts:
     kernel_release = _first_line(tree.read("/proc/sys/kernel/osrelease"))
     modules = _modules(tree, kernel_release)
     bootloader = _bootloader(tree, exists)
+    packages = _packages(tree)
     return HostFacts(
         hostname=hostname,
         kernel_release=kernel_release,
@@ -67,12 +68,12 @@ def build_facts(tree: Tree) -> HostFacts:
         grub=_grub(tree, status),
         bootloader=bootloader,
         firmware=_firmware(tree, exists, bootloader),
-        nvidia=_nvidia(tree, exists),
+        nvidia=_nvidia(tree, exists, packages),
         modprobe=_modprobe(tree),
         kernel_log=_kernel_log(tree, status),
         dmi_vendor=_first_line(tree.read("/sys/class/dmi/id/sys_vendor")),
         dmi_product=_first_line(tree.read("/sys/class/dmi/id/product_name")),
-        virtualization=_virtualization(tree),
+        virtualization=_virtualization(packages),
         thread_siblings=_thread_siblings(tree),
     )
 
@@ -316,15 +317,22 @@ QEMU_PACKAGES = ("qemu-system-x86", "qemu-kvm")
 OVMF_PACKAGES = ("ovmf", "edk2-ovmf")
 
 
-def _virtualization(tree: Tree) -> VirtualizationSoftware | None:
-    """What render needs to know of the host's libvirt, QEMU and OVMF, from the package database."""
+def _packages(tree: Tree) -> tuple[Package, ...] | None:
+    """The host's package database (dpkg's status, else rpm's list), parsed once for every fact that
+    reads it; None when neither could be read."""
     dpkg, rpm = tree.command("dpkg"), tree.command("rpm")
-    if dpkg is None and rpm is None:
+    if dpkg is not None:
+        return p.parse_dpkg_status(dpkg)
+    if rpm is not None:
+        return p.parse_rpm_list(rpm)
+    return None
+
+
+def _virtualization(packages: tuple[Package, ...] | None) -> VirtualizationSoftware | None:
+    """What render needs to know of the host's libvirt, QEMU and OVMF, from the package database."""
+    if packages is None:
         return None
-    versions = {
-        pkg.name: pkg.version
-        for pkg in (p.parse_dpkg_status(dpkg) if dpkg is not None else p.parse_rpm_list(rpm or ""))
-    }
+    versions = {pkg.name: pkg.version for pkg in packages}
 
     def version(names: tuple[str, ...]) -> str | None:
         return next((versions[name] for name in names if name in versions), None)
@@ -403,14 +411,7 @@ def _cmdline_source(tree: Tree, bootloader: Bootloader, proxmox: bool) -> str | 
     return None
 
 
-def _nvidia(tree: Tree, exists: frozenset[str] | None) -> NvidiaInstall:
-    packages: tuple[Package, ...] | None = None
-    dpkg = tree.command("dpkg")
-    rpm = tree.command("rpm")
-    if dpkg is not None:
-        packages = p.parse_dpkg_status(dpkg)
-    elif rpm is not None:
-        packages = p.parse_rpm_list(rpm)
+def _nvidia(tree: Tree, exists: frozenset[str] | None, packages: tuple[Package, ...] | None) -> NvidiaInstall:
     if packages is not None:
         packages = tuple(pkg for pkg in packages if pkg.name.startswith(NVIDIA_PACKAGE_PREFIXES))
     version_text = tree.read("/proc/driver/nvidia/version")
