@@ -1,4 +1,8 @@
-"""Real kernels under QEMU: IOMMU groups per topology, the audit's judgement, reboot, and down.
+"""Real kernels under QEMU: IOMMU groups per topology, the audit's and the planner's judgement, down.
+
+A reboot through update-grub's generated grub.cfg is not repeated here: every trial boot of the
+fault suite, the GRUB-file module and Molecule's converge is one, and each ends with the audit's
+READY (the GPU's group unchanged, its functions on vfio-pci).
 
 Slow (an image build on a fresh machine, two hosts booting under TCG): run alone with
 `pytest -m lab tests/lab`. Needs qemu-system-x86, qemu-utils, openssh-client, and root plus
@@ -18,14 +22,14 @@ from typing import Any
 import pytest
 
 from gpuhost.cli.main import main
-from gpuhost.lab import fake_nvidia, fleet
+from gpuhost.lab import fake_nvidia
 from gpuhost.lab import image as lab_image
 from gpuhost.lab.image import Image
 from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.state import is_our_process, process_start_ticks
 from gpuhost.lab.topology import INTRUDER_NIC_ID, TOPOLOGIES
 
-from .conftest import BOOT_TIMEOUT, LabHost, qemu_processes_under
+from .conftest import LabHost, qemu_processes_under
 
 # Shares a worker with the guest lifecycle module; the fault suite and Molecule each have their own.
 pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab-rest")]
@@ -152,14 +156,22 @@ def test_fake_nvidia_install_and_uninstaller_record(lab_hosts: dict[str, LabHost
     assert host.run("sh", "-c", "ls /usr/bin/nvidia-uninstall 2>/dev/null || echo gone").strip() == "gone"
 
 
-def test_reboot_comes_back_with_the_same_groups(lab_hosts: dict[str, LabHost]) -> None:
-    host = lab_hosts["gpu-pair"]
-    # Through update-grub first: the generated grub.cfg, not the build's hand-written one, boots.
-    host.run("update-grub", timeout=300)
-    seconds = fleet.reboot(host.paths, host.record.name, timeout=BOOT_TIMEOUT)
-    print(f"[lab timing] reboot to SSH: {seconds:.1f} s")
-    assert iommu_groups(host)["0000:01:00.0"] == {"0000:01:00.0", "0000:01:00.1"}
-    assert "console=ttyS0" in host.run("cat", "/proc/cmdline")
+def test_plan_refuses_the_shared_group_host_naming_the_intruder(lab_hosts: dict[str, LabHost]) -> None:
+    """The planner on the live host's facts (what apply's plan play runs): refused, the NIC named.
+    That a refused host is left untouched by the playbook is fault 1 of test_faults_lab.py."""
+    host = lab_hosts["shared-group"]
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuhost", "plan", "-i", str(host.paths.inventory), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    (entry,) = json.loads(result.stdout)
+    assert result.returncode == 1 and entry["applicable"] is False, (result.returncode, result.stderr)
+    assert [refusal["code"] for refusal in entry["refusals"]] == ["group.intruder"], entry["refusals"]
+    (nic,) = TOPOLOGIES["shared-group"].intruders
+    assert nic in entry["refusals"][0]["message"] and "shares IOMMU group" in entry["refusals"][0]["message"]
 
 
 def test_status_reports_a_crashed_vm(lab_hosts: dict[str, LabHost], capsys: pytest.CaptureFixture[str]) -> None:
