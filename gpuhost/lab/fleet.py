@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from gpuhost.errors import InputError
 from gpuhost.lab import image as lab_image
+from gpuhost.lab import resume
 from gpuhost.lab.boot import BIOS_GRUB, BootMode
 from gpuhost.lab.errors import LabError
 from gpuhost.lab.inventory import InventoryHost, known_hosts_text, render_inventory
@@ -230,6 +232,7 @@ def wait_for_ssh(paths: LabPaths, records: Sequence[VmRecord], timeout: float = 
                 )
             if _ssh_banner(record.ssh_port) and _answers(paths, record):
                 del pending[name]
+                _after_first_answer(paths, record)
         if not pending:
             break
         if time.monotonic() - started > timeout:
@@ -242,14 +245,38 @@ def wait_for_ssh(paths: LabPaths, records: Sequence[VmRecord], timeout: float = 
     return time.monotonic() - started
 
 
-def _start_vm(spec: LabVmSpec, qemu: str, stderr_log: Path) -> VmRecord:
+def _after_first_answer(paths: LabPaths, record: VmRecord) -> None:
+    """A resumed host gets the controller's clock (its own stopped when its state was saved); a
+    booted one is saved for the next `lab up` of its shape, unless that is saved already."""
+    if record.resumed:
+        run_on(paths, record, ["date", "-s", f"@{time.time():.0f}"], timeout=60)
+        return
+    if not record.resume_key or not record.qmp_socket:
+        return
+    if resume.find_saved(paths.images, record.resume_key) is not None:
+        return
+    efi_vars = efi_vars_path(paths, record.name)
+    try:
+        resume.save_booted(
+            paths.images,
+            record.resume_key,
+            Path(record.qmp_socket),
+            Path(record.overlay),
+            efi_vars if efi_vars.exists() else None,
+        )
+    except Exception as error:  # a failed save costs the next `lab up` of this shape a boot, nothing more
+        (paths.logs / f"{record.name}-save.log").write_text(f"saving the booted host failed: {error!r}\n")
+
+
+def _start_vm(spec: LabVmSpec, qemu: str, stderr_log: Path, saved: resume.SavedBoot | None = None) -> VmRecord:
     argv = qemu_argv(spec, qemu)
     spec.pidfile.unlink(missing_ok=True)
+    launch = argv + (resume.incoming_argv(saved) if saved is not None else [])
     with stderr_log.open("w") as err:
         # -daemonize: the command returns once the VM runs, detached into its own session, so
         # it outlives this command; its PID comes from the pidfile.
         result = subprocess.run(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, check=False, timeout=120
+            launch, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, check=False, timeout=120
         )
     if result.returncode != 0:
         raise _QemuStartError(stderr_log.read_text(errors="replace").strip())
@@ -272,6 +299,8 @@ def _start_vm(spec: LabVmSpec, qemu: str, stderr_log: Path) -> VmRecord:
         cpus=spec.cpus,
         image="",
         argv=tuple(argv),
+        qmp_socket=str(spec.qmp_socket or ""),
+        resumed=saved is not None,
     )
 
 
@@ -288,6 +317,7 @@ def up(
     cpus: int = DEFAULT_CPUS,
     variant: str = "base",
     boot: BootMode = BIOS_GRUB,
+    resume_saved: bool = True,
     wait: bool = True,
     timeout: float = 300,
     progress: Progress = _no_progress,
@@ -345,7 +375,16 @@ def up(
                 )
                 records.append(
                     _start_with_free_port(
-                        paths, name, topology, memory_mib, cpus, overlay, tools["qemu-system-x86_64"], image, boot
+                        paths,
+                        name,
+                        topology,
+                        memory_mib,
+                        cpus,
+                        overlay,
+                        tools["qemu-system-x86_64"],
+                        image,
+                        boot,
+                        resume_saved,
                     )
                 )
                 progress(f"{name}: QEMU PID {records[-1].pid}, SSH on 127.0.0.1:{records[-1].ssh_port}")
@@ -384,6 +423,7 @@ def _start_with_free_port(
     qemu: str,
     image: lab_image.Image,
     boot: BootMode,
+    resume_saved: bool,
 ) -> VmRecord:
     efi_vars = None
     if boot.ovmf is not None:
@@ -391,29 +431,36 @@ def _start_with_free_port(
         # entries and, under Secure Boot, its own state there.
         efi_vars = efi_vars_path(paths, name)
         shutil.copyfile(boot.ovmf.vars_template, efi_vars)
+    pidfile = paths.root / f"{name}.pid"
+    shape = LabVmSpec(
+        name=name,
+        topology=topology,
+        memory_mib=memory_mib,
+        cpus=cpus,
+        ssh_port=0,
+        disk=overlay,
+        serial_log=paths.logs / f"{name}-serial.log",
+        pidfile=pidfile,
+        boot=boot,
+        efi_vars=efi_vars,
+        qmp_socket=resume.qmp_socket_for(pidfile),
+    )
+    key = resume.shape_key(shape, resume.image_identity(image.disk), resume.qemu_version(qemu)) if shape.qmp_socket else ""
+    saved = resume.find_saved(paths.images, key) if key and resume_saved else None
+    if saved is not None:
+        resume.restore_files(saved, overlay, efi_vars)
     # The port is free when chosen but could be taken before QEMU binds it: retry then.
     error = ""
     for _ in range(PORT_ATTEMPTS):
-        spec = LabVmSpec(
-            name=name,
-            topology=topology,
-            memory_mib=memory_mib,
-            cpus=cpus,
-            ssh_port=free_port(),
-            disk=overlay,
-            serial_log=paths.logs / f"{name}-serial.log",
-            pidfile=paths.root / f"{name}.pid",
-            boot=boot,
-            efi_vars=efi_vars,
-        )
+        spec = dataclasses.replace(shape, ssh_port=free_port())
         try:
-            record = _start_vm(spec, qemu, paths.logs / f"{name}-qemu.log")
+            record = _start_vm(spec, qemu, paths.logs / f"{name}-qemu.log", saved)
         except _QemuStartError as failure:
             error = str(failure)
             if "forward" not in error.lower():
                 break
             continue
-        return VmRecord(**{**record.__dict__, "image": str(image.disk)})
+        return dataclasses.replace(record, image=str(image.disk), resume_key=key)
     raise LabError(f"{name}: QEMU did not start: {error}")
 
 
@@ -438,6 +485,8 @@ def _forget(paths: LabPaths, records: Sequence[VmRecord]) -> None:
         Path(record.overlay).unlink(missing_ok=True)
         Path(record.pidfile).unlink(missing_ok=True)
         efi_vars_path(paths, record.name).unlink(missing_ok=True)
+        if record.qmp_socket:
+            Path(record.qmp_socket).unlink(missing_ok=True)
 
 
 def down(paths: LabPaths, *, grace: float = 15.0, progress: Progress = _no_progress) -> DownResult:

@@ -28,7 +28,13 @@ class VmRecord:
     memory_mib: int
     cpus: int
     image: str
+    # How to start this host again from its disk: never with `-incoming` (see gpuhost.lab.resume).
     argv: tuple[str, ...]
+    # Its QMP socket ("" without one), the key of its shape's saved boot, and whether this QEMU
+    # was resumed from that saved boot instead of booting.
+    qmp_socket: str = ""
+    resume_key: str = ""
+    resumed: bool = False
 
 
 @dataclass(frozen=True)

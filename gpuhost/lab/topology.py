@@ -120,6 +120,8 @@ class LabVmSpec:
     boot: BootMode = BIOS_GRUB
     # UEFI: this host's writable copy of OVMF's variable store (None under BIOS).
     efi_vars: Path | None = None
+    # QMP, through which a just-booted host's state is saved for later `lab up`s (gpuhost.lab.resume).
+    qmp_socket: Path | None = None
 
 
 def _opt_value(value: str | Path) -> str:
@@ -203,6 +205,7 @@ def qemu_argv(spec: LabVmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         f"file:{_opt_value(spec.serial_log)}",
         "-monitor",
         "none",
+        *(["-qmp", f"unix:{_opt_value(spec.qmp_socket)},server=on,wait=off"] if spec.qmp_socket else []),
         "-display",
         "none",
         "-daemonize",

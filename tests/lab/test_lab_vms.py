@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from gpuhost.cli.main import main
-from gpuhost.lab import fake_nvidia
+from gpuhost.lab import fake_nvidia, resume
 from gpuhost.lab import image as lab_image
 from gpuhost.lab.image import Image
 from gpuhost.lab.paths import LabPaths
@@ -87,6 +87,20 @@ def test_cached_image_is_reused_without_rebuilding(base_image: Image) -> None:
     again = lab_image.ensure_image(paths, "base")
     assert again.reused and again.disk == base_image.disk
     assert time.monotonic() - started < 5
+
+
+def test_each_host_resumed_its_shapes_saved_boot_or_saved_it(lab_hosts: dict[str, LabHost]) -> None:
+    """gpuhost.lab.resume: the first host of a shape to answer SSH saves its state; later ones of
+    that shape (in this run: the GRUB-file module's host before this one) resume from it."""
+    for name, host in lab_hosts.items():
+        record = host.record
+        assert record.resume_key and resume.find_saved(host.paths.images, record.resume_key) is not None, record
+        if record.resumed:
+            skew = abs(int(host.run("date", "+%s")) - time.time())
+            assert skew < 60, f"{name}: the resumed host's clock is {skew:.0f} s off"
+        # Either way the disk is the one its memory expects: the root file system takes writes.
+        written = host.run("sh", "-c", "echo written > /root/resume-check && sync && cat /root/resume-check")
+        assert written == "written\n", written
 
 
 def test_gpu_pair_is_alone_in_its_group_and_not_the_boot_display(lab_hosts: dict[str, LabHost]) -> None:

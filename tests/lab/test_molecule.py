@@ -1,7 +1,8 @@
 """The playbooks without the CLI: Molecule's scenario (playbooks/molecule/default) on lab hosts.
 
 `molecule test` runs destroy, syntax, create (a lab host), prepare (check mode changes nothing),
-converge (site.yml with its trial reboot), idempotence, verify and destroy; see the scenario's files for what each step asserts. It runs here, as one lab module
+converge (site.yml with its trial reboot), idempotence, verify and destroy; see the scenario's
+files for what each step asserts. It runs here, as one lab module
 so that the README's one test command runs it (on the lab-rest worker, beside the fault suite).
 Run alone: `pytest tests/lab/test_molecule.py -n 0 -s`, or from playbooks/:
 `PATH=$PWD/../.venv/bin:$PATH ../.venv/bin/molecule test`.
