@@ -373,13 +373,17 @@ def test_eight_gpus_on_two_sockets_split_by_gpus_and_declared_vms():
     assert "need 200 1 GiB pages (200 on NUMA node 0), more than the 150 planned" in short.refusals[0].message
 
 
-def test_gpus_on_one_socket_put_every_page_there_or_are_refused_naming_the_node():
+def test_gpus_on_one_socket_get_the_pages_their_node_holds_and_the_rest_go_to_the_other():
     from tests.test_render import HGX_NODE1
 
     one_node = _two_socket(gpus=list(HGX_NODE1), gpuhost_hugepages=400)
     assert one_node.applicable and "hugepages=1:400" in one_node.kernel_options
     assert one_node.hugepages.per_node == ((0, 0), (1, 400))
-    too_many = _two_socket(gpus=list(HGX_NODE1), gpuhost_hugepages="auto")  # 880 on a 512 GiB node
-    assert refusal_codes(too_many) == ["hugepages.node_too_small"]
-    assert "the plan puts 880 of the 880 pages on NUMA node 1" in too_many.refusals[0].message
-    assert "NUMA node 1 gets at most 486 pages" in too_many.refusals[0].remedy
+    # The guide's 880 for 1 TiB do not fit node 1's 512 GiB: it holds 486, node 0 takes the rest.
+    spilled = _two_socket(gpus=list(HGX_NODE1), gpuhost_hugepages="auto")
+    assert spilled.applicable, spilled.refusals
+    assert spilled.hugepages.per_node == ((0, 394), (1, 486)) and "hugepages=0:394,1:486" in spilled.kernel_options
+    assert "394 that the GPUs' nodes cannot hold go to the other nodes" in spilled.hugepages.placement
+    # More than both nodes hold together: refused as before.
+    too_many = _two_socket(gpus=list(HGX_NODE1), gpuhost_hugepages=1000)
+    assert refusal_codes(too_many) == ["hugepages.too_many"]

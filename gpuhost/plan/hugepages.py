@@ -112,11 +112,54 @@ class Placement:
     how: str  # why they go there, for the plan's text
 
 
+def node_capacity(facts: HostFacts, total_kib: int, minimum_kib: int) -> dict[int, int]:
+    """The most 1 GiB pages each memory node can hold while it keeps its share of the host's
+    minimum (prorated by its memory): what the planner's node_too_small refusal checks."""
+    return {
+        node.node_id: max(0, (node.mem_total_kib - minimum_kib * node.mem_total_kib // total_kib) // GIB_KIB)
+        for node in facts.numa_nodes
+        if node.mem_total_kib
+    }
+
+
+def _spill_over(
+    placed: dict[int, int], capacity: Mapping[int, int], vm_need: Mapping[int, int], gpu_nodes: list[int]
+) -> int:
+    """Move what a node cannot hold (beyond its VMs' own need, which stays) to nodes with room,
+    the GPUs' nodes first; returns how many pages moved. What no node has room for stays put, for
+    the node_too_small refusal to name."""
+    moved = 0
+    for node in list(placed):
+        limit = max(capacity.get(node, placed[node]), vm_need.get(node, 0))
+        excess = placed[node] - limit
+        if excess <= 0:
+            continue
+        targets = [n for n in gpu_nodes if n != node] + [n for n in sorted(placed) if n not in gpu_nodes and n != node]
+        for target in targets:
+            room = capacity.get(target, 0) - placed[target]
+            if room <= 0:
+                continue
+            step = min(room, excess)
+            placed[target] += step
+            placed[node] -= step
+            excess -= step
+            moved += step
+            if not excess:
+                break
+    return moved
+
+
 def place_on_nodes(
-    facts: HostFacts, pages: int, gpus_per_node: Mapping[int, int] | None, vm_need: Mapping[int, int]
+    facts: HostFacts,
+    pages: int,
+    gpus_per_node: Mapping[int, int] | None,
+    vm_need: Mapping[int, int],
+    capacity: Mapping[int, int] | None = None,
 ) -> Placement:
     """`pages` on the host's memory nodes: the declared VMs' need (`vm_need`, pages by node) first,
-    the rest by the selected GPUs per node (`gpus_per_node`; None: a GPU's node is unknown)."""
+    the rest by the selected GPUs per node (`gpus_per_node`; None: a GPU's node is unknown). A node
+    given more than it can hold (`capacity`, pages by node) passes the excess to other nodes, the
+    GPUs' nodes first: the total stays the one asked for, as close to the GPUs as memory allows."""
     even = split_across_nodes(facts, pages)
     memory_nodes = sorted(node.node_id for node in facts.numa_nodes if node.mem_total_kib)
     if len(memory_nodes) <= 1:
@@ -136,11 +179,14 @@ def place_on_nodes(
         shares[node] += 1
     for node, share in shares.items():
         placed[node] += share
+    moved = _spill_over(placed, capacity, vm_need, list(gpus)) if capacity is not None else 0
     per_node = tuple(placed.items())
     described = ", ".join(f"node {node}: {count} GPU(s)" for node, count in gpus.items())
     how = f"on the selected GPUs' NUMA nodes ({described})"
     if vm_need:
         how += "; the declared VMs need " + ", ".join(f"{count} on node {node}" for node, count in vm_need.items())
+    if moved:
+        how += f"; {moved} that the GPUs' nodes cannot hold go to the other nodes"
     if per_node == even:
         return Placement(per_node, False, how + "; the kernel's even split of hugepages=N gives the same")
     return Placement(per_node, True, how)

@@ -532,7 +532,7 @@ def _hugepages(facts: HostFacts, settings: PlanSettings, selection: GpuSelection
     need = pages_by_node(declared_vm_pages(facts, settings.gpus, settings.vms))
     gpu_nodes = [card_numa_node(facts, card) for card in selection.passthrough]
     gpus_per_node = None if None in gpu_nodes else dict(Counter(node for node in gpu_nodes if node is not None))
-    placement = hp.place_on_nodes(facts, pages, gpus_per_node, need)
+    placement = hp.place_on_nodes(facts, pages, gpus_per_node, need, hp.node_capacity(facts, total, minimum))
     if pages and facts.cpu is not None and "pdpe1gb" not in facts.cpu.flags:
         refuse(
             REFUSE_HUGEPAGES_UNSUPPORTED,
