@@ -161,6 +161,22 @@ def select_gpus(facts: HostFacts, selector: GpuSelector) -> GpuSelection:
     return GpuSelection(passthrough=passthrough, kept=kept, other_nvidia=other_nvidia, nvswitches=nvswitches)
 
 
+def card_numa_node(facts: HostFacts, card: GpuCard) -> int | None:
+    """The NUMA node of a card: its GPU's numa_node, that node on a one-node host without NUMA
+    information, else None (unknown)."""
+    node = card.gpu.numa_node
+    if node is not None and node >= 0:
+        return node
+    if len(facts.numa_nodes) == 1:
+        return facts.numa_nodes[0].node_id
+    return None
+
+
+def passthrough_in_order(facts: HostFacts, selector: GpuSelector) -> tuple[GpuCard, ...]:
+    """The host's passthrough GPUs in PCI address order: gpu0, gpu1, ... in a VM spec."""
+    return tuple(sorted(select_gpus(facts, selector).passthrough, key=lambda card: card.gpu.address))
+
+
 def nvswitch_functions_to_bind(facts: HostFacts, selection: GpuSelection) -> tuple[PciFunction, ...]:
     """What vfio-pci must own for the full passthrough model: every non-bridge function of each
     NVSwitch's IOMMU group (the NVSwitch itself; anything else there is an intruder the checks name)."""

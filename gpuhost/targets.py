@@ -192,12 +192,13 @@ def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, wher
         if from_command_line
         else GpuSelector.parse(gpus_value, where)
     )
-    audit = AuditPolicy(gpus=gpus, role=role, allow_shared_group=allowed)
+    vms = parse_vms(variables.get("gpuhost_vms"), where, vm_defaults(variables))
+    audit = AuditPolicy(gpus=gpus, role=role, allow_shared_group=allowed, vms=vms)
     return HostConfig(
         audit=audit,
         plan=PlanSettings.from_variables(variables, where, gpus=defaults.gpus),
         render=host_policy(variables, audit, where),
-        vms=parse_vms(variables.get("gpuhost_vms"), where, vm_defaults(variables)),
+        vms=vms,
     )
 
 

@@ -8,6 +8,7 @@ no code. The keys:
     base          the snapshot it derives from
     why           what real host it stands for, and what was changed (required: a reader must see it)
     gpus, role, allow_shared_group    the audit policy (gpuhost_gpus, gpuhost_role, ...)
+    vms           gpuhost_vms: the VMs declared for the host (the audit policy's, and the plan's variable)
     remove        paths (files or directories) a host would not have, or the audit could not read
     edit          {path: {"write": text} | {"append": text} | {"replace": [old, new]}}
     audit         codes the audit must report;  not_in_audit: codes it must not
@@ -28,12 +29,13 @@ from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host
+from gpuhost.render.spec import parse_vms
 from gpuhost.selection import GpuSelector
 from tests.helpers import FIXTURES, SNAPSHOTS
 
 CASES = FIXTURES / "audit-cases"
 CASE_KEYS = {"base", "why", "gpus", "role", "allow_shared_group", "remove", "edit", "audit", "not_in_audit"}
-CASE_KEYS |= {"severity", "plan"}
+CASE_KEYS |= {"severity", "plan", "vms"}
 
 
 def load_case(directory: Path) -> dict[str, Any]:
@@ -78,6 +80,7 @@ def test_audit_case(directory: Path, tmp_path: Path) -> None:
         gpus=GpuSelector.parse(case.get("gpus", "all"), directory.name),
         role=case.get("role", "auto"),
         allow_shared_group=tuple(case.get("allow_shared_group", ())),
+        vms=parse_vms(case.get("vms"), directory.name),
     )
     _, _, findings = run_checks(directory.name, facts, policy)
     found = {finding.code for finding in findings}
@@ -89,6 +92,8 @@ def test_audit_case(directory: Path, tmp_path: Path) -> None:
         assert finding.message.startswith(f"{directory.name}: "), finding  # every message names the host
     if "plan" in case:
         variables = {"gpuhost_gpus": case.get("gpus", "all"), **case["plan"].get("variables", {})}
+        if "vms" in case:
+            variables["gpuhost_vms"] = case["vms"]
         plan = plan_host(directory.name, facts, PlanSettings.from_variables(variables, f"case {directory.name}"))
         assert [r.code for r in plan.refusals] == case["plan"]["refusals"]
         assert all(r.remedy for r in plan.refusals), "every refusal names its fix"

@@ -65,6 +65,16 @@ def test_hugepages_request_follows_the_kernels_order():
     assert p.parse_hugepages_request(tokens) == {2048: 16, 1048576: 4}
 
 
+def test_hugepages_node_form_as_the_kernel_documents_it():
+    # Documentation/admin-guide/kernel-parameters.txt (hugepages=, Linux 5.16 on): "hugepagesz=1G
+    # hugepages=0:1,1:3 ... will allocate 1 hugepage in node0 and 3 hugepages in node1".
+    tokens = p.parse_cmdline("hugepagesz=1G hugepages=0:1,1:3").tokens
+    assert p.parse_hugepages_by_node(tokens) == {1048576: ((0, 1), (1, 3))}
+    assert p.parse_hugepages_request(tokens) == {1048576: 4}
+    # The plain form names no node: the kernel spreads it.
+    assert p.parse_hugepages_by_node(p.parse_cmdline(GUIDE_CMDLINE).tokens) == {1048576: ((None, 576),)}
+
+
 @pytest.mark.parametrize(
     ("attribute", "parse", "expected"),
     [

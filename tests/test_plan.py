@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from gpuhost.cli.plan import describe_plan
 from gpuhost.errors import InputError
 from gpuhost.facts.model import (
     Bootloader,
@@ -300,3 +301,89 @@ def test_plan_json_is_plain_data():
     data = plan(lab_facts()).to_json()
     assert data["schema"] == "gpuhost.plan/1" and data["applicable"] is True
     assert json.loads(json.dumps(data)) == data
+
+
+# --- huge pages on the GPUs' NUMA nodes (issue 15) -----------------------------------------------
+
+
+def _case_facts(name: str, tmp_path):
+    from gpuhost.facts.build import build_facts
+    from gpuhost.facts.snapshot import SnapshotTree
+    from tests.test_audit_cases import CASES, derive_snapshot, load_case
+
+    return build_facts(SnapshotTree(derive_snapshot(load_case(CASES / name), tmp_path)))
+
+
+TWO_NODES_VM = [{"name": "train-1", "vcpus": 1, "memory": "1G", "gpus": ["gpu0"]}]
+
+
+def test_on_two_nodes_the_page_goes_on_the_gpus_node_in_the_kernels_node_form(tmp_path):
+    """The lab capture as two nodes with the GPU on node 1: the kernel's even split of hugepages=1
+    would put the page on node 0; the plan names node 1."""
+    facts = _case_facts("lab-two-nodes-vm-pages-on-the-other-node", tmp_path)
+    result = plan(facts, gpuhost_vms=TWO_NODES_VM)
+    assert result.applicable, result.refusals
+    assert result.kernel_options[-3:] == ("default_hugepagesz=1G", "hugepagesz=1G", "hugepages=1:1")
+    assert result.hugepages.per_node == ((0, 0), (1, 1)) and result.hugepages.node_form
+    assert result.hugepages.vms_per_node == ((1, 1),)
+    assert "node 1: 1 GPU(s)" in result.hugepages.placement and "1 on node 1" in result.hugepages.placement
+    assert "huge pages by NUMA node" in result.grub_dropin
+    text = "\n".join(describe_plan(result))
+    assert "    per NUMA node: node 0: 0, node 1: 1 (hugepages=1:1; on the selected GPUs' NUMA nodes" in text
+    data = result.to_json()["hugepages"]
+    assert data["per_node"] == [[0, 0], [1, 1]] and data["node_form"] is True and data["vms_per_node"] == [[1, 1]]
+    # Without a declared VM the placement is the same: the GPU is on node 1.
+    assert plan(facts).hugepages.per_node == ((0, 0), (1, 1))
+
+
+def test_the_node_form_is_refused_on_a_kernel_older_than_5_16(tmp_path):
+    facts = _case_facts("lab-two-nodes-vm-pages-on-the-other-node", tmp_path)
+    ubuntu_2204_ga = dataclasses.replace(facts, kernel_release="5.15.0-91-generic")
+    result = plan(ubuntu_2204_ga)
+    assert refusal_codes(result) == ["hugepages.old_kernel"]
+    assert "5.15.0-91-generic" in result.refusals[0].message and "linux-generic-hwe-22.04" in result.refusals[0].remedy
+    # One node: the plain hugepages=N, on any kernel.
+    assert plan(dataclasses.replace(lab_facts(), kernel_release="5.15.0-91-generic")).applicable
+
+
+def _two_socket(**variables):
+    from tests.test_render import HGX_NODE0, HGX_NODE1, eight_gpu_two_socket_host
+
+    facts = eight_gpu_two_socket_host()
+    gpus = variables.pop("gpus", list(HGX_NODE0 + HGX_NODE1))
+    return plan(facts, gpuhost_gpus=gpus, **variables)
+
+
+def test_eight_gpus_on_two_sockets_split_by_gpus_and_declared_vms():
+    """The 2-socket host of tests/test_render.py: 1 TiB, two nodes of 512 GiB, four H100s on each."""
+    even = _two_socket(gpuhost_hugepages="auto")
+    assert even.applicable and even.hugepages.per_node == ((0, 440), (1, 440))
+    assert "hugepages=880" in even.kernel_options and not even.hugepages.node_form  # the kernel's split is the same
+    vms = [
+        {"name": "a", "vcpus": 8, "memory": "100G", "gpus": ["gpu0"]},
+        {"name": "b", "vcpus": 8, "memory": "100G", "gpus": ["gpu1"]},
+        {"name": "c", "vcpus": 8, "memory": "1G", "gpus": "none"},
+    ]
+    placed = _two_socket(gpuhost_hugepages=600, gpuhost_vms=vms)
+    assert placed.applicable, placed.refusals
+    # 200 for the VMs on node 0, the other 400 by GPUs (4 and 4).
+    assert placed.hugepages.per_node == ((0, 400), (1, 200)) and "hugepages=0:400,1:200" in placed.kernel_options
+    short = _two_socket(gpuhost_hugepages=150, gpuhost_vms=vms)
+    assert refusal_codes(short) == ["hugepages.vms_exceed"]
+    assert "need 200 1 GiB pages (200 on NUMA node 0), more than the 150 planned" in short.refusals[0].message
+
+
+def test_gpus_on_one_socket_get_the_pages_their_node_holds_and_the_rest_go_to_the_other():
+    from tests.test_render import HGX_NODE1
+
+    one_node = _two_socket(gpus=list(HGX_NODE1), gpuhost_hugepages=400)
+    assert one_node.applicable and "hugepages=1:400" in one_node.kernel_options
+    assert one_node.hugepages.per_node == ((0, 0), (1, 400))
+    # The guide's 880 for 1 TiB do not fit node 1's 512 GiB: it holds 486, node 0 takes the rest.
+    spilled = _two_socket(gpus=list(HGX_NODE1), gpuhost_hugepages="auto")
+    assert spilled.applicable, spilled.refusals
+    assert spilled.hugepages.per_node == ((0, 394), (1, 486)) and "hugepages=0:394,1:486" in spilled.kernel_options
+    assert "394 that the GPUs' nodes cannot hold go to the other nodes" in spilled.hugepages.placement
+    # More than both nodes hold together: refused as before.
+    too_many = _two_socket(gpus=list(HGX_NODE1), gpuhost_hugepages=1000)
+    assert refusal_codes(too_many) == ["hugepages.too_many"]

@@ -720,3 +720,28 @@ def test_emulator_threads_never_share_a_core_with_a_pinned_vcpu():
 def test_without_known_siblings_pinning_is_as_before():
     plan = plan_domain(eight_gpu_two_socket_host(), TRAIN_A, HGX_POLICY, host="hgx", host_vms=NODE1_VMS)
     assert plan.threads == 1 and [cpu for _, cpu in plan.vcpu_pins] == list(range(34, 42))
+
+
+# --- the declared VMs take their nodes' 1 GiB pages in turn (issue 15) ----------------------------
+
+
+def test_a_vm_whose_node_the_vms_before_it_leave_short_of_pages_is_refused():
+    """Node 1 of the 2-socket host has 448 pages reserved: train-a's 300 GiB leave 148, which
+    train-b's 200 GiB on the same node do not fit, although each fits alone."""
+    vms = parse_vms(
+        [
+            {"name": "train-a", "vcpus": 8, "memory": "300G", "gpus": ["gpu4"]},
+            {"name": "train-b", "vcpus": 8, "memory": "200G", "gpus": ["gpu5"]},
+        ],
+        "test",
+    )
+    host = eight_gpu_two_socket_host()
+    assert plan_domain(host, vms[0], HGX_POLICY, host="hgx", host_vms=vms).hugepages
+    with pytest.raises(RenderRefused) as caught:
+        plan_domain(host, vms[1], HGX_POLICY, host="hgx", host_vms=vms)
+    assert [c.code for c in caught.value.conflicts] == ["render.hugepages.node_short"]
+    assert "200 1 GiB huge pages needed on NUMA node 1, which has 448 reserved; the VMs declared before it " in str(
+        caught.value
+    )
+    assert "(train-a) take 300 of them" in str(caught.value)
+    assert plan_domain(host, vms[1], HGX_POLICY, host="hgx").hugepages  # alone it fits

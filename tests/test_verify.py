@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from gpuhost.facts.build import build_facts
+from gpuhost.facts.model import GIB_KIB, HugePagePool
 from gpuhost.facts.parsers import parse_cmdline
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host
@@ -71,3 +72,35 @@ def test_a_loaded_host_driver_fails_the_verification(tmp_path: Path):
     verification = verify_host("h100", facts, SETTINGS, lab_plan())
     assert "verify.host_driver.loaded" in codes(verification)
     assert "loaded: nvidia, nvidia_uvm" in verification.summary
+
+
+def test_per_node_pages_are_verified_where_the_plan_names_the_nodes(tmp_path: Path):
+    """The case lab-two-nodes-vm-pages-on-the-other-node (the GPU on node 1): the plan says
+    hugepages=1:1. Booted with the page on node 0 (as the capture has it) the host is not as
+    planned although the total is; with the page on node 1 it is ready."""
+    case = load_case(CASES / "lab-two-nodes-vm-pages-on-the-other-node")
+    facts = build_facts(SnapshotTree(derive_snapshot(case, tmp_path)))
+    settings = PlanSettings.from_variables({**VARIABLES, "gpuhost_vms": case["vms"]}, "inventory host lab-1")
+    plan = plan_host("lab-1", facts, settings).require_applicable().to_json()
+    assert "hugepages=1:1" in plan["kernel_options"]
+    pci = tuple(
+        dataclasses.replace(f, driver="vfio-pci") if f.address.startswith("0000:01:00.") else f for f in facts.pci
+    )
+    cmdline = parse_cmdline(f"{facts.cmdline} {' '.join(plan['kernel_options'])}")
+    booted = dataclasses.replace(facts, pci=pci, cmdline=cmdline)
+    on_node_0 = verify_host("lab-1", booted, settings, plan)
+    assert codes(on_node_0) == ["verify.hugepages.node_count", "verify.hugepages.node_count", "verify.audit.errors"]
+    assert "hugepages 1G node 0 (1 allocated, plan 0); hugepages 1G node 1 (0 allocated, plan 1)" in on_node_0.summary
+    assert "hugepages.node_allocation" in on_node_0.summary and "hugepages.node_short" in on_node_0.summary
+    moved = tuple(
+        dataclasses.replace(
+            node,
+            hugepages=tuple(
+                HugePagePool(p.size_kib, node.node_id, node.node_id) if p.size_kib == GIB_KIB else p
+                for p in node.hugepages
+            ),
+        )
+        for node in booted.numa_nodes
+    )
+    on_node_1 = verify_host("lab-1", dataclasses.replace(booted, numa_nodes=moved), settings, plan)
+    assert on_node_1.ok, on_node_1.summary

@@ -9,7 +9,7 @@ from gpuhost.checks.firmware import check_firmware
 from gpuhost.checks.gpus import check_gpu_cards, check_gpu_presence, check_nvswitches
 from gpuhost.checks.guest import check_guest
 from gpuhost.checks.host_software import check_initramfs, check_modprobe, check_nvidia_driver
-from gpuhost.checks.memory import check_hugepages
+from gpuhost.checks.memory import check_hugepages, check_hugepages_per_node
 from gpuhost.checks.platform import check_bootloader, check_command_line, check_cpu, check_iommu
 from gpuhost.facts.model import VENDOR_NVIDIA, HostFacts
 from gpuhost.problems import Problem, Severity
@@ -28,6 +28,7 @@ HOST_CHECKS: tuple[Check, ...] = (
     check_modprobe,
     check_initramfs,
     check_hugepages,
+    check_hugepages_per_node,
     check_bootloader,
     check_firmware,
 )

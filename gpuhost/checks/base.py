@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuhost.facts.model import HostFacts, PciFunction, TextEnum
 from gpuhost.problems import Problem, Severity
 from gpuhost.selection import GpuSelection, GpuSelector
+
+if TYPE_CHECKING:
+    from gpuhost.render.spec import VmSpec
 
 
 class Role(TextEnum):
@@ -27,6 +31,7 @@ class AuditPolicy:
     gpus: GpuSelector
     role: str = Role.AUTO  # a Role value (targets validate the inventory's string against ROLES)
     allow_shared_group: tuple[str, ...] = ()  # addresses whose group may hold other devices
+    vms: tuple[VmSpec, ...] = ()  # gpuhost_vms: the VMs whose memory the host's NUMA nodes must hold
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext
 from gpuhost.facts.model import GIB_KIB
-from gpuhost.facts.parsers import parse_hugepages_request
+from gpuhost.facts.parsers import parse_hugepages_by_node, parse_hugepages_request
+from gpuhost.numa import declared_vm_pages
 from gpuhost.problems import Problem, Severity, Stage, register
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -41,6 +42,18 @@ HUGEPAGES_RECOMMENDATION = register(
     Stage.AUDIT,
     Severity.INFO,
     "the guide's advice by RAM: below 128 GB skip, 128-512 GB optional",
+)
+HUGEPAGES_NODE_ALLOCATION = register(
+    "hugepages.node_allocation",
+    Stage.AUDIT,
+    Severity.ERROR,
+    "fewer 1 GiB pages on a NUMA node than the command line's hugepages=<node>:<count> asks for it",
+)
+HUGEPAGES_NODE_SHORT = register(
+    "hugepages.node_short",
+    Stage.AUDIT,
+    Severity.ERROR,
+    "a NUMA node has fewer 1 GiB pages than the VMs declared on its GPUs (gpuhost_vms) need",
 )
 HUGEPAGES_MOUNT = register("hugepages.mount", Stage.AUDIT, Severity.INFO, "no hugetlbfs mount with 1 GiB pages")
 
@@ -120,6 +133,54 @@ def check_hugepages(ctx: CheckContext) -> Iterator[Problem]:
             "huge pages",
             f"{total_gib:.0f} GiB of RAM: " + _ADVICE_TEXT[advice],
         )
+
+
+def check_hugepages_per_node(ctx: CheckContext) -> Iterator[Problem]:
+    """Each node's 1 GiB pages against what the command line asks for it (the plan, once applied)
+    and against what the VMs declared on its GPUs need (render binds their memory there)."""
+    facts = ctx.facts
+    host_pool = facts.hugepage_pool(GIB_KIB)
+    requested = parse_hugepages_by_node(facts.cmdline.tokens).get(GIB_KIB, ()) if facts.cmdline else ()
+    nodes = {node.node_id: node for node in facts.numa_nodes}
+    for node_id, count in requested:
+        if node_id is None:
+            continue
+        node = nodes.get(node_id)
+        pool = node.pool(GIB_KIB) if node is not None else None
+        allocated = pool.total if pool is not None else None
+        if allocated is None or allocated < count:
+            yield ctx.finding(
+                HUGEPAGES_NODE_ALLOCATION,
+                ERROR,
+                f"NUMA node {node_id}",
+                f"the kernel command line asks for {count} 1 GiB pages on NUMA node {node_id}, "
+                + (f"{allocated} were allocated there" if allocated is not None else "which the host does not have"),
+                f"Lower gpuhost_hugepages or move the GPUs' VMs: NUMA node {node_id} cannot hold {count} pages at boot "
+                "(its memory, less what the kernel takes early).",
+            )
+    if not host_pool or not host_pool.total:
+        return  # no 1 GiB pages reserved: the VMs use ordinary memory (hugepages: auto)
+    vms = declared_vm_pages(facts, ctx.policy.gpus, ctx.policy.vms)
+    need: dict[int, list[tuple[str, int]]] = {}
+    for vm in vms:
+        for node_id, pages in vm.per_node:
+            need.setdefault(node_id, []).append((vm.vm, pages))
+    for node_id, wanted in sorted(need.items()):
+        node = nodes.get(node_id)
+        pool = node.pool(GIB_KIB) if node is not None else None
+        if pool is None and len(nodes) <= 1:
+            pool = host_pool
+        have = pool.total if pool is not None and pool.total is not None else 0
+        total = sum(pages for _, pages in wanted)
+        if have < total:
+            names = ", ".join(f"{name} {pages}" for name, pages in wanted)
+            yield ctx.finding(
+                HUGEPAGES_NODE_SHORT,
+                ERROR,
+                f"NUMA node {node_id}",
+                f"NUMA node {node_id} has {have} 1 GiB pages; the VMs declared on its GPUs need {total} ({names})",
+                "Run gpuhost apply: it places the pages on the GPUs' nodes, the declared VMs' first.",
+            )
 
 
 def _check_hugetlbfs(ctx: CheckContext) -> Iterator[Problem]:

@@ -99,6 +99,9 @@ def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:
         early = f"driver_override for {' '.join(plan.override_addresses)}, " if plan.override_addresses else ""
         lines.append(f"  {INITRAMFS_SCRIPT_PATH}: {early}vfio-pci loaded before udev")
     lines.append(f"  huge pages: {plan.hugepages.pages} x 1 GiB ({plan.hugepages.rule})")
+    if plan.hugepages.pages and len(plan.hugepages.per_node) > 1:
+        nodes = ", ".join(f"node {node}: {count}" for node, count in plan.hugepages.per_node)
+        lines.append(f"    per NUMA node: {nodes} ({plan.hugepages.kernel_option}; {plan.hugepages.placement})")
     lines.append(f"  host driver: {plan.driver_removal.note}")
     if plan.backup_files:
         lines.append(

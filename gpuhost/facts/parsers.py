@@ -422,27 +422,42 @@ def parse_memory_size_kib(text: str) -> int | None:
 DEFAULT_HUGEPAGE_KIB = 2048
 
 
+_NODE_COUNTS = re.compile(r"^\d+:\d+(?:,\d+:\d+)*$")
+
+
 def parse_hugepages_request(tokens: tuple[str, ...]) -> dict[int, int]:
     """Huge pages the command line asks the kernel to reserve at boot, by page size in KiB.
 
     `hugepages=N` applies to the size of the latest `hugepagesz=` before it, or to
     `default_hugepagesz` (2 MiB when unset) when none came before it; as the kernel reads it.
+    The node form (`hugepages=0:1,1:3`, Linux 5.16 on) counts the pages of all its nodes.
     """
+    return {size: sum(count for _, count in nodes) for size, nodes in parse_hugepages_by_node(tokens).items()}
+
+
+def parse_hugepages_by_node(tokens: tuple[str, ...]) -> dict[int, tuple[tuple[int | None, int], ...]]:
+    """The same request by NUMA node: ((node, count), ...) per page size in KiB; the node is None
+    for the plain form (`hugepages=N`, which the kernel spreads over the nodes itself)."""
     default = DEFAULT_HUGEPAGE_KIB
     for token in tokens:
         key, _, value = token.partition("=")
         if key == "default_hugepagesz":
             default = parse_memory_size_kib(value) or default
-    requested: dict[int, int] = {}
+    requested: dict[int, tuple[tuple[int | None, int], ...]] = {}
     current: int | None = None
     for token in tokens:
         key, _, value = token.partition("=")
         if key == "hugepagesz":
             current = parse_memory_size_kib(value)
         elif key == "hugepages":
+            size = current if current is not None else default
+            if _NODE_COUNTS.match(value):
+                pairs = (pair.split(":") for pair in value.split(","))
+                requested[size] = tuple((int(node), int(count)) for node, count in pairs)
+                continue
             count = parse_int(value)
             if count is not None:
-                requested[current if current is not None else default] = count
+                requested[size] = ((None, count),)
     return requested
 
 

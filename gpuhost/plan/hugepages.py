@@ -16,6 +16,15 @@ Whatever the source (auto, N, a size), the host always keeps at least HOST_MINIM
 HOST_MINIMUM_FRACTION of its memory (the table's smallest margin is 5.3%), on every NUMA node;
 a request that would leave less is refused: the guide warns that with too many pages the
 machine does not boot.
+
+Where the pages go (`place_on_nodes`): on a host of one memory node, there; `hugepages=N` as
+before. On several nodes the pages go where the guests' memory is bound (render binds a VM's
+memory to its GPUs' nodes): first what the declared VMs (`gpuhost_vms`) need on each node, then
+the rest of the total shared among the nodes of the selected GPUs, in proportion to their GPUs
+(largest remainder, lower node first on a tie). The command line names the nodes
+(`hugepages=0:440,1:440`, the kernel's node form, Linux 5.16 on); where that placement is what
+the kernel's even split gives anyway, the plain `hugepages=N` is kept. Where a selected GPU's
+node is unknown the kernel's even split is kept.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from gpuhost.checks.memory import hugepage_recommendation
 from gpuhost.facts.model import GIB_KIB, HostFacts
@@ -37,6 +48,10 @@ GUIDE_TABLE: tuple[tuple[int, int], ...] = (
 )
 HOST_MINIMUM_KIB = 2 * GIB_KIB
 HOST_MINIMUM_FRACTION = 0.05
+# hugepages=<node>:<count>,... (the node form) is read by Linux 5.16 on (commit b5389086ad7b,
+# "hugetlbfs: extend the definition of hugepages parameter to support node allocation"); an older
+# kernel reads it with sscanf("%lu") and takes the first node's number for the count of pages.
+NODE_FORM_KERNEL = (5, 16)
 
 
 def auto_pages(mem_total_kib: int) -> tuple[int, str]:
@@ -86,3 +101,98 @@ def split_across_nodes(facts: HostFacts, pages: int) -> tuple[tuple[int, int], .
         return ((0, pages),) if pages else ()
     base, extra = divmod(pages, len(nodes))
     return tuple((node, base + (1 if index < extra else 0)) for index, node in enumerate(sorted(nodes)))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the pages go at boot, one count per memory node, and how the command line says it."""
+
+    per_node: tuple[tuple[int, int], ...]  # (NUMA node, pages), every memory node
+    node_form: bool  # the command line names the nodes (hugepages=0:440,1:440)
+    how: str  # why they go there, for the plan's text
+
+
+def node_capacity(facts: HostFacts, total_kib: int, minimum_kib: int) -> dict[int, int]:
+    """The most 1 GiB pages each memory node can hold while it keeps its share of the host's
+    minimum (prorated by its memory): what the planner's node_too_small refusal checks."""
+    return {
+        node.node_id: max(0, (node.mem_total_kib - minimum_kib * node.mem_total_kib // total_kib) // GIB_KIB)
+        for node in facts.numa_nodes
+        if node.mem_total_kib
+    }
+
+
+def _spill_over(
+    placed: dict[int, int], capacity: Mapping[int, int], vm_need: Mapping[int, int], gpu_nodes: list[int]
+) -> int:
+    """Move what a node cannot hold (beyond its VMs' own need, which stays) to nodes with room,
+    the GPUs' nodes first; returns how many pages moved. What no node has room for stays put, for
+    the node_too_small refusal to name."""
+    moved = 0
+    for node in list(placed):
+        limit = max(capacity.get(node, placed[node]), vm_need.get(node, 0))
+        excess = placed[node] - limit
+        if excess <= 0:
+            continue
+        targets = [n for n in gpu_nodes if n != node] + [n for n in sorted(placed) if n not in gpu_nodes and n != node]
+        for target in targets:
+            room = capacity.get(target, 0) - placed[target]
+            if room <= 0:
+                continue
+            step = min(room, excess)
+            placed[target] += step
+            placed[node] -= step
+            excess -= step
+            moved += step
+            if not excess:
+                break
+    return moved
+
+
+def place_on_nodes(
+    facts: HostFacts,
+    pages: int,
+    gpus_per_node: Mapping[int, int] | None,
+    vm_need: Mapping[int, int],
+    capacity: Mapping[int, int] | None = None,
+) -> Placement:
+    """`pages` on the host's memory nodes: the declared VMs' need (`vm_need`, pages by node) first,
+    the rest by the selected GPUs per node (`gpus_per_node`; None: a GPU's node is unknown). A node
+    given more than it can hold (`capacity`, pages by node) passes the excess to other nodes, the
+    GPUs' nodes first: the total stays the one asked for, as close to the GPUs as memory allows."""
+    even = split_across_nodes(facts, pages)
+    memory_nodes = sorted(node.node_id for node in facts.numa_nodes if node.mem_total_kib)
+    if len(memory_nodes) <= 1:
+        return Placement(even, False, "one NUMA node")
+    if gpus_per_node is None or not gpus_per_node:
+        return Placement(even, False, "spread evenly by the kernel: the selected GPUs' NUMA nodes are unknown")
+    placed = {node: vm_need.get(node, 0) for node in memory_nodes}
+    rest = max(0, pages - sum(placed.values()))
+    gpus = {node: count for node, count in sorted(gpus_per_node.items()) if node in placed}
+    if not gpus:
+        return Placement(even, False, "spread evenly by the kernel: the selected GPUs are on no memory node")
+    weight = sum(gpus.values())
+    shares = {node: rest * count // weight for node, count in gpus.items()}
+    left = rest - sum(shares.values())
+    by_remainder = sorted(gpus, key=lambda node: (-(rest * gpus[node] % weight), node))
+    for node in by_remainder[:left]:
+        shares[node] += 1
+    for node, share in shares.items():
+        placed[node] += share
+    moved = _spill_over(placed, capacity, vm_need, list(gpus)) if capacity is not None else 0
+    per_node = tuple(placed.items())
+    described = ", ".join(f"node {node}: {count} GPU(s)" for node, count in gpus.items())
+    how = f"on the selected GPUs' NUMA nodes ({described})"
+    if vm_need:
+        how += "; the declared VMs need " + ", ".join(f"{count} on node {node}" for node, count in vm_need.items())
+    if moved:
+        how += f"; {moved} that the GPUs' nodes cannot hold go to the other nodes"
+    if per_node == even:
+        return Placement(per_node, False, how + "; the kernel's even split of hugepages=N gives the same")
+    return Placement(per_node, True, how)
+
+
+def node_form_supported(kernel_release: str | None) -> bool:
+    """Whether the running kernel reads hugepages=<node>:<count> (Linux 5.16 on)."""
+    match = re.match(r"(\d+)\.(\d+)", kernel_release or "")
+    return match is not None and (int(match.group(1)), int(match.group(2))) >= NODE_FORM_KERNEL

@@ -56,9 +56,19 @@ class HugePagePlan:
     pages: int  # 1 GiB pages to reserve at boot (0: none, and gpuhost's hugepage options removed)
     requested: str  # the inventory value: auto, 0, N or a size
     rule: str  # how the number was reached, for the plan's text
-    per_node: tuple[tuple[int, int], ...]  # (NUMA node, pages) as the kernel spreads them at boot
+    per_node: tuple[tuple[int, int], ...]  # (NUMA node, pages) allocated at boot, every memory node
     host_keeps_kib: int  # memory left to the host
     mount_point: str | None  # hugetlbfs mount with pagesize=1G, with an fstab entry (None: none)
+    node_form: bool = False  # hugepages=<node>:<count>,...: per_node is the command line's (verified per node)
+    placement: str = ""  # why the pages go on those nodes
+    vms_per_node: tuple[tuple[int, int], ...] = ()  # (NUMA node, pages) the declared VMs (gpuhost_vms) need
+
+    @property
+    def kernel_option(self) -> str:
+        """hugepages=N, or the node form hugepages=0:440,1:440 (only the nodes that get pages)."""
+        if not self.node_form:
+            return f"hugepages={self.pages}"
+        return "hugepages=" + ",".join(f"{node}:{count}" for node, count in self.per_node if count)
 
 
 @dataclass(frozen=True)

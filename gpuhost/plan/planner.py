@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections import Counter
 from collections.abc import Callable
 from functools import cache
 
@@ -22,6 +23,7 @@ from gpuhost.facts.model import (
     VfioPci,
 )
 from gpuhost.facts.parsers import parse_modprobe_options
+from gpuhost.numa import declared_vm_pages, pages_by_node
 from gpuhost.plan import hugepages as hp
 from gpuhost.plan.model import (
     TRIAL_ENTRY_ID,
@@ -40,6 +42,7 @@ from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.selection import (
     GpuSelection,
     NvSwitchModel,
+    card_numa_node,
     nvswitch_functions_to_bind,
     nvswitch_group_intruders,
     select_gpus,
@@ -128,6 +131,18 @@ REFUSE_HUGEPAGES_NODE_TOO_SMALL = register(
     Severity.ERROR,
     "a NUMA node's share of the pages would leave it too little memory",
 )
+REFUSE_HUGEPAGES_OLD_KERNEL = register(
+    "hugepages.old_kernel",
+    Stage.PLAN,
+    Severity.ERROR,
+    "the pages must go on chosen NUMA nodes, but the kernel is older than 5.16 (no hugepages=<node>:<count>)",
+)
+REFUSE_HUGEPAGES_VMS_EXCEED = register(
+    "hugepages.vms_exceed",
+    Stage.PLAN,
+    Severity.ERROR,
+    "the VMs declared for the host (gpuhost_vms) need more 1 GiB pages than gpuhost_hugepages gives",
+)
 REFUSE_NVSWITCH_SHARED = register(
     "nvswitch.shared",
     Stage.PLAN,
@@ -171,7 +186,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         )
     functions = _functions(facts, selection, settings, refuse) + _nvswitches(facts, selection, refuse, notes)
     bind_by, vfio_ids, override = _binding(selection, functions, settings, refuse, notes)
-    pages = _hugepages(facts, settings, refuse)
+    pages = _hugepages(facts, settings, selection, refuse)
 
     options: list[str] = []
     owned_keys = list(OWNED_KEYS)
@@ -190,7 +205,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         options.append(vendor_flag)
         owned_keys.append(vendor_flag.split("=")[0])
     if pages.pages:
-        options.extend(("default_hugepagesz=1G", "hugepagesz=1G", f"hugepages={pages.pages}"))
+        options.extend(("default_hugepagesz=1G", "hugepagesz=1G", pages.kernel_option))
     for enabled, token in (
         (settings.pci_realloc, "pci=realloc"),
         (settings.pcie_aspm_off, "pcie_aspm=off"),
@@ -209,6 +224,8 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     ] or ["no GPU selected"]
     if pages.pages:
         described.append(f"huge pages: {pages.rule}")
+        if pages.node_form:
+            described.append(f"huge pages by NUMA node: {pages.placement}")
     dropin = _render(
         "grub/gpuhost.cfg.j2", description=described, patterns=_patterns(owned_keys, owned_tokens), options=options
     )
@@ -497,7 +514,7 @@ def _vendor_flag(facts: HostFacts) -> str | None:
     return None
 
 
-def _hugepages(facts: HostFacts, settings: PlanSettings, refuse: _Refuse) -> HugePagePlan:
+def _hugepages(facts: HostFacts, settings: PlanSettings, selection: GpuSelection, refuse: _Refuse) -> HugePagePlan:
     total = facts.memory.total_kib if facts.memory and facts.memory.total_kib else None
     mount = settings.hugetlbfs_mount
     if total is None:
@@ -512,13 +529,25 @@ def _hugepages(facts: HostFacts, settings: PlanSettings, refuse: _Refuse) -> Hug
     pages, rule = hp.requested_pages(settings.hugepages, total)
     keeps = total - pages * GIB_KIB
     minimum = hp.host_minimum_kib(total)
-    per_node = hp.split_across_nodes(facts, pages)
+    need = pages_by_node(declared_vm_pages(facts, settings.gpus, settings.vms))
+    gpu_nodes = [card_numa_node(facts, card) for card in selection.passthrough]
+    gpus_per_node = None if None in gpu_nodes else dict(Counter(node for node in gpu_nodes if node is not None))
+    placement = hp.place_on_nodes(facts, pages, gpus_per_node, need, hp.node_capacity(facts, total, minimum))
     if pages and facts.cpu is not None and "pdpe1gb" not in facts.cpu.flags:
         refuse(
             REFUSE_HUGEPAGES_UNSUPPORTED,
             "huge pages",
             f"{pages} 1 GiB huge pages are asked for ({rule}) but the CPU has no pdpe1gb flag.",
             "Set gpuhost_hugepages: 0 (use 2 MiB pages for guest memory instead).",
+        )
+    if pages and sum(need.values()) > pages:
+        wanted = ", ".join(f"{count} on NUMA node {node}" for node, count in need.items())
+        refuse(
+            REFUSE_HUGEPAGES_VMS_EXCEED,
+            "huge pages",
+            f"the VMs declared for the host (gpuhost_vms) need {sum(need.values())} 1 GiB pages ({wanted}), "
+            f"more than the {pages} planned ({rule}).",
+            f"Set gpuhost_hugepages to at least {sum(need.values())}, or give the VMs less memory (or hugepages: off).",
         )
     if pages and keeps < minimum:
         refuse(
@@ -532,22 +561,59 @@ def _hugepages(facts: HostFacts, settings: PlanSettings, refuse: _Refuse) -> Hug
             else "Set gpuhost_hugepages: 0: this host is too small to give up any 1 GiB page.",
         )
     elif pages:
-        nodes = {node.node_id: node for node in facts.numa_nodes}
-        for node_id, node_pages in per_node:
-            node = nodes.get(node_id)
-            if node is None or not node.mem_total_kib:
-                continue
-            node_minimum = minimum * node.mem_total_kib // total
-            if node.mem_total_kib - node_pages * GIB_KIB < node_minimum:
-                refuse(
-                    REFUSE_HUGEPAGES_NODE_TOO_SMALL,
-                    f"NUMA node {node_id}",
-                    f"the kernel spreads hugepages={pages} evenly, {node_pages} on NUMA node {node_id}, which has "
-                    f"only {node.mem_total_kib / GIB_KIB:.1f} GiB: the node would be left with less than "
-                    f"{node_minimum / GIB_KIB:.1f} GiB.",
-                    "Lower gpuhost_hugepages so that every node keeps its share of host memory.",
-                )
-    return HugePagePlan(pages, settings.hugepages, rule, per_node, max(keeps, 0), mount if pages else None)
+        _check_nodes(facts, pages, placement, total, minimum, refuse)
+    if pages and placement.node_form and not hp.node_form_supported(facts.kernel_release):
+        refuse(
+            REFUSE_HUGEPAGES_OLD_KERNEL,
+            "kernel",
+            f"the 1 GiB pages go on chosen NUMA nodes ({_describe_nodes(placement.per_node)}: {placement.how}), "
+            f"which the command line says as hugepages=<node>:<count>, read by Linux 5.16 on; the host runs "
+            f"{facts.kernel_release or 'an unknown kernel'}, which would take the first node number for the count.",
+            "Install a kernel of 5.16 or later (Ubuntu 22.04: linux-generic-hwe-22.04) and reboot into it, "
+            "then run gpuhost apply again.",
+        )
+    return HugePagePlan(
+        pages,
+        settings.hugepages,
+        rule,
+        placement.per_node,
+        max(keeps, 0),
+        mount if pages else None,
+        node_form=placement.node_form and pages > 0,
+        placement=placement.how,
+        vms_per_node=tuple(need.items()),
+    )
+
+
+def _check_nodes(
+    facts: HostFacts, pages: int, placement: hp.Placement, total: int, minimum: int, refuse: _Refuse
+) -> None:
+    """Each node keeps its share of the host's minimum (prorated by its memory) after its pages."""
+    nodes = {node.node_id: node for node in facts.numa_nodes}
+    for node_id, node_pages in placement.per_node:
+        node = nodes.get(node_id)
+        if node is None or not node.mem_total_kib:
+            continue
+        node_minimum = minimum * node.mem_total_kib // total
+        if node.mem_total_kib - node_pages * GIB_KIB < node_minimum:
+            why = (
+                f"the plan puts {node_pages} of the {pages} pages on NUMA node {node_id} ({placement.how})"
+                if placement.node_form
+                else f"the kernel spreads hugepages={pages} evenly, {node_pages} on NUMA node {node_id}"
+            )
+            most = max(0, (node.mem_total_kib - node_minimum) // GIB_KIB)
+            refuse(
+                REFUSE_HUGEPAGES_NODE_TOO_SMALL,
+                f"NUMA node {node_id}",
+                f"{why}, which has only {node.mem_total_kib / GIB_KIB:.1f} GiB: the node would be left with less "
+                f"than {node_minimum / GIB_KIB:.1f} GiB.",
+                f"Lower gpuhost_hugepages so that NUMA node {node_id} gets at most {most} pages and every node keeps "
+                "its share of host memory.",
+            )
+
+
+def _describe_nodes(per_node: tuple[tuple[int, int], ...]) -> str:
+    return ", ".join(f"{count} on node {node}" for node, count in per_node)
 
 
 def _grubenv(facts: HostFacts) -> tuple[str, str | None]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost.errors import InputError
+from gpuhost.render.spec import VmSpec, parse_vms, vm_defaults
 from gpuhost.selection import GpuSelector, allowed_shared_groups
 
 HUGEPAGES_AUTO = "auto"
@@ -68,6 +69,7 @@ class PlanSettings:
     trial_panic_seconds: int = 10  # panic=N on the trial entry: a panicking trial reboots onto the old default
     forced_past_refusals: tuple[str, ...] = ()  # tests only (FORCE_PAST_REFUSALS_ENV)
     trial_testing_options: tuple[str, ...] = ()  # tests only (TRIAL_TESTING_OPTIONS_ENV)
+    vms: tuple[VmSpec, ...] = ()  # gpuhost_vms: the 1 GiB pages go on their GPUs' nodes
 
     @classmethod
     def from_variables(cls, variables: Mapping[str, Any], where: str, gpus: object = None) -> PlanSettings:
@@ -114,6 +116,7 @@ class PlanSettings:
             trial_panic_seconds=int(panic),
             forced_past_refusals=forced_past_refusals(),
             trial_testing_options=trial_testing_options(),
+            vms=parse_vms(variables.get("gpuhost_vms"), where, vm_defaults(variables)),
         )
 
 

@@ -31,6 +31,12 @@ HOST_DRIVER_LOADED = register(
 HUGEPAGES_COUNT = register(
     "verify.hugepages.count", Stage.VERIFY, Severity.ERROR, "the 1 GiB pages allocated differ from the plan"
 )
+HUGEPAGES_NODE_COUNT = register(
+    "verify.hugepages.node_count",
+    Stage.VERIFY,
+    Severity.ERROR,
+    "the 1 GiB pages allocated on a NUMA node differ from the plan's count for it",
+)
 AUDIT_ERRORS = register(
     "verify.audit.errors", Stage.VERIFY, Severity.ERROR, "the audit finds errors on the rebooted host"
 )
@@ -158,7 +164,24 @@ def verify_host(host: str, facts: HostFacts, settings: PlanSettings, plan: Mappi
         "huge pages",
         "Lower gpuhost_hugepages to what the host can allocate at boot.",
     )
-    policy = AuditPolicy(gpus=settings.gpus, role=Role.HOST, allow_shared_group=settings.allow_shared_group)
+    if plan["hugepages"].get("node_form"):
+        # The plan named the nodes (hugepages=<node>:<count>): each node must have its count, no more
+        # and no less (pages on another node are remote memory for the VMs bound to this one).
+        for node_id, planned in plan["hugepages"]["per_node"]:
+            node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
+            node_pool = node.pool(GIB_KIB) if node is not None else None
+            got = node_pool.total if node_pool is not None else None
+            check(
+                f"hugepages 1G node {node_id}",
+                f"{got if got is not None else 'unknown'} allocated, plan {planned}",
+                HUGEPAGES_NODE_COUNT,
+                got != planned,
+                f"NUMA node {node_id}",
+                f"Lower gpuhost_hugepages or move the VMs: NUMA node {node_id} could not hold {planned} pages at boot.",
+            )
+    policy = AuditPolicy(
+        gpus=settings.gpus, role=Role.HOST, allow_shared_group=settings.allow_shared_group, vms=settings.vms
+    )
     _, _, findings = run_checks(host, facts, policy)
     audit_errors = errors(findings)
     check(

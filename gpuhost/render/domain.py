@@ -35,13 +35,16 @@ from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import InputError
 from gpuhost.facts.model import GIB_KIB, VENDOR_NVIDIA, HostFacts, PciFunction
 from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
+from gpuhost.numa import declared_vm_pages, pages_by_node, vm_pages
 from gpuhost.problems import Problem, Severity, Stage, listed, register
 from gpuhost.render.spec import HostPolicy, VmSpec
 from gpuhost.selection import (
     GpuCard,
+    card_numa_node,
     gpu_cards,
     nvswitch_functions_to_bind,
     nvswitch_group_intruders,
+    passthrough_in_order,
     select_gpus,
 )
 
@@ -178,6 +181,13 @@ HUGEPAGES_NOT_FREE = register(
     "fewer free 1 GiB pages (on the node) than the memory needs",
 )
 
+HUGEPAGES_NODE_SHORT = register(
+    "render.hugepages.node_short",
+    Stage.RENDER,
+    Severity.ERROR,
+    "the VMs declared before it (gpuhost_vms) leave its NUMA node too few of the node's 1 GiB pages",
+)
+
 
 def _conflict(code: str, subject: str, message: str, remedy: str = "") -> Problem:
     """One reason the VM cannot be rendered; the message and remedy read as one sentence when joined."""
@@ -303,8 +313,7 @@ def format_cpulist(cpus: Sequence[int]) -> str:
 
 def passthrough_gpus(facts: HostFacts, policy: HostPolicy) -> tuple[GpuCard, ...]:
     """The host's passthrough GPUs in PCI address order: gpu0, gpu1, ... in a VM spec."""
-    selection = select_gpus(facts, policy.gpus)
-    return tuple(sorted(selection.passthrough, key=lambda card: card.gpu.address))
+    return passthrough_in_order(facts, policy.gpus)
 
 
 def plan_domain(
@@ -334,7 +343,7 @@ def plan_domain(
     nvswitches = _nvswitches(facts, cards, policy, conflicts)
     _check_functions(groups, spec, taken or {}, conflicts, extra=nvswitches)
 
-    node_of = {card.gpu.address: _card_node(facts, card) for card in cards}
+    node_of = {card.gpu.address: card_numa_node(facts, card) for card in cards}
     nodes = _known_nodes(node_of)
     if cards and len(nodes) < len({*node_of.values()}) and nodes:
         unknown = ", ".join(address for address, node in node_of.items() if node is None)
@@ -394,6 +403,8 @@ def plan_domain(
     cpus = allocate_cpus(facts, policy, vms, cpus_taken=cpus_taken).of(spec)
     conflicts.extend(cpus.conflicts)
     _check_memory(facts, spec, nodes, hugepages, conflicts)
+    if hugepages:
+        _check_declared_pages(facts, spec, vms, policy, conflicts)
     if conflicts:
         raise RenderRefused(spec.name, host, conflicts)
 
@@ -610,15 +621,6 @@ def _check_functions(
             )
 
 
-def _card_node(facts: HostFacts, card: GpuCard) -> int | None:
-    node = card.gpu.numa_node
-    if node is not None and node >= 0:
-        return node
-    if len(facts.numa_nodes) == 1:  # no NUMA information on a one-node host: that node
-        return facts.numa_nodes[0].node_id
-    return None
-
-
 def _use_hugepages(facts: HostFacts, spec: VmSpec, conflicts: list[Problem]) -> bool:
     if spec.hugepages == "off":
         return False
@@ -752,7 +754,7 @@ def _vcpu_nodes(facts: HostFacts, spec: VmSpec, policy: HostPolicy) -> tuple[lis
     refuses those, and such a VM takes no CPUs from the VMs after it)."""
     conflicts: list[Problem] = []
     cards = _resolve_gpus(facts, spec, policy, conflicts)
-    node_of = {card.gpu.address: _card_node(facts, card) for card in cards}
+    node_of = {card.gpu.address: card_numa_node(facts, card) for card in cards}
     nodes = _known_nodes(node_of)
     unknown_node = len(nodes) < len({*node_of.values()})
     settled = not conflicts and not unknown_node and len(nodes) <= MAX_CELLS and spec.vcpus % max(1, len(nodes)) == 0
@@ -921,6 +923,38 @@ def _check_memory(
                 MEMORY_TOO_MUCH,
                 "memory",
                 f"{spec.memory_mib} MiB of memory asked, the host has {host_kib // 1024} MiB.",
+            )
+        )
+
+
+def _check_declared_pages(
+    facts: HostFacts, spec: VmSpec, vms: Sequence[VmSpec], policy: HostPolicy, conflicts: list[Problem]
+) -> None:
+    """The VMs declared before this one take their pages from their nodes first (inventory order,
+    as for CPUs): what is left of the node's reserved pages must hold this VM's share."""
+    mine = vm_pages(facts, policy.gpus, spec)
+    if mine is None:
+        return
+    index = next((i for i, vm in enumerate(vms) if vm.name == spec.name), len(vms))
+    before = declared_vm_pages(facts, policy.gpus, vms[:index])
+    taken = pages_by_node(before)
+    for node_id, pages in mine.per_node:
+        node = next((n for n in facts.numa_nodes if n.node_id == node_id), None)
+        pool = node.pool(GIB_KIB) if node is not None else None
+        if pool is None and len(facts.numa_nodes) <= 1:
+            pool = facts.hugepage_pool(GIB_KIB)
+        reserved = pool.total if pool is not None else None
+        if reserved is None or not taken.get(node_id) or taken[node_id] + pages <= reserved:
+            continue
+        holders = ", ".join(vm.vm for vm in before if node_id in dict(vm.per_node))
+        conflicts.append(
+            _conflict(
+                HUGEPAGES_NODE_SHORT,
+                f"NUMA node {node_id}",
+                f"{pages} 1 GiB huge pages needed on NUMA node {node_id}, which has {reserved} reserved; the VMs "
+                f"declared before it ({holders}) take {taken[node_id]} of them;",
+                "reserve more on that node (gpuhost_hugepages, then gpuhost apply), give the VMs less memory, "
+                "or set hugepages: off for one of them.",
             )
         )
 

@@ -1,0 +1,67 @@
+"""Where a host's declared VMs (`gpuhost_vms`) keep their memory: on their GPUs' NUMA nodes.
+
+Render binds a VM's memory to the nodes of its GPUs, split evenly over them (one guest cell per
+node); with 1 GiB huge pages each node must hold its share in pages. The planner places the
+host's pages by this, the audit and render compare the nodes' pages with it. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpuhost.facts.model import HostFacts
+from gpuhost.selection import GpuCard, GpuSelector, card_numa_node, passthrough_in_order
+
+if TYPE_CHECKING:
+    from gpuhost.render.spec import VmSpec
+
+
+@dataclass(frozen=True)
+class VmPages:
+    """The 1 GiB pages one VM's memory takes on each of its GPUs' nodes."""
+
+    vm: str
+    per_node: tuple[tuple[int, int], ...]  # (NUMA node, pages), by node
+
+
+def vm_pages(facts: HostFacts, selector: GpuSelector, vm: VmSpec) -> VmPages | None:
+    """None where the VM takes no pages from a node: hugepages: off, no GPU (its memory is not
+    bound), or a GPU or its node unknown (render refuses such a VM)."""
+    if vm.hugepages == "off" or not vm.gpus:
+        return None
+    available = passthrough_in_order(facts, selector)
+    by_address = {card.gpu.address: card for card in available}
+    cards: list[GpuCard] = []
+    for name in vm.gpus:
+        if name == "all":
+            cards.extend(available)
+        elif name.startswith("gpu") and int(name[3:]) < len(available):
+            cards.append(available[int(name[3:])])
+        elif name in by_address:
+            cards.append(by_address[name])
+        else:
+            return None
+    nodes = {card_numa_node(facts, card) for card in cards}
+    if not cards or None in nodes:
+        return None
+    known = sorted(node for node in nodes if node is not None)
+    pages = math.ceil(vm.memory_mib / 1024 / len(known))
+    return VmPages(vm.name, tuple((node, pages) for node in known))
+
+
+def declared_vm_pages(facts: HostFacts, selector: GpuSelector, vms: Sequence[VmSpec]) -> tuple[VmPages, ...]:
+    """Every declared VM that takes pages from a node, in inventory order."""
+    found = (vm_pages(facts, selector, vm) for vm in vms)
+    return tuple(pages for pages in found if pages is not None)
+
+
+def pages_by_node(vms: Iterable[VmPages]) -> dict[int, int]:
+    """The pages the VMs need on each node, added up."""
+    total: dict[int, int] = {}
+    for vm in vms:
+        for node, pages in vm.per_node:
+            total[node] = total.get(node, 0) + pages
+    return dict(sorted(total.items()))
