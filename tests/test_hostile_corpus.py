@@ -25,7 +25,8 @@ from gpuhost.output import write_output
 from gpuhost.targets import validate_host
 from gpuhost.transport import TransportError
 from gpuhost.transport.ssh import MAX_STDOUT_BYTES, _drain
-from tests.helpers import SNAPSHOTS
+from tests.helpers import FIXTURES, SNAPSHOTS
+from tests.test_audit_cases import derive_snapshot, load_case
 from tests.test_render_cli import INVENTORY as RENDER_INVENTORY
 from tests.test_render_cli import LAB_FRESH
 
@@ -131,6 +132,35 @@ def test_hostile_snapshot(case: dict[str, Any], tmp_path: Path, capsys: pytest.C
     assert len(hosts) == 2 and hosts[1]["ready"] is True
     if "meta_host" in case:
         assert hosts[0]["host"] == case["meta_host"]  # JSON keeps the value exact; escaping is the terminal's
+
+
+@pytest.mark.parametrize("listing", ["empty", "missing"])
+def test_a_gpu_whose_group_listing_is_unknown_is_never_ready(
+    listing: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Class 2: the GPU's functions on the host nvidia driver and its IOMMU group's devices/ listing
+    # empty (or missing): once READY, exit 0, with empty driver and function columns.
+    case = load_case(FIXTURES / "audit-cases" / "lab-group-listing-empty-nvidia-bound")
+    if listing == "missing":
+        case["remove"] = ["sys/kernel/iommu_groups/6/devices"]
+    snapshot = str(derive_snapshot(case, tmp_path))
+    policy = ["--gpus", "1234:1111", "--role", "host"]
+    status, out, err = run(capsys, ["audit", *policy, "--from-snapshot", snapshot])
+    assert_clean(out, err)
+    assert status == 1, out + err
+    assert out.startswith("lab-1: NOT READY — passthrough host, 1 GPU [1234:1111] on no PCIe link, driver nvidia,")
+    (row,) = [line for line in out.splitlines() if line.startswith("0000:01:00.0")]
+    assert row.split()[:10] == ["0000:01:00.0", "1234:1111", "yes", "6", "00.0", "00.1", "nvidia", "no", "PCIe", "link"]
+    assert row.rstrip().endswith("not ready")
+    status, out, err = run(capsys, ["audit", "--json", *policy, "--from-snapshot", snapshot])
+    (host,) = [json.loads(line) for line in out.splitlines()]
+    assert status == 1 and host["ready"] is False
+    (gpu,) = [g for g in host["gpus"] if g["selected"]]
+    assert [(f["address"], f["driver"]) for f in gpu["functions"]] == [
+        ("0000:01:00.0", "nvidia"),
+        ("0000:01:00.1", "nvidia"),
+    ]
+    assert gpu["group_members"] == ["0000:01:00.0"]  # the group's other members are unknown
 
 
 def test_a_bus_named_like_an_emoji_code_stays_an_address(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
