@@ -12,6 +12,7 @@ import shutil
 import socket
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -346,6 +347,36 @@ def test_output_is_bounded_while_reading() -> None:
         _drain(channel, 60.0, "ssh://root@gpu01:22")  # type: ignore[arg-type]
     assert error.value.kind == "command"
     assert channel.sent <= MAX_STDOUT_BYTES + (1 << 16), "reading stops at the cap, not at the end"
+
+
+@pytest.mark.ssh
+def test_a_real_host_streaming_a_gibibyte_costs_the_cap_not_the_stream(sshd_server: Any, tmp_path: Path) -> None:
+    # Class 5 over real SSH (tests/sshd.py): 1 GiB on stdout took the controller to 1.09 GB before the
+    # bound; now reading stops at the cap. Python's allocations are traced: the peak stays near the
+    # 64 MiB kept (a bytearray doubles as it grows), far from the 1 GiB sent.
+    from gpuhost.transport.ssh import MAX_STDERR_BYTES, SshOptions, SshTransport
+
+    options = SshOptions(
+        host="127.0.0.1",
+        port=sshd_server.port,
+        key_file=sshd_server.client_key,
+        known_hosts_file=sshd_server.write_known_hosts(tmp_path / "known_hosts"),
+    )
+    transport = SshTransport(options)
+    try:
+        tracemalloc.start()
+        with pytest.raises(TransportError, match="more than 64 MiB") as error:
+            transport.run(["head", "-c", str(1 << 30), "/dev/zero"], timeout=120.0)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert error.value.kind == "command"
+        assert peak < 3 * MAX_STDOUT_BYTES, f"peak {peak / 2**20:.0f} MiB"
+        # stderr keeps its first MiB and is drained to the end, so the command still finishes.
+        flood = transport.run(["sh", "-c", "head -c 16777216 /dev/zero >&2; echo done"], timeout=120.0)
+        assert flood.stdout == b"done\n" and MAX_STDERR_BYTES <= len(flood.stderr) <= MAX_STDERR_BYTES + (1 << 16)
+    finally:
+        tracemalloc.stop()
+        transport.close()
 
 
 # --- verbs outside the audit: one host, no fleet barrier, still no traceback ---------------------------
