@@ -379,6 +379,60 @@ def test_a_real_host_streaming_a_gibibyte_costs_the_cap_not_the_stream(sshd_serv
         transport.close()
 
 
+# --- recorded smoke-test files: NaN, nonsense and broken JSON (class 6) ------------------------------------
+
+RECORDED_RUN = FIXTURES / "h100-smoke" / "issue14" / "run4-2026-11-25" / "runs" / "full-1.json"
+GPU_TABLE = Path(__file__).resolve().parents[1] / "gpuhost" / "data" / "gpu_models.json"
+
+
+def _set(document: Any, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for key in parents:
+        document = document[int(key)] if isinstance(document, list) else document[key]
+    if isinstance(document, list):
+        document[int(last)] = value
+    else:
+        document[last] = value
+
+
+def recorded_file(case: dict[str, Any], tmp_path: Path) -> Path:
+    path = tmp_path / f"{case['name']}.json"
+    if "raw" in case:
+        path.write_bytes(case["raw"].encode("latin-1"))
+        return path
+    if "nest" in case:
+        path.write_text("[" * case["nest"] + "]" * case["nest"])
+        return path
+    document = json.loads((GPU_TABLE if case["as"] == "gpu-table" else RECORDED_RUN).read_text())
+    for result in document["suite"]["results"] if "each_result" in case else ():
+        result.update(case["each_result"])
+    for dotted, value in case.get("set", {}).items():
+        _set(document, dotted, value)
+    text = json.dumps(document)  # Python writes NaN and Infinity as such, like a careless tool
+    if "replace" in case:
+        old, new = case["replace"]
+        text = text.replace(old, new, 1)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case", cases("recorded"))
+def test_hostile_recorded_file(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edited = str(recorded_file(case, tmp_path))
+    argv = {
+        "replay": ["--replay", edited],
+        "baseline": ["--replay", str(RECORDED_RUN), "--baseline", edited],
+        "gpu-table": ["--replay", str(RECORDED_RUN), "--gpu-table", edited],
+    }[case["as"]]
+    status, out, err = run(capsys, ["smoke-test", *argv])
+    assert_clean(out, err)
+    assert status == case.get("exit", 2), out + err
+    if "says" in case:
+        assert case["says"] in err and out == "", err
+    else:
+        assert case["shows"] in out, out
+
+
 # --- verbs outside the audit: one host, no fleet barrier, still no traceback ---------------------------
 
 

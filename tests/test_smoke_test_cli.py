@@ -131,7 +131,7 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown benchmark(s)" in capsys.readouterr().err
     missing = main(["smoke-test", "--replay", "/nonexistent/run.json"])
     assert missing == 2
-    assert "cannot read /nonexistent/run.json" in capsys.readouterr().err
+    assert "cannot read the recorded run /nonexistent/run.json" in capsys.readouterr().err
 
 
 def test_delay_streams_reaches_the_suite_and_bad_values_are_refused() -> None:
