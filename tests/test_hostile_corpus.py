@@ -308,6 +308,36 @@ def test_malformed_known_hosts_line_is_that_hosts_error(
     assert listener.connections == 0
 
 
+@pytest.mark.ssh
+def test_a_server_dropping_the_connection_mid_command_is_that_hosts_error(
+    tmp_path: Path,
+    sshd_server: Any,
+    sshd_known_hosts: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Class 3: the connection dropped mid-transfer (EOFError, a traceback and no JSON for anyone).
+    # A real sshd; the script the gather sends kills its own sshd session process after 1 MB.
+    monkeypatch.setattr("gpuhost.facts.gather.gather_script", lambda: b"head -c 1000000 /dev/zero; kill -9 $PPID\n")
+    argv = ["audit", "--json", "--known-hosts", str(sshd_known_hosts), "--private-key", str(sshd_server.client_key)]
+    status, out, err = run(capsys, [*argv, sshd_server.target, "--from-snapshot", str(H100)])
+    assert_clean(out, err)
+    broken, healthy = (json.loads(line) for line in out.splitlines())
+    assert status == 2 and broken["reachable"] is False, broken
+    assert broken["host"] == sshd_server.target, broken
+    # Which side sees the drop first is a race: the stream ends without an exit status, or paramiko
+    # raises EOFError (whose message is empty: the error once ended in a bare colon).
+    assert (broken["error_kind"], broken["error"].split(": ", 1)[1]) in {
+        (
+            "command",
+            "the read-only gather script failed (exit -1: it ended without an exit status, the connection "
+            "closed or a signal killed it)",
+        ),
+        ("unreachable", "the connection broke while running sh: EOFError, the server closed it"),
+    }, broken
+    assert healthy["ready"] is True
+
+
 def test_garbage_private_key_is_that_hosts_error(
     tmp_path: Path, sshd_server: Any, sshd_known_hosts: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
