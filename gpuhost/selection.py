@@ -196,18 +196,31 @@ def nvswitch_group_intruders(facts: HostFacts, selection: GpuSelection) -> tuple
     return tuple(f for f in nvswitch_functions_to_bind(facts, selection) if not f.is_nvswitch)
 
 
-def group_members(facts: HostFacts, function: PciFunction) -> tuple[PciFunction, ...]:
-    """Every function in `function`'s IOMMU group (itself included)."""
+def group_listed(facts: HostFacts, function: PciFunction) -> bool:
+    """Whether `function`'s IOMMU group listing was read and names the function itself: without
+    that (no group, a listing missing, empty or unreadable) the group's members are unknown."""
     if function.iommu_group is None:
+        return False
+    return function.address in facts.iommu.groups.get(function.iommu_group, ())
+
+
+def group_members(facts: HostFacts, function: PciFunction) -> tuple[PciFunction, ...]:
+    """Every function in `function`'s IOMMU group (itself included; only itself where the group's
+    listing is not known, see group_listed)."""
+    if not group_listed(facts, function):
         return (function,)
-    addresses = facts.iommu.groups.get(function.iommu_group, (function.address,))
-    members = [facts.function(address) for address in addresses]
+    assert function.iommu_group is not None  # group_listed
+    members = [facts.function(address) for address in facts.iommu.groups[function.iommu_group]]
     return tuple(member for member in members if member is not None)
 
 
 def functions_to_bind(facts: HostFacts, card: GpuCard) -> tuple[PciFunction, ...]:
     """What vfio-pci must own for this card to be passed through: every non-bridge function of
-    its IOMMU group (the card's own functions; an intruder too, which the checks refuse)."""
+    its IOMMU group (the card's own functions; an intruder too, which the checks refuse). Where the
+    group's listing is not known, the card's own functions: never nothing, so their drivers are
+    still judged and shown (issue 13.2: an empty listing once left an nvidia-bound GPU 'ready')."""
+    if not group_listed(facts, card.gpu):
+        return tuple(function for function in card.functions if not function.is_bridge)
     members = group_members(facts, card.gpu)
     return tuple(member for member in members if not member.is_bridge)
 

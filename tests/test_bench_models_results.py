@@ -167,3 +167,15 @@ def test_null_value_parses_as_missing() -> None:
 def test_not_json() -> None:
     with pytest.raises(ResultParseError, match="not JSON"):
         parse_suite_output("gpuhost-kernels: crashed")
+
+
+def test_a_non_finite_datasheet_figure_is_refused_even_past_the_json_reader() -> None:
+    # Issue 13 class 6: a NaN figure compared false with every threshold, so its check was dropped
+    # and the run passed. The strict reader refuses NaN in a file; the table's own check does too.
+    from gpuhost.bench.models import parse_model_document
+
+    document = json.loads((Path(__file__).resolve().parents[1] / "gpuhost/data/gpu_models.json").read_text())
+    for figure in (float("nan"), float("inf")):
+        document["models"][0]["bf16_tflops"] = figure
+        with pytest.raises(InputError, match="'bf16_tflops' must be a positive number or null"):
+            parse_model_document(document, "edited table")

@@ -12,6 +12,7 @@ import shutil
 import socket
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from gpuhost.output import write_output
 from gpuhost.targets import validate_host
 from gpuhost.transport import TransportError
 from gpuhost.transport.ssh import MAX_STDOUT_BYTES, _drain
-from tests.helpers import SNAPSHOTS
+from tests.helpers import FIXTURES, SNAPSHOTS
+from tests.test_audit_cases import derive_snapshot, load_case
 from tests.test_render_cli import INVENTORY as RENDER_INVENTORY
 from tests.test_render_cli import LAB_FRESH
 
@@ -131,6 +133,35 @@ def test_hostile_snapshot(case: dict[str, Any], tmp_path: Path, capsys: pytest.C
     assert len(hosts) == 2 and hosts[1]["ready"] is True
     if "meta_host" in case:
         assert hosts[0]["host"] == case["meta_host"]  # JSON keeps the value exact; escaping is the terminal's
+
+
+@pytest.mark.parametrize("listing", ["empty", "missing"])
+def test_a_gpu_whose_group_listing_is_unknown_is_never_ready(
+    listing: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Class 2: the GPU's functions on the host nvidia driver and its IOMMU group's devices/ listing
+    # empty (or missing): once READY, exit 0, with empty driver and function columns.
+    case = load_case(FIXTURES / "audit-cases" / "lab-group-listing-empty-nvidia-bound")
+    if listing == "missing":
+        case["remove"] = ["sys/kernel/iommu_groups/6/devices"]
+    snapshot = str(derive_snapshot(case, tmp_path))
+    policy = ["--gpus", "1234:1111", "--role", "host"]
+    status, out, err = run(capsys, ["audit", *policy, "--from-snapshot", snapshot])
+    assert_clean(out, err)
+    assert status == 1, out + err
+    assert out.startswith("lab-1: NOT READY — passthrough host, 1 GPU [1234:1111] on no PCIe link, driver nvidia,")
+    (row,) = [line for line in out.splitlines() if line.startswith("0000:01:00.0")]
+    assert row.split()[:10] == ["0000:01:00.0", "1234:1111", "yes", "6", "00.0", "00.1", "nvidia", "no", "PCIe", "link"]
+    assert row.rstrip().endswith("not ready")
+    status, out, err = run(capsys, ["audit", "--json", *policy, "--from-snapshot", snapshot])
+    (host,) = [json.loads(line) for line in out.splitlines()]
+    assert status == 1 and host["ready"] is False
+    (gpu,) = [g for g in host["gpus"] if g["selected"]]
+    assert [(f["address"], f["driver"]) for f in gpu["functions"]] == [
+        ("0000:01:00.0", "nvidia"),
+        ("0000:01:00.1", "nvidia"),
+    ]
+    assert gpu["group_members"] == ["0000:01:00.0"]  # the group's other members are unknown
 
 
 def test_a_bus_named_like_an_emoji_code_stays_an_address(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -277,6 +308,36 @@ def test_malformed_known_hosts_line_is_that_hosts_error(
     assert listener.connections == 0
 
 
+@pytest.mark.ssh
+def test_a_server_dropping_the_connection_mid_command_is_that_hosts_error(
+    tmp_path: Path,
+    sshd_server: Any,
+    sshd_known_hosts: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Class 3: the connection dropped mid-transfer (EOFError, a traceback and no JSON for anyone).
+    # A real sshd; the script the gather sends kills its own sshd session process after 1 MB.
+    monkeypatch.setattr("gpuhost.facts.gather.gather_script", lambda: b"head -c 1000000 /dev/zero; kill -9 $PPID\n")
+    argv = ["audit", "--json", "--known-hosts", str(sshd_known_hosts), "--private-key", str(sshd_server.client_key)]
+    status, out, err = run(capsys, [*argv, sshd_server.target, "--from-snapshot", str(H100)])
+    assert_clean(out, err)
+    broken, healthy = (json.loads(line) for line in out.splitlines())
+    assert status == 2 and broken["reachable"] is False, broken
+    assert broken["host"] == sshd_server.target, broken
+    # Which side sees the drop first is a race: the stream ends without an exit status, or paramiko
+    # raises EOFError (whose message is empty: the error once ended in a bare colon).
+    assert (broken["error_kind"], broken["error"].split(": ", 1)[1]) in {
+        (
+            "command",
+            "the read-only gather script failed (exit -1: it ended without an exit status, the connection "
+            "closed or a signal killed it)",
+        ),
+        ("unreachable", "the connection broke while running sh: EOFError, the server closed it"),
+    }, broken
+    assert healthy["ready"] is True
+
+
 def test_garbage_private_key_is_that_hosts_error(
     tmp_path: Path, sshd_server: Any, sshd_known_hosts: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -316,6 +377,90 @@ def test_output_is_bounded_while_reading() -> None:
         _drain(channel, 60.0, "ssh://root@gpu01:22")  # type: ignore[arg-type]
     assert error.value.kind == "command"
     assert channel.sent <= MAX_STDOUT_BYTES + (1 << 16), "reading stops at the cap, not at the end"
+
+
+@pytest.mark.ssh
+def test_a_real_host_streaming_a_gibibyte_costs_the_cap_not_the_stream(sshd_server: Any, tmp_path: Path) -> None:
+    # Class 5 over real SSH (tests/sshd.py): 1 GiB on stdout took the controller to 1.09 GB before the
+    # bound; now reading stops at the cap. Python's allocations are traced: the peak stays near the
+    # 64 MiB kept (a bytearray doubles as it grows), far from the 1 GiB sent.
+    from gpuhost.transport.ssh import MAX_STDERR_BYTES, SshOptions, SshTransport
+
+    options = SshOptions(
+        host="127.0.0.1",
+        port=sshd_server.port,
+        key_file=sshd_server.client_key,
+        known_hosts_file=sshd_server.write_known_hosts(tmp_path / "known_hosts"),
+    )
+    transport = SshTransport(options)
+    try:
+        tracemalloc.start()
+        with pytest.raises(TransportError, match="more than 64 MiB") as error:
+            transport.run(["head", "-c", str(1 << 30), "/dev/zero"], timeout=120.0)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert error.value.kind == "command"
+        assert peak < 3 * MAX_STDOUT_BYTES, f"peak {peak / 2**20:.0f} MiB"
+        # stderr keeps its first MiB and is drained to the end, so the command still finishes.
+        flood = transport.run(["sh", "-c", "head -c 16777216 /dev/zero >&2; echo done"], timeout=120.0)
+        assert flood.stdout == b"done\n" and MAX_STDERR_BYTES <= len(flood.stderr) <= MAX_STDERR_BYTES + (1 << 16)
+    finally:
+        tracemalloc.stop()
+        transport.close()
+
+
+# --- recorded smoke-test files: NaN, nonsense and broken JSON (class 6) ------------------------------------
+
+RECORDED_RUN = FIXTURES / "h100-smoke" / "issue14" / "run4-2026-11-25" / "runs" / "full-1.json"
+GPU_TABLE = Path(__file__).resolve().parents[1] / "gpuhost" / "data" / "gpu_models.json"
+
+
+def _set(document: Any, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for key in parents:
+        document = document[int(key)] if isinstance(document, list) else document[key]
+    if isinstance(document, list):
+        document[int(last)] = value
+    else:
+        document[last] = value
+
+
+def recorded_file(case: dict[str, Any], tmp_path: Path) -> Path:
+    path = tmp_path / f"{case['name']}.json"
+    if "raw" in case:
+        path.write_bytes(case["raw"].encode("latin-1"))
+        return path
+    if "nest" in case:
+        path.write_text("[" * case["nest"] + "]" * case["nest"])
+        return path
+    document = json.loads((GPU_TABLE if case["as"] == "gpu-table" else RECORDED_RUN).read_text())
+    for result in document["suite"]["results"] if "each_result" in case else ():
+        result.update(case["each_result"])
+    for dotted, value in case.get("set", {}).items():
+        _set(document, dotted, value)
+    text = json.dumps(document)  # Python writes NaN and Infinity as such, like a careless tool
+    if "replace" in case:
+        old, new = case["replace"]
+        text = text.replace(old, new, 1)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case", cases("recorded"))
+def test_hostile_recorded_file(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edited = str(recorded_file(case, tmp_path))
+    argv = {
+        "replay": ["--replay", edited],
+        "baseline": ["--replay", str(RECORDED_RUN), "--baseline", edited],
+        "gpu-table": ["--replay", str(RECORDED_RUN), "--gpu-table", edited],
+    }[case["as"]]
+    status, out, err = run(capsys, ["smoke-test", *argv])
+    assert_clean(out, err)
+    assert status == case.get("exit", 2), out + err
+    if "says" in case:
+        assert case["says"] in err and out == "", err
+    else:
+        assert case["shows"] in out, out
 
 
 # --- verbs outside the audit: one host, no fleet barrier, still no traceback ---------------------------

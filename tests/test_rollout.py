@@ -232,6 +232,28 @@ def test_ansible_verifies_host_keys_against_gpuhost_known_hosts_file(
         assert str(known_hosts) in outcome.message  # ssh read the inventory's file, not ~/.ssh/known_hosts
 
 
+@pytest.mark.hostile
+@pytest.mark.parametrize("verb", ["apply", "rollback"])
+def test_ansibles_paramiko_connection_is_refused_before_anything_runs(
+    verb: str, inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 13.4: Ansible's paramiko connection reads only ~/.ssh/known_hosts, whatever
+    gpuhost_known_hosts_file says, and for a key it does not know waits at a yes/no prompt (on the
+    real sshd above, a run with ansible_connection paramiko hung at that prompt until killed, 15 min)."""
+    hosts = yaml.safe_load(inventory.read_text())
+    hosts["all"]["hosts"]["gpu01"]["ansible_connection"] = "paramiko"
+    inventory.write_text(yaml.safe_dump(hosts))
+    run, calls = _recorder([], {}, rc=0)
+    monkeypatch.setattr("ansible_runner.run", run)
+    report = tmp_path / "report.json"
+    extra = ["--yes", "--report", str(report)] if verb == "apply" else ["--limit", "gpu01", "--yes"]
+    assert main([verb, "-i", str(inventory), *extra]) == 2
+    error = capsys.readouterr().err
+    assert "inventory host gpu01: ansible_connection paramiko: apply and rollback run Ansible" in error
+    assert "not gpuhost_known_hosts_file" in error and "Use ansible_connection: ssh" in error
+    assert calls == [] and not report.exists()
+
+
 def test_a_key_missing_from_known_hosts_is_not_called_an_interception() -> None:
     # What Ansible said for a host whose key was in no known_hosts file ssh read (real text).
     message = (FIXTURES / "ansible/unreachable-host-key-unknown.txt").read_text()

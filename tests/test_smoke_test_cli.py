@@ -131,7 +131,7 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown benchmark(s)" in capsys.readouterr().err
     missing = main(["smoke-test", "--replay", "/nonexistent/run.json"])
     assert missing == 2
-    assert "cannot read /nonexistent/run.json" in capsys.readouterr().err
+    assert "cannot read the recorded run /nonexistent/run.json" in capsys.readouterr().err
 
 
 def test_delay_streams_reaches_the_suite_and_bad_values_are_refused() -> None:
@@ -235,3 +235,56 @@ def test_a_final_run_records_health_and_contention_and_replays_the_same(capsys: 
     assert "PASS    pcie replays [GPU 0]    replay counter steady at 1" in out
     assert "PASS    xid                     no NVRM Xid event in the kernel log during the run" in out
     assert out.rstrip().endswith("VERDICT: PASS")
+
+
+RUN4 = FIXTURES / "issue14" / "run4-2026-11-25"
+
+
+def test_the_2026_11_25_h100_run_ten_passes_a_busy_gpu_named_and_the_poison_caught(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # capture-issue14.sh again on the H100 guest at 2854d11 (the verification of issue 14): ten
+    # full runs back to back, each PASS in every capability; the run beside a bf16 matmul loop
+    # reports nothing wrong, names the process and is not representative (exit 2); the H2D poison
+    # put back on the legacy stream is reported wrong by --delay-streams 200.
+    for index in range(1, 11):
+        path = RUN4 / "runs" / f"full-{index}.json"
+        recorded = json.loads(path.read_text())
+        assert recorded["outcome"] == "PASS", index
+        assert {m["status"] for m in recorded["metrics"]} == {"PASS", "INFO"}, index
+        assert main(["smoke-test", "--replay", str(path)]) == 0
+        assert capsys.readouterr().out.rstrip().endswith("VERDICT: PASS")
+    for name in ("busy-quick.json", "busy-full.json"):
+        recorded = json.loads((RUN4 / name).read_text())
+        assert [r["name"] for r in recorded["suite"]["results"] if not r["verified"]] == [], name
+        assert recorded["outcome"] == "NOT REPRESENTATIVE"
+        assert [(p["pid"], p["name"]) for p in recorded["contention"]["processes"]] == [(1099, "python3")]
+        assert main(["smoke-test", "--replay", str(RUN4 / name)]) == 2
+        assert "another process used the GPU around the run: pid 1099 python3 (compute, 1.10 GiB" in (
+            capsys.readouterr().out
+        )
+    bug = json.loads((RUN4 / "delay-bug.json").read_text())["suite"]
+    assert [r["name"] for r in bug["results"] if not r["verified"]] == ["h2d_pinned", "bidir_pinned"]
+
+
+def test_a_recorded_run_with_its_copy_bandwidths_halved_fails_through_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 14's last check, on the CLI: a real passing run with every copy's repetitions taking
+    # twice as long (device copy, pinned and pageable copies) is judged FAIL, exit 1.
+    document = json.loads((RUN4 / "runs" / "full-1.json").read_text())
+    halved = []
+    for result in document["suite"]["results"]:
+        if result["name"] == "copy" or "pinned" in result["name"] or "pageable" in result["name"]:
+            result["value"] *= 0.5
+            result["median_ms"] *= 2
+            result["samples_ms"] = [2 * sample for sample in result["samples_ms"]]
+            halved.append(result["name"])
+    assert len(halved) == 6
+    edited = tmp_path / "halved.json"
+    edited.write_text(json.dumps(document))
+    assert main(["smoke-test", "--replay", str(edited)]) == 1
+    out = capsys.readouterr().out
+    for name in ("copy", "h2d_pinned", "d2h_pinned"):
+        assert f"  - FAIL {name}: " in out, name
+    assert out.rstrip().endswith("VERDICT: FAIL")

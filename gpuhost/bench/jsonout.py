@@ -63,6 +63,7 @@ from gpuhost.bench.health import Health, XidEvent
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
 from gpuhost.bench.spread import Spread
+from gpuhost.bench.strictjson import read_json_file
 from gpuhost.bench.verdict import CheckOutcome, Verdict
 from gpuhost.errors import GpuhostError, InputError
 
@@ -230,12 +231,7 @@ def dumps(document: dict[str, Any]) -> str:
 
 def load_baseline(path: Path) -> SuiteRun:
     """A baseline is an earlier smoke-test document, or the suite's own output."""
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise InputError(f"cannot read the baseline {path}: {error.strerror}") from error
-    except json.JSONDecodeError as error:
-        raise InputError(f"the baseline {path} is not JSON: {error}") from error
+    document = read_json_file(path, "the baseline")
     _refuse_failure_document(document, path, "compare with (--baseline)")
     if isinstance(document, dict) and document.get("schema") == SCHEMA:
         document = document.get("suite")
@@ -288,13 +284,48 @@ def _contention(raw: Any) -> Contention | None:
 
 
 def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
+    """The fields of `cls` from `raw`, each scalar checked against its annotation: a recorded run
+    that says Gen -1, a compute capability of 9 or a string for a count is refused by name."""
     if not isinstance(raw, dict):
         raise InputError(f"recorded run: {where} must be an object")
-    names = {f.name for f in dataclasses.fields(cls)}
-    missing = names - raw.keys()
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    missing = fields.keys() - raw.keys()
     if missing:
         raise InputError(f"recorded run: {where} lacks {sorted(missing)}")
-    return {name: raw[name] for name in names}
+    return {name: _checked(raw[name], str(kind), f"{where}.{name}") for name, kind in fields.items()}
+
+
+def _checked(value: Any, kind: str, where: str) -> Any:
+    """`value` as the annotation `kind` wants it; annotations of nested records pass through."""
+    optional = kind.endswith(" | None")
+    base = kind.removesuffix(" | None")
+    if value is None and (optional or base == "tuple[int | None, ...]"):
+        return () if base.startswith("tuple[") else None
+    if base == "int":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(
+                f"recorded run: {where} must be a whole number >= 0{' or null' if optional else ''}, not {value!r}"
+            )
+        return value
+    if base == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+            raise InputError(
+                f"recorded run: {where} must be a number >= 0{' or null' if optional else ''}, not {value!r}"
+            )
+        return float(value)
+    if base in ("bool", "str"):
+        if not isinstance(value, bool if base == "bool" else str):
+            raise InputError(f"recorded run: {where} must be a {base}{' or null' if optional else ''}, not {value!r}")
+        return value
+    if base == "tuple[int, int]":
+        if not isinstance(value, list) or len(value) != 2:
+            raise InputError(f"recorded run: {where} must be a list of two whole numbers, not {value!r}")
+        return tuple(_checked(item, "int", f"{where}[{i}]") for i, item in enumerate(value))
+    if base == "tuple[int | None, ...]":
+        if not isinstance(value, list):
+            raise InputError(f"recorded run: {where} must be a list, not {value!r}")
+        return tuple(_checked(item, "int | None", f"{where}[{i}]") for i, item in enumerate(value))
+    return value
 
 
 def read_recorded(document: Any) -> Recorded:
@@ -302,11 +333,14 @@ def read_recorded(document: Any) -> Recorded:
         raise InputError(f"not a smoke-test JSON document (schema {SCHEMA})")
     raw_environment = document.get("environment")
     environment_fields = _fields(Environment, raw_environment, "environment")
+    raw_gpus = environment_fields.pop("gpus")
+    if not isinstance(raw_gpus, list) or not raw_gpus:
+        # A run measures a GPU: the smoke-test stops (exit 2) before the suite where NVML finds none.
+        raise InputError("recorded run: environment.gpus names no GPU, so nothing in it was measured on one")
     gpus = []
-    for i, raw_gpu in enumerate(environment_fields.pop("gpus") or []):
+    for i, raw_gpu in enumerate(raw_gpus):
         gpu = _fields(GpuEnvironment, raw_gpu, f"environment.gpus[{i}]")
         gpu["link"] = PcieLinkReading(**_fields(PcieLinkReading, gpu["link"], f"environment.gpus[{i}].link"))
-        gpu["compute_capability"] = tuple(gpu["compute_capability"])
         gpus.append(GpuEnvironment(**gpu))
     environment = Environment(**environment_fields, gpus=tuple(gpus))
     samples = tuple(
@@ -328,11 +362,9 @@ def read_recorded(document: Any) -> Recorded:
 
 
 def load_recorded(path: Path) -> Recorded:
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise InputError(f"cannot read {path}: {error.strerror}") from error
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path} is not JSON: {error}") from error
+    document = read_json_file(path, "the recorded run")
     _refuse_failure_document(document, path, "judge again (--replay)")
-    return read_recorded(document)
+    try:
+        return read_recorded(document)
+    except GpuhostError as error:  # name the file in the message
+        raise InputError(f"{path}: {error}") from error

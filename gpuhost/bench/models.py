@@ -6,12 +6,13 @@ wrong expectation for testing the verdict, is a JSON edit: `smoke-test --gpu-tab
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gpuhost.bench.strictjson import StrictJsonError, read_json_file, strict_loads
 from gpuhost.errors import InputError
 
 PACKAGED_TABLE = "gpu_models.json"
@@ -82,7 +83,7 @@ def _number(entry: dict[str, Any], key: str, where: str, *, optional: bool) -> f
     value = entry.get(key)
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise InputError(f"{where}: '{key}' must be a positive number{' or null' if optional else ''}, got {value!r}")
     return float(value)
 
@@ -137,9 +138,13 @@ def _parse_model(entry: Any, sources: dict[str, str], where: str) -> GpuModel:
 
 def parse_model_table(text: str, origin: str) -> ModelTable:
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InputError(f"GPU model table {origin} is not valid JSON: {error}") from error
+        document = strict_loads(text)
+    except StrictJsonError as error:
+        raise InputError(f"GPU model table {origin} is not valid JSON: {error}") from None
+    return parse_model_document(document, origin)
+
+
+def parse_model_document(document: Any, origin: str) -> ModelTable:
     if not isinstance(document, dict) or document.get("format") != 1:
         raise InputError(f'GPU model table {origin}: expected an object with "format": 1')
     sources = document.get("sources")
@@ -166,8 +171,4 @@ def load_model_table(path: Path | None = None) -> ModelTable:
     if path is None:
         text = resources.files("gpuhost").joinpath("data", PACKAGED_TABLE).read_text(encoding="utf-8")
         return parse_model_table(text, f"gpuhost/data/{PACKAGED_TABLE}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise InputError(f"cannot read the GPU model table {path}: {error.strerror}") from error
-    return parse_model_table(text, str(path))
+    return parse_model_document(read_json_file(path, "the GPU model table"), str(path))

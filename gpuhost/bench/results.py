@@ -17,12 +17,13 @@ JSON null stands for a value that could not be measured (the suite writes no NaN
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from gpuhost.bench.strictjson import StrictJsonError, strict_loads
 from gpuhost.errors import GpuhostError
 
 SUITE_NAME = "gpuhost-kernels"
@@ -108,13 +109,23 @@ def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
+def _number(value: Any, where: str) -> float:
+    """A measured quantity: finite and not negative (bandwidths, rates, times, counts, errors)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ResultParseError(f"suite output: {where} must be a number, not {type(value).__name__}")
+    number = float(value)  # the strict reader bounds integers: no overflow here
+    if not math.isfinite(number) or number < 0:
+        raise ResultParseError(f"suite output: {where} is {value!r}: a measured figure is finite and not negative")
+    return number
+
+
 def _optional_number(mapping: Mapping[str, Any], key: str, where: str) -> float | None:
     value = mapping.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ResultParseError(f"suite output: {where}.{key} must be a number or null")
-    return float(value)
+        raise ResultParseError(f"suite output: {where}.{key} must be a number or null, not {type(value).__name__}")
+    return _number(value, f"{where}.{key}")
 
 
 def _frozen(mapping: Any, where: str) -> Mapping[str, Any]:
@@ -139,8 +150,8 @@ def _measurement(raw: Any, index: int) -> Measurement:
         median_ms=_optional_number(raw, "median_ms", where),
         min_ms=_optional_number(raw, "min_ms", where),
         max_ms=_optional_number(raw, "max_ms", where),
-        reps=int(_require(raw, "reps", int, where)),
-        samples_ms=tuple(float(s) for s in samples if isinstance(s, (int, float)) and not isinstance(s, bool)),
+        reps=int(_number(_require(raw, "reps", int, where), f"{where}.reps")),
+        samples_ms=tuple(_number(s, f"{where}.samples_ms[{i}]") for i, s in enumerate(samples)),
         verified=bool(_require(raw, "verified", bool, where)),
         error=_optional_number(raw, "error", where),
         check=str(raw.get("check", "")),
@@ -199,7 +210,7 @@ def parse_suite_document(document: Any) -> SuiteRun:
 
 def parse_suite_output(text: str) -> SuiteRun:
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as error:
+        document = strict_loads(text)
+    except StrictJsonError as error:
         raise ResultParseError(f"suite output is not JSON ({error}); first bytes: {text[:120]!r}") from error
     return parse_suite_document(document)

@@ -526,6 +526,11 @@ def judge_measurement(
                 reasons.append(
                     f"{baseline_percent:.0f}% of the baseline (PASS needs >= {rule.baseline_pass:.0%}): {BASELINE_WHY}"
                 )
+    elif baseline is not None and value is not None and rule is not None and rule.pass_at is not None:
+        # The comparison asked for cannot be made: said, never skipped in silence.
+        statuses.append(Status.WARN)
+        shown = "null" if baseline_judged is None else f"{baseline_judged:g}"
+        reasons.append(f"the baseline's figure is {shown}: not compared with it (is the baseline a finished run?)")
 
     final = worst(statuses) if statuses else Status.INFO
     if statuses and all(s is Status.INFO for s in statuses):

@@ -18,8 +18,9 @@ from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.metrics import apply_metrics, check_textfile_path, write_textfile
 from gpuhost.rollout.engine import ApplyRequest, parse_serial
+from gpuhost.rollout.environment import rollout_targets
 from gpuhost.rollout.report import RolloutReport
-from gpuhost.targets import ConnectionDefaults, Target, inventory_targets
+from gpuhost.targets import ConnectionDefaults, Target
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if interactive and not sys.stdin.isatty():
         raise InputError("gpuhost apply asks before changing hosts; pass --yes to run unattended.")
     # Every host's connection and gpuhost_* values, checked before anything connects.
-    targets = inventory_targets(args.inventory, args.limit, ConnectionDefaults(role="host"))
+    targets = rollout_targets(args.inventory, args.limit, ConnectionDefaults(role="host"))
     if interactive:
         declined = _ask(targets, args.serial, console)
         if declined is not None:

@@ -18,8 +18,9 @@ from gpuhost.cli.common import progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.rollout.engine import RollbackRequest
+from gpuhost.rollout.environment import rollout_targets
 from gpuhost.rollout.report import HostOutcome, HostStatus
-from gpuhost.targets import ConnectionDefaults, Target, inventory_targets
+from gpuhost.targets import ConnectionDefaults, Target
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     console = rollout_console()
     if not 30 <= args.reboot_timeout <= 86400:
         raise InputError("--reboot-timeout must be from 30 to 86400 seconds.")
-    targets = inventory_targets(args.inventory, args.limit, ConnectionDefaults())
+    targets = rollout_targets(args.inventory, args.limit, ConnectionDefaults())
     if not args.yes:
         if not sys.stdin.isatty():
             raise InputError("gpuhost rollback asks before changing hosts; pass --yes to run unattended.")

@@ -42,6 +42,14 @@ def run(args: argparse.Namespace) -> int:
     for destination in destinations:
         if destination.exists():
             raise InputError(f"{destination} already exists; choose a new directory (snapshots are never merged).")
+    # Under a file nothing can be written: said before any host is reached, not after its capture.
+    existing = output.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(
+            f"-o {output}: {existing} is not a directory, so nothing can be written under it. Choose another -o."
+        )
     status = EXIT_OK
     for target, destination in zip(targets, destinations, strict=True):
         if target.kind == SNAPSHOT:

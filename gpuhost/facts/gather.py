@@ -27,7 +27,13 @@ def gather_archive(transport: Transport, timeout: float = GATHER_TIMEOUT_S) -> b
         detail = result.stderr.decode(errors="replace").strip().splitlines()
         raise TransportError(
             "command",
-            f"{transport.description}: the read-only gather script failed (exit {result.exit_status})"
+            f"{transport.description}: the read-only gather script failed (exit {result.exit_status}"
+            # paramiko's -1: no exit status came, the session closed under the script or a signal ended it
+            + (
+                ": it ended without an exit status, the connection closed or a signal killed it)"
+                if result.exit_status == -1
+                else ")"
+            )
             + (f": {detail[-1]}" if detail else ""),
         )
     return result.stdout

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost.datafiles import require_data_dir
-from gpuhost.targets import Target
+from gpuhost.errors import InputError
+from gpuhost.targets import ConnectionDefaults, Target, inventory_targets
 
 # A playbooks/ directory to run instead of the checkout's or the installed one.
 PLAYBOOKS_ENV = "GPUHOST_PLAYBOOKS"
@@ -41,6 +42,24 @@ def ansible_environment() -> dict[str, str]:
         "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=5s -o ServerAliveInterval=5 "
         "-o ServerAliveCountMax=6",
     }
+
+
+def rollout_targets(inventory: Path, limit: str | None, defaults: ConnectionDefaults) -> list[Target]:
+    """The hosts apply and rollback run Ansible on: the inventory's targets, validated as every verb
+    validates them, less what only gpuhost's own SSH handles. Ansible's paramiko connection reads
+    ~/.ssh/known_hosts alone (not gpuhost_known_hosts_file, which the audit honours) and, for a key
+    it does not know, waits at a yes/no prompt that an unattended run never answers: refused, before
+    anything is asked or run."""
+    targets = inventory_targets(inventory, limit, defaults)
+    for target in targets:
+        if str(target.variables.get("ansible_connection", "ssh")) == "paramiko":
+            raise InputError(
+                f"inventory host {target.name}: ansible_connection paramiko: apply and rollback run Ansible, whose "
+                "paramiko connection reads only ~/.ssh/known_hosts (not gpuhost_known_hosts_file) and waits at a "
+                "prompt for a host key it does not know. Use ansible_connection: ssh (Ansible's default); "
+                "the audit is not affected."
+            )
+    return targets
 
 
 def known_hosts_inventory(targets: Sequence[Target]) -> dict[str, Any] | None:

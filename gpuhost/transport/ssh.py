@@ -206,7 +206,9 @@ class SshTransport:
                 channel.close()
         except (EOFError, OSError, ssh_lib.SSHException) as error:  # the server dropped us mid-command
             raise TransportError(
-                "unreachable", f"{self.options.url}: the connection broke while running {argv[0]}: {error or 'EOF'}"
+                "unreachable",
+                f"{self.options.url}: the connection broke while running {argv[0]}: "
+                + (str(error) or f"{type(error).__name__}, the server closed it"),
             ) from error
         if status != 0 and b"sudo:" in stderr and b"password" in stderr:
             raise TransportError(
