@@ -55,7 +55,9 @@ def test_base_recipe_has_what_the_issue_asks_for() -> None:
         assert package in base.packages
     files = {path: content for path, _, content in base.files}
     initramfs = files["/etc/initramfs-tools/conf.d/gpuhost-lab.conf"]
-    assert "MODULES=dep" in initramfs and "COMPRESSLEVEL=1" in initramfs
+    assert "MODULES=list" in initramfs and "COMPRESSLEVEL=1" in initramfs
+    disk_modules = files["/etc/initramfs-tools/modules"].split("\n")[1:5]
+    assert disk_modules == ["virtio_pci", "virtio_blk", "ext4", "crc32c_generic"]
     sshd = files["/etc/ssh/sshd_config.d/gpuhost-lab.conf"]
     assert "PermitRootLogin prohibit-password" in sshd and "PasswordAuthentication no" in sshd
     assert "{root_uuid}" in files["/etc/fstab"]

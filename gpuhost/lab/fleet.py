@@ -445,7 +445,9 @@ def _start_with_free_port(
         efi_vars=efi_vars,
         qmp_socket=resume.qmp_socket_for(pidfile),
     )
-    key = resume.shape_key(shape, resume.image_identity(image.disk), resume.qemu_version(qemu)) if shape.qmp_socket else ""
+    key = ""
+    if shape.qmp_socket is not None:
+        key = resume.shape_key(shape, resume.image_identity(image.disk), resume.qemu_version(qemu))
     saved = resume.find_saved(paths.images, key) if key and resume_saved else None
     if saved is not None:
         resume.restore_files(saved, overlay, efi_vars)

@@ -492,15 +492,9 @@ class _Builder:
         (root / "boot/grub/grub.cfg").write_text(self._grub_cfg(kernel, root_uuid))
 
     def _first_initramfs(self, root: Path, kernel: str) -> None:
-        # In the chroot MODULES=dep would look at the build machine's loop device, so the first
-        # initramfs lists the VM's disk modules; the host's own update-initramfs uses dep.
-        conf = root / "tmp/gpuhost-initramfs"
-        shutil.copytree(root / "etc/initramfs-tools", conf)
-        (conf / "conf.d/gpuhost-lab.conf").write_text("MODULES=list\nCOMPRESS=zstd\nCOMPRESSLEVEL=1\n")
-        with (conf / "modules").open("a") as modules:
-            modules.write("\n".join(self.recipe.first_initramfs_modules) + "\n")
-        self._chroot(root, "mkinitramfs", "-d", "/tmp/gpuhost-initramfs", "-o", f"/boot/initrd.img-{kernel}", kernel)
-        shutil.rmtree(conf)
+        # The image's own configuration (MODULES=list with the disk's modules): the same
+        # initramfs the host's update-initramfs builds, nothing detected on the build machine.
+        self._chroot(root, "mkinitramfs", "-o", f"/boot/initrd.img-{kernel}", kernel)
 
     def _grub_cfg(self, kernel: str, root_uuid: str) -> str:
         # Written by hand: grub-mkconfig skips a root on a loop device. Once a host has booted
