@@ -68,14 +68,19 @@ def pci_devices(host: LabHost) -> dict[str, tuple[str, str, str]]:
     return found
 
 
-def audit(host: LabHost) -> tuple[int, list[dict[str, Any]]]:
-    result = subprocess.run(
-        [sys.executable, "-m", "gpuhost", "audit", "-i", str(host.paths.inventory), "--json"],
+def gpuhost_json(verb: str, host: LabHost) -> subprocess.CompletedProcess[str]:
+    """`gpuhost VERB -i <the host's lab inventory> --json`, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpuhost", verb, "-i", str(host.paths.inventory), "--json"],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
+
+
+def audit(host: LabHost) -> tuple[int, list[dict[str, Any]]]:
+    result = gpuhost_json("audit", host)
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     assert lines, f"audit printed nothing (exit {result.returncode}): {result.stderr}"
     return result.returncode, lines
@@ -173,14 +178,7 @@ def test_fake_nvidia_install_and_uninstaller_record(lab_hosts: dict[str, LabHost
 def test_plan_refuses_the_shared_group_host_naming_the_intruder(lab_hosts: dict[str, LabHost]) -> None:
     """The planner on the live host's facts (what apply's plan play runs): refused, the NIC named.
     That a refused host is left untouched by the playbook is fault 1 of test_faults_lab.py."""
-    host = lab_hosts["shared-group"]
-    result = subprocess.run(
-        [sys.executable, "-m", "gpuhost", "plan", "-i", str(host.paths.inventory), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    result = gpuhost_json("plan", lab_hosts["shared-group"])
     (entry,) = json.loads(result.stdout)
     assert result.returncode == 1 and entry["applicable"] is False, (result.returncode, result.stderr)
     assert [refusal["code"] for refusal in entry["refusals"]] == ["group.intruder"], entry["refusals"]
