@@ -107,6 +107,9 @@ def test_rollback_restores_the_old_command_line_and_the_backed_up_files(lab: Lab
     left = host_a.sh(
         "cat /etc/modprobe.d/vfio-old.conf; test ! -e /etc/default/grub.d/gpuhost.cfg && "
         "test ! -e /etc/grub.d/42_gpuhost_trial && test ! -e /etc/initramfs-tools/scripts/init-top/gpuhost-vfio && "
-        "test ! -e /var/lib/gpuhost/backup && ! grep -q gpuhost /etc/initramfs-tools/modules && echo clean"
+        "test ! -e /var/lib/gpuhost/backup && ! grep -qE '^vfio|gpuhost: vfio-pci' /etc/initramfs-tools/modules && "
+        "echo clean"
     )
+    # The modules file keeps the lab disk's own lines (its comment says "gpuhost lab"): gpuhost's
+    # marked block and its vfio lines are what must be gone.
     assert left == OLD_MODPROBE + "clean\n", left
