@@ -317,7 +317,6 @@ def up(
     cpus: int = DEFAULT_CPUS,
     variant: str = "base",
     boot: BootMode = BIOS_GRUB,
-    resume_saved: bool = True,
     wait: bool = True,
     timeout: float = 300,
     progress: Progress = _no_progress,
@@ -384,7 +383,6 @@ def up(
                         tools["qemu-system-x86_64"],
                         image,
                         boot,
-                        resume_saved,
                     )
                 )
                 progress(f"{name}: QEMU PID {records[-1].pid}, SSH on 127.0.0.1:{records[-1].ssh_port}")
@@ -423,7 +421,6 @@ def _start_with_free_port(
     qemu: str,
     image: lab_image.Image,
     boot: BootMode,
-    resume_saved: bool,
 ) -> VmRecord:
     efi_vars = None
     if boot.ovmf is not None:
@@ -448,7 +445,7 @@ def _start_with_free_port(
     key = ""
     if shape.qmp_socket is not None:
         key = resume.shape_key(shape, resume.image_identity(image.disk), resume.qemu_version(qemu))
-    saved = resume.find_saved(paths.images, key) if key and resume_saved else None
+    saved = resume.find_saved(paths.images, key) if key else None
     if saved is not None:
         resume.restore_files(saved, overlay, efi_vars)
     # The port is free when chosen but could be taken before QEMU binds it: retry then.

@@ -143,11 +143,9 @@ MASKED_UNITS: tuple[str, ...] = (
 INITRAMFS_CONF = "# gpuhost lab: fast under emulation\nMODULES=list\nCOMPRESS=zstd\nCOMPRESSLEVEL=1\n"
 
 # What the lab's disk needs in the initramfs to mount its root.
-FIRST_INITRAMFS_MODULES = ("virtio_pci", "virtio_blk", "ext4", "crc32c_generic")
+ROOT_DISK_MODULES = ("virtio_pci", "virtio_blk", "ext4", "crc32c_generic")
 INITRAMFS_MODULES = (
-    "# gpuhost lab: the modules that mount the root file system (MODULES=list)\n"
-    + "\n".join(FIRST_INITRAMFS_MODULES)
-    + "\n"
+    "# gpuhost lab: the modules that mount the root file system (MODULES=list)\n" + "\n".join(ROOT_DISK_MODULES) + "\n"
 )
 
 DEFAULT_GRUB = f"""\

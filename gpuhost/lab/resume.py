@@ -15,6 +15,7 @@ gpuhost keeps no protocol code of its own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shlex
@@ -59,6 +60,7 @@ class SavedBoot:
         return self.directory / EFI_VARS_FILE
 
 
+@functools.cache  # once per QEMU binary and process: `lab up --hosts N` starts N hosts
 def qemu_version(qemu: str) -> str:
     result = subprocess.run([qemu, "--version"], capture_output=True, text=True, timeout=60, check=False)
     return result.stdout.splitlines()[0] if result.stdout else f"unknown (exit {result.returncode})"
