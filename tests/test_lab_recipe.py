@@ -6,12 +6,16 @@ import dataclasses
 import gzip
 import lzma
 import struct
+from pathlib import Path
 
 import pytest
+import yaml
 
-from gpuhost.lab import diskimage
+from gpuhost.lab import diskimage, fake_nvidia
 from gpuhost.lab.recipe import (
     BASE_PACKAGES,
+    GUEST_SPEED_OPTIONS,
+    NESTED_GUEST_DIR,
     NESTED_GUEST_INIT,
     NESTED_PACKAGES,
     mirror_from_sources,
@@ -132,3 +136,17 @@ def test_the_uncompressed_kernel_is_the_xz_payload_of_the_bzimage() -> None:
 def test_a_kernel_image_without_an_xz_elf_payload_is_refused(image: bytes, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         diskimage.uncompressed_kernel(image)
+
+
+def test_molecules_passthrough_proof_boots_what_the_nested_image_holds() -> None:
+    """Molecule's verify (playbooks/molecule/default) boots the nested variant's tiny guest by path
+    and reads its markers: both are the recipe's, which YAML cannot import."""
+    scenario = Path(__file__).resolve().parents[1] / "playbooks/molecule/default"
+    variables = yaml.safe_load((scenario / "vars/main.yml").read_text())
+    vm = variables["gpuhost_molecule_proof_vm"]
+    assert vm["kernel"] == f"{NESTED_GUEST_DIR}/vmlinux" and vm["initrd"] == f"{NESTED_GUEST_DIR}/initrd.gz"
+    assert GUEST_SPEED_OPTIONS in vm["cmdline"].split()
+    assert variables["gpuhost_molecule_hosts"]["pair-1"]["variant"] == "nested"
+    begin, end = variables["gpuhost_molecule_guest_pci_markers"]
+    assert f'echo "{begin}"' in NESTED_GUEST_INIT and f'echo "{end}"' in NESTED_GUEST_INIT
+    assert fake_nvidia.CALLS_FILE in (scenario / "verify.yml").read_text()

@@ -1,9 +1,5 @@
-"""What the rollout lab modules share: lab hosts named as an operator's inventory names them,
-booted together for a module, with the hashes of every file apply or rollback may write.
-
-test_faults_lab.py (two hosts: rollouts across batches) and test_grub_files_lab.py (one host:
-unusual GRUB files, conflicting settings, rollback) each boot their own hosts, so that pytest-xdist
-can run them side by side (the default `-n 2`).
+"""The fault suite's lab (tests/lab/test_faults_lab.py): hosts named as an operator's inventory names
+them, booted together, with the hashes of every file apply or rollback may write.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Safe rollout on real lab hosts (issue 7): each fault injected for real, each outcome asserted.
 
-Also the apply path itself (issue 4) and the point of it all (issue 6): after apply, libvirtd on the
-host starts `gpuhost render`'s domain and the guest sees the GPU's functions.
-
-Two gpu-pair hosts, booted once for the module and configured by one inventory, in this order:
-A (base image, 2 GiB) is batch 1 of every rollout; B (the nested variant, 4 GiB, made to look like
-an NVIDIA host with the lab's stand-in driver, one 1 GiB page, a VM to render) is batch 2.
+Two gpu-pair hosts from the base image, 2 GiB each, booted once for the module and configured by
+one inventory: A is batch 1 of every rollout and the host every fault is done to; B is batch 2
+(the next batch, which a failed batch must leave untouched) and the host whose key changes.
+In this order, on A unless said:
 
 1. huge pages beyond A's memory: refused before any change, A's files byte-identical;
 2. forced past the refusal (a testing-only environment variable), A's trial kernel cannot allocate
@@ -15,18 +13,25 @@ an NVIDIA host with the lab's stand-in driver, one 1 GiB page, a VM to render) i
    operator's power cycle) is on its old command line;
 2. A's trial kernel panics for real (testing-only rdinit=): panic=N, and the host comes back on
    its old command line by itself;
-6. A's host key changes after an audit: A is aborted (unreachable), B goes on: driver purged,
-   trial boot, commit, the audit says READY;
-8. a second apply on B changes nothing and reboots nothing;
-   the passthrough proof on B: render, virsh define/start, the guest lists the GPU's functions.
+4. an invalid /etc/default/grub is refused, nothing written;
+6. and 5. B's host key changes after an audit: B is aborted (unreachable), A goes on, with an
+   unusual but valid /etc/default/grub (CRLF, single quotes, a continuation, a cloud drop-in
+   overriding the variable, an old vfio-pci.ids=) and a conflicting `options vfio-pci ids=` in
+   modprobe.d: trial boot, commit, exactly one correct setting, the modprobe.d line commented out
+   and its original backed up, the audit says READY;
+8. a second apply on A changes nothing and reboots nothing;
+rollback: `gpuhost rollback --limit A`: A's own old command line and the modprobe.d file are back,
+nothing of gpuhost's left.
 
-Faults 4 and 5 and rollback run on a host of their own in test_grub_files_lab.py, beside this
-module, on the other pytest-xdist worker. Check mode (fault 8's first half: `--check --diff` on an
-untouched stand-in NVIDIA host changes no file and no boot_id) is Molecule's prepare step
-(playbooks/molecule/default/prepare.yml), which ran the same playbook on the same kind of host here
-too; it runs once, there. Fault 7 (hostile inventory values) and the pure
-half of 4 need no VM: tests/test_hostile_inventory.py and tests/test_trial_boot.py. Run alone:
-`pytest -m lab tests/lab/test_faults_lab.py -n 0 -s`; the times are printed as [fault timing] lines.
+What this module does not repeat (each ran on the same playbook, on the same kind of host):
+- Molecule's scenario (tests/lab/test_molecule.py, playbooks/molecule/default) converges a stand-in
+  NVIDIA host (driver purged, the .run installer's uninstaller run), proves check mode changes
+  nothing and a second converge changes nothing, and starts `gpuhost render`'s domain on it: the
+  guest sees the GPU's functions.
+- Fault 7 (hostile inventory values) and the pure half of 4 need no VM:
+  tests/test_hostile_inventory.py and tests/test_trial_boot.py.
+Run alone: `pytest -m lab tests/lab/test_faults_lab.py -n 0 -s`; the times are printed as
+[fault timing] lines.
 """
 
 from __future__ import annotations
@@ -46,11 +51,9 @@ import pytest
 
 from gpuhost.audit import AuditStatus, audit_target
 from gpuhost.cli.main import main
-from gpuhost.lab import fake_nvidia, fleet
-from gpuhost.lab import image as lab_image
+from gpuhost.lab import fleet
 from gpuhost.lab.image import Image
-from gpuhost.lab.paths import LabPaths
-from gpuhost.lab.recipe import GUEST_SPEED_OPTIONS, NESTED_GUEST_DIR
+from gpuhost.lab.recipe import KERNEL_CMDLINE
 from gpuhost.lab.state import is_our_process, load_state, process_start_ticks, save_state
 from gpuhost.plan.settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTING_OPTIONS_ENV
 from gpuhost.targets import ConnectionDefaults, inventory_targets
@@ -65,35 +68,15 @@ KILLED_REBOOT_TIMEOUT = 60  # fault 3 waits this out
 SLOW_TRIAL_BOOT_TIMEOUT = 1500  # fault 2's trial kernel, slow to boot (see the test)
 # The trial kernel's first words on A's serial console (console=ttyS0): its command line.
 TRIAL_BOOT_LINE = re.compile(rb"Command line: [^\n]*gpuhost\.trial=1")
-# The VM of the passthrough proof on B: TCG (the lab host has no KVM), direct kernel boot of the
-# busybox guest that lists the PCI functions it sees on its serial console, then powers off.
-PROOF_VM: dict[str, Any] = {
-    "name": "proof",
-    "vcpus": 1,
-    "memory": "1G",  # backed by the 1 GiB huge page apply reserves
-    "gpus": "all",
-    "domain_type": "qemu",
-    "firmware": "bios",
-    "network": "none",
-    "kernel": f"{NESTED_GUEST_DIR}/vmlinux",  # ELF, booted through PVH: no decompressor at two levels of TCG
-    "initrd": f"{NESTED_GUEST_DIR}/initrd.gz",
-    "cmdline": f"console=ttyS0 quiet panic=-1 {GUEST_SPEED_OPTIONS}",
-}
-GUEST_SEES = ("1234:1111 class 0x030000", "8086:293e class 0x040300")
-PCI_BEGIN, PCI_END = "GPUHOST-GUEST-PCI-BEGIN", "GPUHOST-GUEST-PCI-END"
 LAYOUT = {
     A: HostLayout("base", 2048, {"gpuhost_hugepages": 0}),
-    B: HostLayout("nested", 4096, {"gpuhost_hugepages": 1, "gpuhost_vms": [PROOF_VM]}, fake_nvidia=True),
+    B: HostLayout("base", 2048, {"gpuhost_hugepages": 0}),
 }
 
 
 @pytest.fixture(scope="module")
 def lab(base_image: Image, image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    root = tmp_path_factory.mktemp("faults-lab")
-    started = time.monotonic()
-    nested = lab_image.ensure_image(LabPaths(root=root / B, images=image_dir), "nested")
-    timing(f"nested image {'reused' if nested.reused else 'built'} in {time.monotonic() - started:.0f} s")
-    with booted_lab(root, image_dir, LAYOUT) as booted:
+    with booted_lab(tmp_path_factory.mktemp("faults-lab"), image_dir, LAYOUT) as booted:
         yield booted
 
 
@@ -226,12 +209,67 @@ def test_fault2_panicking_trial_kernel_comes_back_on_the_old_command_line_by_its
     assert lab.hosts[B].hashes() == original[B]["hashes"], "the rollout went on past the reverted host"
 
 
-def test_fault6_host_key_change_aborts_that_host_and_the_others_go_on(lab: Lab) -> None:
-    inventory = lab.inventory("fault6")
+UNUSUAL_GRUB = (
+    "# gpuhost fault 4: unusual but valid shell\n"
+    "GRUB_DEFAULT=0\n"
+    "GRUB_TIMEOUT=0\n"
+    "GRUB_TIMEOUT_STYLE=hidden\n"
+    "GRUB_DISTRIBUTOR='Debian'\n"
+    f"GRUB_CMDLINE_LINUX='{KERNEL_CMDLINE}'\n"
+    'GRUB_CMDLINE_LINUX_DEFAULT="vfio-pci.ids=10de:1111 \\\n'
+    '    quiet"  # an older passthrough try\n'
+    'GRUB_TERMINAL="serial console"\n'
+    'GRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"\n'
+    "GRUB_DISABLE_OS_PROBER=true\n"
+)
+CLOUD_DROPIN = 'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT net.ifnames=0"\n'
+OLD_MODPROBE = "# an older passthrough setup\noptions vfio-pci ids=10de:1111 disable_vga=1\n"
+
+
+def test_fault4_invalid_default_grub_is_refused_and_nothing_is_written(lab: Lab) -> None:
     host_a = lab.hosts[A]
+    saved = host_a.sh("cat /etc/default/grub")
+    # Invalid shell (an unterminated quote): refused, nothing written.
+    host_a.sh("printf 'GRUB_CMDLINE_LINUX=\"quiet\\n' >> /etc/default/grub")
+    broken = host_a.hashes()
+    try:
+        code, report, _ = apply(lab, lab.inventory("fault4-invalid"), "fault4-invalid", "--limit", A)
+        after = host_a.hashes()
+    finally:
+        host_a.sh(f"cat > /etc/default/grub <<'EOF'\n{saved}EOF\n")
+    entry = report["hosts"][A]
+    assert code != 0 and entry["status"] == "refused", entry
+    assert "is not valid shell" in entry["message"] and "/etc/default/grub" in entry["message"], entry
+    assert after == broken
+
+
+def _write_unusual_grub_and_modprobe_settings(host: Host) -> None:
+    """Fault 4's valid half and fault 5: settings an operator's host may have before gpuhost."""
+    # CRLF on the command line variables: the part gpuhost reads. (A whole CRLF file also turns
+    # GRUB_TIMEOUT into "0\r", which GRUB cannot parse: it would wait at its menu, gpuhost or not.)
+    crlf = "".join(
+        line.replace("\n", "\r\n") if line.startswith(("GRUB_CMDLINE_LINUX=", "    quiet")) else line
+        for line in UNUSUAL_GRUB.splitlines(keepends=True)
+    )
+    host.sh(
+        f"cat > /etc/default/grub <<'EOF'\n{crlf}EOF\n"
+        f"cat > /etc/default/grub.d/50-cloudimg-settings.cfg <<'EOF'\n{CLOUD_DROPIN}EOF\n"
+        f"cat > /etc/modprobe.d/vfio-old.conf <<'EOF'\n{OLD_MODPROBE}EOF\n"
+    )
+    # Counted on the host: the SSH output is read with universal newlines, which hide a '\r'.
+    assert host.sh("grep -c \"$(printf '\\r')\" /etc/default/grub").strip() == "2"
+
+
+def test_fault6_and_5_host_key_change_aborts_that_host_and_the_other_ends_with_one_correct_setting(
+    lab: Lab,
+) -> None:
+    host_a, host_b = lab.hosts[A], lab.hosts[B]
+    inventory = lab.inventory("fault6")
     for target in inventory_targets(inventory, None, ConnectionDefaults()):
         assert audit_target(target).facts is not None  # the audit saw both hosts with their keys
-    known_hosts = host_a.paths.known_hosts
+    _write_unusual_grub_and_modprobe_settings(host_a)
+    untouched_b = host_b.hashes()
+    known_hosts = host_b.paths.known_hosts
     saved = known_hosts.read_text()
     stranger = lab.root / "stranger-key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
@@ -243,31 +281,32 @@ def test_fault6_host_key_change_aborts_that_host_and_the_others_go_on(lab: Lab) 
         code, report, seconds = apply(lab, inventory, "fault6")
     finally:
         known_hosts.write_text(saved)
-        files_a = host_a.sh("ls /etc/default/grub.d/ /etc/default/gpuhost-trial.cfg 2>&1; cat /proc/cmdline")
     entry_a, entry_b = report["hosts"][A], report["hosts"][B]
-    assert entry_a["status"] == "unreachable" and "host key" in entry_a["message"].lower(), entry_a
-    assert "gpuhost.cfg" not in files_a and "vfio-pci.ids" not in files_a  # A was not touched
-    assert code != 0 and entry_b["status"] == "ready", entry_b
-    assert entry_b["rebooted"] is True
-    reboot = entry_b["reboot_seconds"] or 0
-    timing(f"fault6: B's apply {seconds:.0f} s in all, trial reboot {reboot} s, the rest {seconds - reboot:.0f} s")
-    # B, the host made to look like an NVIDIA host, is now a passthrough host.
-    drivers = lab.hosts[B].sh(
-        "for d in " + " ".join(GPU_FUNCTIONS) + '; do basename "$(readlink /sys/bus/pci/devices/$d/driver)"; done; '
-        "grep HugePages_Total /proc/meminfo; dpkg -l 'nvidia-*' 2>/dev/null | grep -c '^ii' || true; "
-        f"cat {fake_nvidia.CALLS_FILE}"
+    assert entry_b["status"] == "unreachable" and "host key" in entry_b["message"].lower(), entry_b
+    assert host_b.hashes() == untouched_b, "B was touched"
+    assert code != 0 and entry_a["status"] == "ready", entry_a
+    assert entry_a["rebooted"] is True
+    reboot = entry_a["reboot_seconds"] or 0
+    timing(f"fault6: A's apply {seconds:.0f} s in all, trial reboot {reboot} s, the rest {seconds - reboot:.0f} s")
+    # Exactly one correct setting on the command line, the host's own options kept, no '\r' left.
+    cmdline = host_a.cmdline()
+    assert [t for t in cmdline if t.startswith("vfio-pci.ids=")] == [OPTIONS[0]], cmdline
+    assert {"quiet", "net.ifnames=0", "console=ttyS0,115200n8", "no_timer_check"} <= set(cmdline)
+    assert "gpuhost.trial=1" in cmdline  # A runs the trial entry, now committed as the default
+    assert host_a.sh("grep -c \"$(printf '\\r')\" /proc/cmdline || true").strip() == "0"
+    modprobe = host_a.sh(
+        "grep -rhE '^[[:space:]]*options[[:space:]]+vfio[-_]pci' /etc/modprobe.d/ || true; "
+        "cat /var/lib/gpuhost/backup/etc/modprobe.d/vfio-old.conf"
     )
-    assert drivers.splitlines()[:2] == ["vfio-pci", "vfio-pci"], drivers
-    assert "HugePages_Total:       1" in drivers
-    assert drivers.splitlines()[3] == "0"  # the driver package is purged
-    assert "nvidia-uninstall -s" in drivers  # the .run install was uninstalled silently
+    assert modprobe == OLD_MODPROBE, modprobe  # no active ids= left; the original kept for rollback
+    drivers = host_a.sh(
+        "for d in " + " ".join(GPU_FUNCTIONS) + '; do basename "$(readlink /sys/bus/pci/devices/$d/driver)"; done'
+    )
+    assert drivers.split() == ["vfio-pci", "vfio-pci"], drivers
     # The audit's own verdict, independently of the playbook's verification.
-    (target_b,) = inventory_targets(inventory, B, ConnectionDefaults())
-    assert audit_target(target_b).status is AuditStatus.READY
-    cmdline_b = lab.hosts[B].cmdline()
-    assert [t for t in cmdline_b if t.startswith("vfio-pci.ids=")] == [OPTIONS[0]]
-    assert "gpuhost.trial=1" in cmdline_b  # B runs the trial entry, now committed as the default
-    committed = lab.hosts[B].sh(
+    (target_a,) = inventory_targets(inventory, A, ConnectionDefaults())
+    assert audit_target(target_a).status is AuditStatus.READY
+    committed = host_a.sh(
         "grub-editenv list; ls /etc/default/gpuhost-trial.cfg 2>&1; grep -c gpuhost-trial /boot/grub/grub.cfg || true; "
         "awk '/^menuentry /{n++} n==1 && /linux\\t/{print; exit}' /boot/grub/grub.cfg"
     )
@@ -276,47 +315,33 @@ def test_fault6_host_key_change_aborts_that_host_and_the_others_go_on(lab: Lab) 
 
 
 def test_fault8_second_apply_changes_nothing_and_reboots_nothing(lab: Lab) -> None:
-    host_b = lab.hosts[B]
-    before = host_b.hashes()
-    code, report, _ = apply(lab, lab.inventory("fault8-second"), "fault8-second", "--limit", B)
-    entry = report["hosts"][B]
+    host_a = lab.hosts[A]
+    before = host_a.hashes()
+    code, report, _ = apply(lab, lab.inventory("fault8-second"), "fault8-second", "--limit", A)
+    entry = report["hosts"][A]
     assert code == 0 and report["ansible_rc"] == 0 and entry["status"] == "ready", entry
-    assert list(report["hosts"]) == [B]  # --limit: A is not part of this run's report
+    assert list(report["hosts"]) == [A]  # --limit: B is not part of this run's report
     assert entry["reboot_needed"] is False and entry["rebooted"] is False
-    assert report["ansible_stats"]["changed"].get(B, 0) == 0, report["ansible_stats"]
-    assert host_b.hashes() == before
+    assert report["ansible_stats"]["changed"].get(A, 0) == 0, report["ansible_stats"]
+    assert host_a.hashes() == before
 
 
-def test_a_rendered_domain_gets_the_gpu_on_the_applied_host(lab: Lab, tmp_path: Path) -> None:
-    """After apply, libvirtd on B starts `gpuhost render`'s XML unchanged; the guest sees the GPU."""
-    host_b, vm = lab.hosts[B], PROOF_VM["name"]
-    inventory = lab.inventory("proof")
+def test_rollback_restores_the_old_command_line_and_the_backed_up_files(lab: Lab) -> None:
+    host_a = lab.hosts[A]
     started = time.monotonic()
-    xml_path = tmp_path / f"{vm}.xml"
-    assert main(["render", "-i", str(inventory), "--host", B, "--vm", vm, "-o", str(xml_path)]) == 0
-    xml = xml_path.read_text()
-    timing(f"render (audit of the host + libvirt schema check): {time.monotonic() - started:.0f} s")
-    # What the proof rests on: both functions as managed hostdevs, the 1 GiB page backing the guest.
-    assert xml.count("<hostdev mode='subsystem' type='pci' managed='yes'>") == 2
-    assert "<page size='1048576' unit='KiB'/>" in xml
-    serial_log = f"/var/log/libvirt/qemu/{vm}-serial.log"
-    assert serial_log in xml
-    started = time.monotonic()
-    host_b.sh(f"cat > /root/{vm}.xml <<'GPUHOST_XML'\n{xml}\nGPUHOST_XML\nvirsh define /root/{vm}.xml")
-    host_b.sh(f"virsh start {vm}", timeout=600)
-    # The guest powers off after listing its PCI functions; its serial log then holds the list.
-    log, deadline = "", time.monotonic() + 1200
-    while PCI_END not in log and time.monotonic() < deadline:
-        time.sleep(10)
-        log = host_b.sh(f"cat {serial_log} 2>/dev/null || true", timeout=120)
-    timing(f"domain defined, booted at two levels of TCG, PCI listed: {time.monotonic() - started:.0f} s")
-    assert PCI_BEGIN in log and PCI_END in log, f"no PCI listing on the guest's serial console:\n{log[-3000:]}"
-    listing = log.split(PCI_BEGIN, 1)[1].split(PCI_END, 1)[0]
-    for function in GUEST_SEES:
-        assert function in listing, f"the guest did not see {function}:\n{listing}"
-    # libvirt handed the host's functions over and back: still on vfio-pci, nothing else bound them.
-    drivers = host_b.sh(
-        "for d in " + " ".join(GPU_FUNCTIONS) + '; do basename "$(readlink /sys/bus/pci/devices/$d/driver)"; done'
+    code = main(["rollback", "-i", str(lab.inventory("rollback")), "--limit", A, "--yes"])
+    timing(f"rollback of A (with its reboot): {time.monotonic() - started:.0f} s")
+    assert code == 0
+    cmdline = host_a.cmdline()
+    # The host's own settings are back, old vfio-pci.ids= included; nothing of gpuhost's is left.
+    assert [t for t in cmdline if t.startswith("vfio-pci.ids=")] == ["vfio-pci.ids=10de:1111"], cmdline
+    assert not {"iommu=pt", "gpuhost.trial=1", "modprobe.blacklist=nouveau,nvidia,nvidiafb"} & set(cmdline)
+    left = host_a.sh(
+        "cat /etc/modprobe.d/vfio-old.conf; test ! -e /etc/default/grub.d/gpuhost.cfg && "
+        "test ! -e /etc/grub.d/42_gpuhost_trial && test ! -e /etc/initramfs-tools/scripts/init-top/gpuhost-vfio && "
+        "test ! -e /var/lib/gpuhost/backup && ! grep -qE '^vfio|gpuhost: vfio-pci' /etc/initramfs-tools/modules && "
+        "echo clean"
     )
-    assert drivers.split() == ["vfio-pci", "vfio-pci"], drivers
-    host_b.sh(f"virsh destroy {vm} >/dev/null 2>&1 || true; virsh undefine {vm}")
+    # The modules file keeps the lab disk's own lines (its comment says "gpuhost lab"): gpuhost's
+    # marked block and its vfio lines are what must be gone.
+    assert left == OLD_MODPROBE + "clean\n", left

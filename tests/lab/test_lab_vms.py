@@ -1,7 +1,7 @@
 """Real kernels under QEMU: IOMMU groups per topology, the audit's and the planner's judgement, down.
 
 A reboot through update-grub's generated grub.cfg is not repeated here: every trial boot of the
-fault suite, the GRUB-file module and Molecule's converge is one, and each ends with the audit's
+fault suite and Molecule's converge is one, and each ends with the audit's
 READY (the GPU's group unchanged, its functions on vfio-pci).
 
 Slow (an image build on a fresh machine, two hosts booting under TCG): run alone with
@@ -96,7 +96,7 @@ def test_cached_image_is_reused_without_rebuilding(base_image: Image) -> None:
 
 def test_each_host_resumed_its_shapes_saved_boot_or_saved_it(lab_hosts: dict[str, LabHost]) -> None:
     """gpuhost.lab.resume: the first host of a shape to answer SSH saves its state; later ones of
-    that shape (in this run: the GRUB-file module's host before this one) resume from it."""
+    that shape (in this run, often the fault suite's hosts, booted on the other worker) resume from it."""
     for name, host in lab_hosts.items():
         record = host.record
         assert record.resume_key and resume.find_saved(host.paths.images, record.resume_key) is not None, record
