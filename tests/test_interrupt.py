@@ -27,6 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT_SECONDS = 5.0
 
 
+def _as_a_terminal_starts_it() -> None:
+    """SIGINT as a shell's foreground command gets it: default. A test run started in the background
+    by a non-interactive shell (`cmd &`) has SIGINT ignored, POSIX shells do that for `&`, and an
+    ignored signal stays ignored across exec: Python then installs no KeyboardInterrupt handler, and
+    gpuhost, rightly, keeps ignoring Ctrl-C (seen in a rehearsal started with nohup ... &)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def gpuhost(*argv: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
@@ -36,6 +44,7 @@ def gpuhost(*argv: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_a_terminal_starts_it,  # runs in the child before exec: one signal.signal call
     )
 
 
