@@ -6,12 +6,16 @@ import dataclasses
 import gzip
 import lzma
 import struct
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gpuhost.lab import diskimage, fake_nvidia
+from gpuhost.lab.boot import BIOS_GRUB
+from gpuhost.lab.image import _Builder
+from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.recipe import (
     BASE_PACKAGES,
     GUEST_SPEED_OPTIONS,
@@ -150,3 +154,28 @@ def test_molecules_passthrough_proof_boots_what_the_nested_image_holds() -> None
     begin, end = variables["gpuhost_molecule_guest_pci_markers"]
     assert f'echo "{begin}"' in NESTED_GUEST_INIT and f'echo "{end}"' in NESTED_GUEST_INIT
     assert fake_nvidia.CALLS_FILE in (scenario / "verify.yml").read_text()
+
+
+def test_image_builds_take_the_package_cache_one_at_a_time(tmp_path: Path) -> None:
+    """Two builds of different variants at once (both lab workers on a fresh machine) broke each
+    other's debootstrap downloads in the shared cache; the second one now waits for the first."""
+    paths = LabPaths(root=tmp_path / "lab", images=tmp_path / "images")
+    paths.package_cache.mkdir(parents=True)
+    said: list[str] = []
+    first = _Builder(paths, "base", BIOS_GRUB.layout, "http://deb.debian.org/debian", said.append)
+    second = _Builder(paths, "guest", BIOS_GRUB.layout, "http://deb.debian.org/debian", said.append)
+    order: list[str] = []
+    with first._package_cache_held():
+
+        def take() -> None:
+            with second._package_cache_held():
+                order.append("second")
+
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        waiter.join(timeout=1)
+        assert waiter.is_alive() and order == [], "the second build did not wait for the cache"
+        order.append("first done")
+    waiter.join(timeout=5)
+    assert order == ["first done", "second"]
+    assert said == ["another image build is using the package cache; waiting for it"]

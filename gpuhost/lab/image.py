@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,20 +352,35 @@ class _Builder:
         root.rmdir()  # the mount point, empty once unmounted
         return kernel
 
+    @contextlib.contextmanager
+    def _package_cache_held(self) -> Iterator[None]:
+        """The package cache to itself. Builds of different variants run at once (the two lab
+        workers each need one on a fresh machine), and debootstrap and apt both download into the
+        shared cache's partial files and move them into place: two at once broke each other's
+        downloads ("cannot open .../libmd0_1.0.4-2_amd64.deb: No such file"), and both builds failed."""
+        with (self.paths.package_cache / ".lock").open("w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.progress("another image build is using the package cache; waiting for it")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def _debootstrap(self, root: Path) -> None:
         try:
-            self._run(
-                [
-                    self.tools["debootstrap"],
-                    "--variant=minbase",
-                    "--components=main",
-                    f"--include={','.join(self.recipe.packages)}",
-                    f"--cache-dir={self.paths.package_cache}",
-                    self.recipe.suite,
-                    str(root),
-                    self.mirror,
-                ]
-            )
+            with self._package_cache_held():
+                self._run(
+                    [
+                        self.tools["debootstrap"],
+                        "--variant=minbase",
+                        "--components=main",
+                        f"--include={','.join(self.recipe.packages)}",
+                        f"--cache-dir={self.paths.package_cache}",
+                        self.recipe.suite,
+                        str(root),
+                        self.mirror,
+                    ]
+                )
         except LabError:
             # debootstrap's own log names the package that failed; keep it for the failed log.
             with contextlib.suppress(OSError):
@@ -385,8 +400,11 @@ class _Builder:
         policy.write_text("#!/bin/sh\nexit 101\n")
         policy.chmod(0o755)
         try:
-            self._chroot(root, "apt-get", "update", "-q")
-            self._chroot(root, "apt-get", "install", "-y", "-q", "--no-install-recommends", *self.recipe.apt_packages)
+            with self._package_cache_held():
+                self._chroot(root, "apt-get", "update", "-q")
+                self._chroot(
+                    root, "apt-get", "install", "-y", "-q", "--no-install-recommends", *self.recipe.apt_packages
+                )
         finally:
             policy.unlink()
             self._umount(archives)
