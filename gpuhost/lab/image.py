@@ -152,23 +152,27 @@ def ensure_image(
         )
     paths.images.mkdir(parents=True, exist_ok=True)
     name = image_name(variant, layout)
-    with (paths.images / f".build-{name}.lock").open("w") as lock:
-        # One build per variant at a time; whoever waited reuses what the other one built.
-        progress_once = True
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if progress_once:
-                    progress(f"another process is building the {name} image; waiting for it")
-                    progress_once = False
-                time.sleep(2)
+    # One build per variant at a time; whoever waited reuses what the other one built.
+    with _held_exclusively(
+        paths.images / f".build-{name}.lock", progress, f"another process is building the {name} image; waiting for it"
+    ):
         if not force:
             cached = find_image(paths, variant, layout)
             if cached is not None:
                 return cached
         return _Builder(paths, variant, layout, mirror or default_mirror(), progress).build()
+
+
+@contextlib.contextmanager
+def _held_exclusively(lock_path: Path, progress: Progress, waiting: str) -> Iterator[None]:
+    """An exclusive flock on `lock_path` for the block; says `waiting` once when another process holds it."""
+    with lock_path.open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(waiting)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # a signal (Ctrl-C) still interrupts the wait
+        yield
 
 
 class _Builder:
@@ -358,12 +362,11 @@ class _Builder:
         workers each need one on a fresh machine), and debootstrap and apt both download into the
         shared cache's partial files and move them into place: two at once broke each other's
         downloads ("cannot open .../libmd0_1.0.4-2_amd64.deb: No such file"), and both builds failed."""
-        with (self.paths.package_cache / ".lock").open("w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                self.progress("another image build is using the package cache; waiting for it")
-                fcntl.flock(lock, fcntl.LOCK_EX)
+        with _held_exclusively(
+            self.paths.package_cache / ".lock",
+            self.progress,
+            "another image build is using the package cache; waiting for it",
+        ):
             yield
 
     def _debootstrap(self, root: Path) -> None:
