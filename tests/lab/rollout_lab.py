@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from gpuhost.cli.main import main
-from gpuhost.lab import fake_nvidia, fleet
+from gpuhost.lab import fleet
 from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.state import VmRecord
 
@@ -37,7 +37,6 @@ class HostLayout:
     variant: str
     memory_mib: int
     variables: Mapping[str, Any]
-    fake_nvidia: bool = False
 
 
 def timing(message: str) -> None:
@@ -100,10 +99,7 @@ def booted_lab(root: Path, image_dir: Path, layout: Mapping[str, HostLayout]) ->
             waits = [pool.submit(fleet.wait_for_ssh, p, fleet.status(p)[0].hosts, BOOT_TIMEOUT) for p in labs.values()]
             for future in waits:
                 future.result()
-        for name, host in layout.items():
-            if host.fake_nvidia:
-                fake_nvidia.install(labs[name], fleet.status(labs[name])[0].hosts[0].name)
-        timing(f"{len(labs)} host(s) up (stand-in NVIDIA driver where asked) in {time.monotonic() - started:.0f} s")
+        timing(f"{len(labs)} host(s) up in {time.monotonic() - started:.0f} s")
         yield Lab(hosts={name: Host(paths, name) for name, paths in labs.items()}, layout=layout, root=root)
     finally:
         for paths in labs.values():
