@@ -1,8 +1,9 @@
 """A real OpenSSH server on 127.0.0.1 for tests and benchmarks: throwaway keys, nothing global.
 
 `start_sshd(directory)` runs `/usr/sbin/sshd -D -e -f <generated config>` as root on a free
-loopback port, with its own ed25519 host key and a client key in its own authorized_keys, and
-returns once the port accepts connections. Everything it writes (keys, config, PID file, log,
+loopback port (or on `listen`, the host's address on a veth a test made for a network namespace),
+with its own ed25519 host key and a client key in its own authorized_keys, and returns once the
+port accepts connections. Everything it writes (keys, config, PID file, log,
 known_hosts files) lives under `directory`; `Sshd.stop()` ends the server by its PID.
 
 The log runs at LogLevel VERBOSE so callers can count what reached the server: one
@@ -26,6 +27,7 @@ from pathlib import Path
 
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = "ssh-keygen"
+LOOPBACK = "127.0.0.1"
 # sshd refuses to start without its privilege separation directory; a container that never ran
 # the sshd service has none.
 PRIVSEP_DIR = Path("/run/sshd")
@@ -54,10 +56,10 @@ def public_key(path: Path) -> str:
     return f"{algorithm} {blob}"
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on right now (the kernel picks it)."""
+def free_port(address: str = LOOPBACK) -> int:
+    """A port nobody listens on right now at `address` (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((address, 0))
         return int(probe.getsockname()[1])
 
 
@@ -66,13 +68,14 @@ def known_hosts_line(port: int, key: str, host: str = "127.0.0.1") -> str:
     return f"{name} {key}\n"
 
 
-def is_listening(port: int) -> bool:
-    """Whether something listens on 127.0.0.1:PORT, read from /proc/net/tcp.
+def is_listening(port: int, address: str = LOOPBACK) -> bool:
+    """Whether something listens on ADDRESS:PORT, read from /proc/net/tcp.
 
     Connecting to find out would show up in the server's log as a connection, and tests count
     those to prove that gpuhost made none.
     """
-    wanted = f"0100007F:{port:04X}"
+    # /proc/net/tcp writes the address as the host-order hex of its 32-bit value.
+    wanted = f"{int.from_bytes(socket.inet_aton(address), 'little'):08X}:{port:04X}"
     with Path("/proc/net/tcp").open() as table:
         next(table)
         for line in table:
@@ -90,6 +93,7 @@ class Sshd:
     host_key: Path
     client_key: Path
     log_path: Path
+    address: str = LOOPBACK
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -102,21 +106,21 @@ class Sshd:
 
     @property
     def target(self) -> str:
-        """The ad-hoc host spec gpuhost takes: root@127.0.0.1:PORT."""
-        return f"root@127.0.0.1:{self.port}"
+        """The ad-hoc host spec gpuhost takes: root@ADDRESS:PORT (127.0.0.1 unless started on another)."""
+        return f"root@{self.address}:{self.port}"
 
     def write_known_hosts(self, path: Path, port: int | None = None) -> Path:
-        """A known_hosts file with this server's real host key for [127.0.0.1]:PORT.
+        """A known_hosts file with this server's real host key for [ADDRESS]:PORT.
 
         `port` names another port (a proxy in front of this server) to write the key for.
         """
-        path.write_text(known_hosts_line(port or self.port, self.host_public_key))
+        path.write_text(known_hosts_line(port or self.port, self.host_public_key, self.address))
         return path
 
     def write_wrong_known_hosts(self, path: Path, port: int | None = None) -> Path:
         """A known_hosts file that claims a different (freshly generated) key for this server."""
         other = generate_key(self.directory / f"impostor-{path.name}", comment="not-this-server")
-        path.write_text(known_hosts_line(port or self.port, public_key(other)))
+        path.write_text(known_hosts_line(port or self.port, public_key(other), self.address))
         return path
 
     def log(self) -> str:
@@ -146,11 +150,20 @@ class Sshd:
                 self.process.wait(timeout=5)
 
 
-def sshd_config(directory: Path, port: int, host_key: Path, authorized_keys: Path, pid_file: Path) -> str:
+def sshd_config(
+    directory: Path,
+    port: int,
+    host_key: Path,
+    authorized_keys: Path,
+    pid_file: Path,
+    *,
+    listen: str = LOOPBACK,
+    local_forwarding: bool = False,
+) -> str:
     return "\n".join(
         [
             f"Port {port}",
-            "ListenAddress 127.0.0.1",
+            f"ListenAddress {listen}",
             f"HostKey {host_key}",
             f"PidFile {pid_file}",
             f"AuthorizedKeysFile {authorized_keys}",
@@ -162,7 +175,8 @@ def sshd_config(directory: Path, port: int, host_key: Path, authorized_keys: Pat
             "StrictModes no",
             "UsePAM no",
             "AllowAgentForwarding no",
-            "AllowTcpForwarding no",
+            # `local`: the SSH jump to a guest behind the host (a direct-tcpip channel), nothing else.
+            f"AllowTcpForwarding {'local' if local_forwarding else 'no'}",
             "X11Forwarding no",
             "PrintMotd no",
             "UseDNS no",
@@ -188,6 +202,8 @@ def start_sshd(
     port: int | None = None,
     name: str = "sshd",
     timeout: float = START_TIMEOUT_S,
+    listen: str = LOOPBACK,
+    local_forwarding: bool = False,
 ) -> Sshd:
     """Start an sshd under `directory`/`name` and wait until its port accepts connections.
 
@@ -210,8 +226,12 @@ def start_sshd(
     log_path = home / "sshd.log"
     config = home / "sshd_config"
     for attempt in range(5):
-        chosen = port or free_port()
-        config.write_text(sshd_config(home, chosen, host_key, authorized_keys, pid_file))
+        chosen = port or free_port(listen)
+        config.write_text(
+            sshd_config(
+                home, chosen, host_key, authorized_keys, pid_file, listen=listen, local_forwarding=local_forwarding
+            )
+        )
         # Fail fast on a bad configuration instead of waiting for a port that never opens.
         check = subprocess.run([str(SSHD), "-t", "-f", str(config)], capture_output=True, text=True, check=False)
         if check.returncode != 0:
@@ -227,15 +247,15 @@ def start_sshd(
             )
         finally:
             log.close()
-        server = Sshd(home, chosen, process, host_key, client_key, log_path)
+        server = Sshd(home, chosen, process, host_key, client_key, log_path, listen)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and process.poll() is None:
-            if is_listening(chosen):
+            if is_listening(chosen, listen):
                 return server
             time.sleep(0.01)
         server.stop()
         # Another process took the port between free_port() and bind(): pick another one.
         if port is None and "Address already in use" in server.log() and attempt < 4:
             continue
-        raise SshdError(f"sshd on 127.0.0.1:{chosen} did not start within {timeout:g} s:\n{server.log()}")
+        raise SshdError(f"sshd on {listen}:{chosen} did not start within {timeout:g} s:\n{server.log()}")
     raise SshdError("sshd could not find a free port")

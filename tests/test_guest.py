@@ -6,13 +6,11 @@ sshd. The lifecycle itself runs against a real libvirtd in tests/lab/test_guest_
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from sshd import SSHD, Sshd, free_port, generate_key, is_listening, sshd_config
+from sshd import Sshd, start_sshd
 
 from gpuhost.errors import InputError
 from gpuhost.guest import libvirt_host, provision
@@ -372,34 +370,12 @@ def test_the_seed_is_private_to_its_owner_and_removed_once_the_key_is_confirmed(
 # --- the SSH jump, through a real sshd --------------------------------------------------------
 
 
-def _forwarding_sshd(directory: Path) -> tuple[subprocess.Popen[bytes], int, Path, Path]:
-    """An sshd like tests/sshd.py's, but one that allows direct-tcpip (a jump host)."""
-    directory.mkdir(parents=True)
-    host_key = generate_key(directory / "host_ed25519")
-    client_key = generate_key(directory / "client_ed25519")
-    (directory / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
-    port = free_port()
-    config = sshd_config(directory, port, host_key, directory / "authorized_keys", directory / "sshd.pid")
-    (directory / "sshd_config").write_text(config.replace("AllowTcpForwarding no", "AllowTcpForwarding local"))
-    process = subprocess.Popen(
-        [str(SSHD), "-D", "-e", "-f", str(directory / "sshd_config")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 10
-    while not is_listening(port) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    known = directory / "known_hosts"
-    known.write_text(f"[127.0.0.1]:{port} {' '.join(Path(f'{host_key}.pub').read_text().split()[:2])}\n")
-    return process, port, client_key, known
-
-
 @pytest.mark.ssh
 def test_jump_reaches_the_next_hop_and_still_verifies_its_key(tmp_path: Path) -> None:
-    process, port, key, known = _forwarding_sshd(tmp_path / "jump")
+    server = start_sshd(tmp_path, name="jump", local_forwarding=True)
+    port, known = server.port, server.write_known_hosts(tmp_path / "known_hosts")
     try:
-        options = SshOptions(host="127.0.0.1", port=port, key_file=key, known_hosts_file=known)
+        options = SshOptions(host="127.0.0.1", port=port, key_file=server.client_key, known_hosts_file=known)
         with_jump = SshTransport(options)
         try:
             # The next hop is the same server, reached through the jump's direct-tcpip channel.
@@ -416,8 +392,7 @@ def test_jump_reaches_the_next_hop_and_still_verifies_its_key(tmp_path: Path) ->
         finally:
             with_jump.close()
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        server.stop()
 
 
 @pytest.mark.ssh
