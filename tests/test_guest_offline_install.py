@@ -13,7 +13,7 @@ import fcntl
 import hashlib
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -39,7 +39,10 @@ PACKAGES = (
 UNUSED_SOURCE = "http://192.0.2.1/debian"
 
 
-def build_package(workdir: Path, out: Path, name: str, version: str, depends: str) -> None:
+def build_package(
+    workdir: Path, out: Path, name: str, version: str, depends: str, files: Mapping[str, str] | None = None
+) -> None:
+    """A stand-in .deb: its control file and `files` (path -> text), else a doc file with its version."""
     tree = workdir / f"{name}_{version}"
     (tree / "DEBIAN").mkdir(parents=True)
     control = (
@@ -49,9 +52,9 @@ def build_package(workdir: Path, out: Path, name: str, version: str, depends: st
         control += f"Depends: {depends}\n"
     control += f"Description: stand-in for {name} {version}\n"
     (tree / "DEBIAN" / "control").write_text(control)
-    payload = tree / "usr" / "share" / "doc" / name
-    payload.mkdir(parents=True)
-    (payload / "version").write_text(version + "\n")
+    for path, text in (files or {f"/usr/share/doc/{name}/version": version + "\n"}).items():
+        (tree / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path.lstrip("/")).write_text(text)
     subprocess.run(
         ["dpkg-deb", "--root-owner-group", "--build", str(tree), str(out / f"{name}_{version}_all.deb")],
         check=True,
@@ -59,19 +62,25 @@ def build_package(workdir: Path, out: Path, name: str, version: str, depends: st
     )
 
 
-@pytest.fixture(scope="module")
-def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A flat repository: the .deb files and the Packages index dpkg-scanpackages writes."""
-    base = tmp_path_factory.mktemp("repo")
+def build_repository(
+    base: Path, packages: Iterable[tuple[str, str, str]], files: Mapping[str, Mapping[str, str]] | None = None
+) -> Path:
+    """A flat repository in `base`/repo: the stand-in .debs (name, version, Depends; `files` by
+    package name) and the Packages index dpkg-scanpackages writes."""
     repo = base / "repo"
     repo.mkdir()
-    for name, version, depends in PACKAGES:
-        build_package(base / "build", repo, name, version, depends)
+    for name, version, depends in packages:
+        build_package(base / "build", repo, name, version, depends, (files or {}).get(name))
     index = subprocess.run(
         ["dpkg-scanpackages", "--multiversion", "."], cwd=repo, check=True, capture_output=True, text=True
     )
     (repo / "Packages").write_text(index.stdout)
     return repo
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_repository(tmp_path_factory.mktemp("repo"), PACKAGES)
 
 
 def empty_tree(root: Path) -> Path:
