@@ -5,8 +5,9 @@ callback the CLI gives.
 up: connect (libvirt) -> facts (audit, for the render) -> wheels -> disk (qcow2 on the base
 image) -> seed (cloud-init NoCloud ISO) -> define (rendered, schema-checked) -> start -> address
 (DHCP lease) -> ssh (pinned host key; through the host as a jump unless the host is this
-machine) -> cloud-init -> package-repo (a package_repo on the host, copied in) -> cuda (the
-pinned driver branch and toolkit, unless skipped or already there) -> install (wheels, no index) ->
+machine) -> cloud-init -> nouveau (released from the GPU; a reboot where it is in use) ->
+package-repo (a package_repo on the host, copied in) -> cuda (the pinned driver branch and
+toolkit, unless skipped or already there) -> install (wheels, no index) ->
 smoke-test -> report (copied to the controller).
 """
 
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 
 from gpuhost.audit import audit_target, open_transport
 from gpuhost.errors import GpuhostError, InputError
-from gpuhost.guest import libvirt_host, pins, provision
+from gpuhost.guest import libvirt_host, nouveau, pins, provision
 from gpuhost.guest.errors import GuestStepError
 from gpuhost.guest.keys import generate_ed25519
 from gpuhost.guest.seed import GUEST_USER, SeedConfig, build_seed_iso
@@ -72,6 +73,7 @@ class Timeouts:
     down: float = 120.0
     dpkg_lock: float = 600.0  # apt waits this long for unattended-upgrades' dpkg lock, per command
     package_repo: float = 1800.0  # copying a package_repo from the host into the guest
+    nouveau: float = 900.0  # blacklisting nouveau rebuilds the initramfs: minutes under TCG
 
     def for_guest(self, gpus: int, memory_mib: int, overrides: tuple[tuple[str, float], ...], where: str) -> Timeouts:
         boot = gpus * BOOT_PER_GPU_S + -(-memory_mib // (64 * 1024)) * BOOT_PER_64_GIB_S
@@ -359,6 +361,19 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
         else:
             assert pin is not None
             cuda_pin: pins.CudaPin = pin
+            found = steps.run(
+                "nouveau",
+                timeouts.nouveau,
+                lambda: nouveau.release_nouveau(guest, log=log, timeout=timeouts.nouveau),
+                lambda outcome: outcome.value,
+            )
+            if found is nouveau.Nouveau.NEEDS_REBOOT:
+                before_reboot = guest
+                guest = steps.run(
+                    "reboot",
+                    timeouts.ssh,
+                    lambda: nouveau.reboot_guest(before_reboot, connect_guest, log=log, timeout=timeouts.ssh),
+                )
             local_repo = spec.package_repo
             if local_repo is not None and local_repo.startswith("/"):
                 host_path: str = local_repo
