@@ -160,3 +160,22 @@ def test_a_suite_that_cannot_start_on_a_gpu_without_fabric_says_only_its_own_err
     with pytest.raises(GpuUnavailable) as raised:
         run_suite_explained(failing_suite(tmp_path), SmokeOptions(), alone)
     assert "smoke.fabric" not in str(raised.value)
+
+
+def test_the_text_report_shows_the_fabric_row_and_the_verdict_fails_on_it() -> None:
+    from gpuhost.bench.models import load_model_table
+    from gpuhost.bench.report import render
+    from gpuhost.bench.verdict import judge, judge_environment
+
+    recorded = read_recorded(recorded_document())
+    model = load_model_table().lookup(0x2330)
+    not_ready = dataclasses.replace(
+        recorded.environment,
+        gpus=(dataclasses.replace(gpu_with(documented(pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED))),),
+    )
+    checks = judge_environment(not_ready, recorded.samples, {0: model})
+    verdict = judge(recorded.run, model=model, checks=checks)
+    assert verdict.status is Status.FAIL
+    assert any(reason.startswith("FAIL fabric (GPU 0): attached to an NVSwitch fabric") for reason in verdict.reasons)
+    text = render(verdict, recorded.run)
+    assert "fabric" in text and "error 802" in text

@@ -220,3 +220,9 @@ def test_the_fabric_manager_offered_at_the_drivers_exact_version_is_chosen() -> 
     )
     assert fabric_manager_request(offered, "550.54.14") is None
     assert fabric_manager_request(pins.parse_madison(""), "550.54.15") is None
+
+
+def test_a_fabric_manager_version_that_is_no_debian_version_is_not_taken() -> None:
+    hostile = "nvidia-fabricmanager-550\t550.54.15-1\x1b[2J\tii \n"
+    assert pins.parse_installed(hostile, "").fabric_manager is None
+    assert pins.parse_madison(" nvidia-fabricmanager-550 | 550.54.15-1;reboot | file:/srv ./ Packages\n") == ()

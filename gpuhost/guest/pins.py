@@ -46,6 +46,9 @@ FABRIC_MANAGER_SERVICE = "nvidia-fabricmanager.service"
 FABRIC_MANAGER_UNBRANCHED_FROM = 590
 # nvidia-fabricmanager or nvidia-fabricmanager-550; not nvidia-fabricmanager-dev-550 (headers).
 FABRIC_MANAGER_NAME = re.compile(r"^nvidia-fabricmanager(?:-[0-9]{3,4})?$")
+# A Debian version (deb-version(7)'s characters): what the guest's dpkg or apt reports is data, and
+# it goes into the step's detail and the install argument only when it is one.
+DEBIAN_VERSION = re.compile(r"^[0-9][A-Za-z0-9.+~:-]{0,99}$")
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,9 @@ def parse_installed(dpkg_text: str, module_version: str) -> InstalledStack:
         name: version for name, version in packages.items() if re.fullmatch(r"cuda-toolkit-[0-9]+-[0-9]+", name)
     }
     fabric = sorted(
-        PackageVersion(name, version) for name, version in packages.items() if FABRIC_MANAGER_NAME.match(name)
+        PackageVersion(name, version)
+        for name, version in packages.items()
+        if FABRIC_MANAGER_NAME.match(name) and DEBIAN_VERSION.match(version)
     )
     return InstalledStack(
         driver if driver and DRIVER_VERSION.match(driver) else None, toolkits, fabric[0] if fabric else None
@@ -263,12 +268,12 @@ def parse_installed(dpkg_text: str, module_version: str) -> InstalledStack:
 
 
 def parse_madison(text: str) -> tuple[PackageVersion, ...]:
-    """`apt-cache madison NAME...` -> the (package, version) pairs the sources offer, one a line:
-    ' nvidia-fabricmanager-550 | 550.54.15-1 | file:/srv/repo ./ Packages'."""
+    """`apt-cache madison nvidia-fabricmanager...` -> the Fabric Manager packages the sources offer,
+    one a line: ' nvidia-fabricmanager-550 | 550.54.15-1 | file:/srv/repo ./ Packages'."""
     offered = []
     for line in text.splitlines():
         fields = [field.strip() for field in line.split("|")]
-        if len(fields) == 3 and fields[0] and fields[1]:
+        if len(fields) == 3 and FABRIC_MANAGER_NAME.match(fields[0]) and DEBIAN_VERSION.match(fields[1]):
             offered.append(PackageVersion(fields[0], fields[1]))
     return tuple(offered)
 
