@@ -35,6 +35,15 @@ PACKAGES = (
     ("cuda-toolkit-12-6", "12.6.3-1", ""),
     (f"linux-headers-{KERNEL}", "1.0-1", ""),
 )
+# Fabric Manager as NVIDIA's packaging names it up to branch 580 (nvidia-fabricmanager-<branch> at
+# the driver's version, see gpuhost.guest.pins): the driver's version, an older and a newer one of
+# the branch (neither may be taken), and another branch's.
+FABRIC_MANAGER_PACKAGES = (
+    ("nvidia-fabricmanager-550", "550.54.14-1", ""),
+    ("nvidia-fabricmanager-550", "550.54.15-1", ""),
+    ("nvidia-fabricmanager-550", "550.90.07-1", ""),
+    ("nvidia-fabricmanager-570", "570.86.15-1", ""),
+)
 # Nothing answers at TEST-NET-1: were the tree's own sources used, apt would say so.
 UNUSED_SOURCE = "http://192.0.2.1/debian"
 
@@ -80,7 +89,12 @@ def build_repository(
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_repository(tmp_path_factory.mktemp("repo"), PACKAGES)
+    return build_repository(tmp_path_factory.mktemp("repo"), PACKAGES + FABRIC_MANAGER_PACKAGES)
+
+
+@pytest.fixture(scope="module")
+def repository_without_fabric_manager(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_repository(tmp_path_factory.mktemp("repo-no-fm"), PACKAGES)
 
 
 def empty_tree(root: Path) -> Path:
@@ -122,7 +136,9 @@ def system_state() -> Iterator[None]:
     assert before == after
 
 
-def install(root: Path, pin: pins.CudaPin, repo_url: str, log: Log, lock_timeout: float = 60) -> provision.CudaInstall:
+def install(
+    root: Path, pin: pins.CudaPin, repo_url: str, log: Log, lock_timeout: float = 60, fabric_manager: bool = False
+) -> provision.CudaInstall:
     return provision.install_cuda(
         LocalTransport(),
         pin,
@@ -131,6 +147,7 @@ def install(root: Path, pin: pins.CudaPin, repo_url: str, log: Log, lock_timeout
         lock_timeout=lock_timeout,
         local_repo=repo_url,
         root=provision.PackageRoot(str(root)),
+        fabric_manager=fabric_manager,
     )
 
 
@@ -233,3 +250,97 @@ def test_a_host_directory_without_an_index_is_refused(tmp_path: Path) -> None:
     (tmp_path / "nvidia-open_550.54.15-1_all.deb").write_bytes(b"")
     with pytest.raises(provision.InputError, match=r"no Packages index.*dpkg-scanpackages"):
         provision.copy_package_repo(LocalTransport(), LocalTransport(), str(tmp_path), log=Log(), timeout=60)
+
+
+# Fabric Manager: what `gpuhost guest up` installs when the VM is given the NVSwitches.
+
+
+def test_fabric_manager_of_the_driver_version_is_installed_beside_the_driver(
+    repository: Path, tmp_path: Path, system_state: None
+) -> None:
+    root = empty_tree(tmp_path / "guest")
+    log = Log()
+    done = install(root, pins.CudaPin("12.4.1", 550), f"file://{repository}", log, fabric_manager=True)
+    have = installed(root)
+    # Exactly the driver's version: neither the newer 550.90.07 the branch preference would
+    # favour for a bare name, nor the older 550.54.14.
+    assert have["nvidia-fabricmanager-550"] == "550.54.15-1" == have["nvidia-open"]
+    assert "nvidia-fabricmanager-570" not in have
+    assert done.installed[-1] == "nvidia-fabricmanager-550=550.54.15-1"
+    assert done.describe() == (
+        "driver 550.54.15, toolkit cuda-toolkit-12-4 12.4.1-1, Fabric Manager nvidia-fabricmanager-550 "
+        f"550.54.15-1 from file://{repository}"
+    )
+    assert UNUSED_SOURCE.split("//")[1] not in log.output()
+
+
+def test_a_guest_without_nvswitches_gets_no_fabric_manager(
+    repository: Path, tmp_path: Path, system_state: None
+) -> None:
+    root = empty_tree(tmp_path / "guest")
+    install(root, pins.CudaPin("12.4", 550), f"file://{repository}", Log())
+    assert not any(name.startswith("nvidia-fabricmanager") for name in installed(root))
+
+
+def test_a_prebuilt_image_with_the_matching_fabric_manager_is_left_as_it_is(
+    repository: Path, tmp_path: Path, system_state: None
+) -> None:
+    root = empty_tree(tmp_path / "guest")
+    pin = pins.CudaPin("12.4", 550)
+    install(root, pin, f"file://{repository}", Log(), fabric_manager=True)
+    log = Log()
+    again = install(root, pin, f"file://{repository}", log, fabric_manager=True)
+    assert again.installed == () and again.describe() == (
+        "prebuilt image: driver 550.54.15, toolkit cuda-toolkit-12-4 12.4.1-1, Fabric Manager "
+        "nvidia-fabricmanager-550 550.54.15-1, install skipped"
+    )
+    assert not any("apt-get" in argv for argv, _ in log.commands)
+
+
+def test_a_prebuilt_image_without_fabric_manager_gets_only_fabric_manager(
+    repository: Path, tmp_path: Path, system_state: None
+) -> None:
+    root = empty_tree(tmp_path / "guest")
+    pin = pins.CudaPin("12.4", 550)
+    install(root, pin, f"file://{repository}", Log())
+    done = install(root, pin, f"file://{repository}", Log(), fabric_manager=True)
+    assert done.installed == ("nvidia-fabricmanager-550=550.54.15-1",)
+    assert installed(root)["nvidia-fabricmanager-550"] == "550.54.15-1"
+
+
+def test_a_fabric_manager_of_another_version_is_reported_not_replaced(
+    repository: Path, tmp_path: Path, system_state: None
+) -> None:
+    root = empty_tree(tmp_path / "guest")
+    pin = pins.CudaPin("12.4", 550)
+    install(root, pin, f"file://{repository}", Log())
+    # The image's Fabric Manager is one release older than its driver, as after a driver-only update.
+    older = provision.apt_argv(
+        provision.PackageRoot(str(root)),
+        local=True,
+        lock_timeout=60,
+        args=["install", "-y", "nvidia-fabricmanager-550=550.54.14-1"],
+    )
+    subprocess.run(older, check=True, capture_output=True)
+    log = Log()
+    with pytest.raises(
+        provision.InstalledVersionError,
+        match=r"driver 550\.54\.15, .*Fabric Manager nvidia-fabricmanager-550 550\.54\.14-1.*does not replace",
+    ):
+        install(root, pin, f"file://{repository}", log, fabric_manager=True)
+    assert installed(root)["nvidia-fabricmanager-550"] == "550.54.14-1"
+    assert not any("apt-get" in argv for argv, _ in log.commands)
+
+
+def test_a_repository_without_fabric_manager_is_a_clear_error(
+    repository_without_fabric_manager: Path, tmp_path: Path, system_state: None
+) -> None:
+    root = empty_tree(tmp_path / "guest")
+    url = f"file://{repository_without_fabric_manager}"
+    with pytest.raises(
+        provision.MissingPackageError,
+        match=rf"^{url} has no Fabric Manager at the driver's version 550\.54\.15 \(nvidia-fabricmanager-550 or "
+        r"nvidia-fabricmanager; it has no version of either\).*error 802",
+    ):
+        install(root, pins.CudaPin("12.4", 550), url, Log(), fabric_manager=True)
+    assert "nvidia-fabricmanager-550" not in installed(root)

@@ -178,3 +178,51 @@ def test_a_timeout_for_no_step_is_refused_before_anything_runs() -> None:
     spec = parse_vm(vm(timeouts={"adress": 900}), "x")
     with pytest.raises(InputError, match=r"'adress' is not a step; steps: .*address"):
         Timeouts().overridden(spec.timeouts, "inventory host gpu01: VM train-1")
+
+
+# --- Fabric Manager (a guest given the NVSwitches) ------------------------------------------------
+
+
+def test_fabric_manager_is_looked_for_under_the_branch_naming_rule_first() -> None:
+    assert pins.fabric_manager_packages(550) == ("nvidia-fabricmanager-550", "nvidia-fabricmanager")
+    assert pins.fabric_manager_packages(590) == ("nvidia-fabricmanager", "nvidia-fabricmanager-590")
+
+
+def test_an_installed_fabric_manager_is_read_and_its_dev_package_is_not_it() -> None:
+    dpkg = (
+        "nvidia-open\t550.54.15-1\tii \n"
+        "nvidia-fabricmanager-dev-550\t550.54.15-1\tii \n"
+        "nvidia-fabricmanager-550\t550.54.14-1\tii \n"
+    )
+    stack = pins.parse_installed(dpkg, "")
+    assert stack.fabric_manager == pins.PackageVersion("nvidia-fabricmanager-550", "550.54.14-1")
+    assert stack.fabric_manager_match() is pins.Match.OTHER
+    assert pins.parse_installed(dpkg.replace("550.54.14-1", "550.54.15-1"), "").fabric_manager_match() is (
+        pins.Match.PINNED
+    )
+    assert pins.parse_installed("nvidia-open\t550.54.15-1\tii \n", "").fabric_manager_match() is pins.Match.ABSENT
+    # Ubuntu's own archive versions it 580.126.20-0ubuntu3: the upstream part is the driver's.
+    assert pins.PackageVersion("nvidia-fabricmanager-580", "580.126.20-0ubuntu3").upstream == "580.126.20"
+
+
+def test_the_fabric_manager_offered_at_the_drivers_exact_version_is_chosen() -> None:
+    from gpuhost.guest.provision import fabric_manager_request
+
+    madison = (
+        " nvidia-fabricmanager-550 | 550.90.07-1 | file:/srv/repo ./ Packages\n"
+        " nvidia-fabricmanager-550 | 550.54.15-1 | file:/srv/repo ./ Packages\n"
+        "     nvidia-fabricmanager | 550.54.15-1 | file:/srv/repo ./ Packages\n"
+    )
+    offered = pins.parse_madison(madison)
+    assert len(offered) == 3
+    assert fabric_manager_request(offered, "550.54.15") == pins.PackageVersion(
+        "nvidia-fabricmanager-550", "550.54.15-1"
+    )
+    assert fabric_manager_request(offered, "550.54.14") is None
+    assert fabric_manager_request(pins.parse_madison(""), "550.54.15") is None
+
+
+def test_a_fabric_manager_version_that_is_no_debian_version_is_not_taken() -> None:
+    hostile = "nvidia-fabricmanager-550\t550.54.15-1\x1b[2J\tii \n"
+    assert pins.parse_installed(hostile, "").fabric_manager is None
+    assert pins.parse_madison(" nvidia-fabricmanager-550 | 550.54.15-1;reboot | file:/srv ./ Packages\n") == ()

@@ -7,6 +7,8 @@ error (exit 2) that names what to check on the host.
 
 from __future__ import annotations
 
+import ctypes
+import enum
 import importlib
 import threading
 from collections.abc import Callable
@@ -55,6 +57,41 @@ class PcieLinkReading:
     gpu_max_gen: int | None  # the GPU's own maximum, whatever the slot
 
 
+class FabricState(str, enum.Enum):
+    """Where a GPU stands in joining its NVSwitch (NVLink) fabric: nvmlGpuFabricState_t of NVIDIA's
+    nvml.h (NVML_GPU_FABRIC_STATE_NOT_SUPPORTED 0, _NOT_STARTED 1, _IN_PROGRESS 2, _COMPLETED 3);
+    UNKNOWN for a value a newer NVML may add."""
+
+    NOT_SUPPORTED = "not-supported"  # no fabric: a PCIe GPU, or an SXM GPU given alone (seen on an H100)
+    NOT_STARTED = "not-started"  # Fabric Manager has not (yet) trained the fabric
+    IN_PROGRESS = "in-progress"
+    COMPLETED = "completed"  # registered: then `status` says whether it succeeded
+    UNKNOWN = "unknown"
+
+
+_FABRIC_STATES = {
+    0: FabricState.NOT_SUPPORTED,
+    1: FabricState.NOT_STARTED,
+    2: FabricState.IN_PROGRESS,
+    3: FabricState.COMPLETED,
+}
+
+
+@dataclass(frozen=True)
+class FabricReading:
+    """nvmlDeviceGetGpuFabricInfoV (or nvmlDeviceGetGpuFabricInfo on an NVML without it)."""
+
+    state: FabricState
+    status: int  # nvmlReturn_t of the registration, 0 success; nvml.h: "checked only if state returns complete"
+    clique_id: int  # the GPUs of one clique reach each other over NVLink
+    health_mask: int | None  # the V call's health bits; None from the older call
+
+
+def parse_fabric(state: int, status: int, clique_id: int, health_mask: int | None) -> FabricReading:
+    """NVML's fabric info fields -> a FabricReading (the C struct's numbers, from NVML or a capture)."""
+    return FabricReading(_FABRIC_STATES.get(state, FabricState.UNKNOWN), status, clique_id, health_mask)
+
+
 @dataclass(frozen=True)
 class GpuEnvironment:
     index: int
@@ -78,6 +115,9 @@ class GpuEnvironment:
     max_sm_clock_mhz: int | None
     max_memory_clock_mhz: int | None
     power_limit_w: float | None
+    # None: NVML cannot say (a GPU before Hopper, a driver or pynvml without the call, a run
+    # recorded before the fabric was read).
+    fabric: FabricReading | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +199,31 @@ def _maybe(nvml: Any, read: Callable[[], T]) -> T | None:
         return None
 
 
+def read_fabric(nvml: Any, handle: Any) -> FabricReading | None:
+    """The GPU's fabric info: the versioned call (with the health bits) where the driver has it,
+    else the first one (drivers before it); None where neither answers."""
+    versioned = getattr(nvml, "nvmlDeviceGetGpuFabricInfoV", None)
+    versioned_struct = getattr(nvml, "c_nvmlGpuFabricInfoV_t", None)
+    if versioned is not None and versioned_struct is not None:
+        info = versioned_struct()  # its constructor sets the struct version NVML checks
+        try:
+            versioned(handle, ctypes.byref(info))
+        except nvml.NVMLError:
+            pass
+        else:
+            return parse_fabric(int(info.state), int(info.status), int(info.cliqueId), int(info.healthMask))
+    first = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None)
+    first_struct = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
+    if first is None or first_struct is None:
+        return None
+    info = first_struct()
+    try:
+        first(handle, ctypes.byref(info))
+    except nvml.NVMLError:
+        return None
+    return parse_fabric(int(info.state), int(info.status), int(info.cliqueId), None)
+
+
 def read_gpu(nvml: Any, index: int) -> GpuEnvironment:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     pci = nvml.nvmlDeviceGetPciInfo(handle)
@@ -202,6 +267,7 @@ def read_gpu(nvml: Any, index: int) -> GpuEnvironment:
         max_sm_clock_mhz=_maybe(nvml, lambda: int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))),
         max_memory_clock_mhz=_maybe(nvml, lambda: int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM))),
         power_limit_w=power / 1000.0 if power is not None else None,
+        fabric=read_fabric(nvml, handle),
     )
 
 

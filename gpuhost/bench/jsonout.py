@@ -19,7 +19,11 @@ Schema "gpuhost-smoke-test/1" (an object):
                       "nvlink_GBps", "sources": [str]}
     model_table       str: the table file the model came from
     environment       {"driver_version", "cuda_driver_version", "gpus": [{every GpuEnvironment field;
-                      "link": {current_gen, current_width, max_gen, max_width, gpu_max_gen}}]}
+                      "link": {current_gen, current_width, max_gen, max_width, gpu_max_gen};
+                      "fabric": null (NVML cannot say; absent in runs recorded before issue 15) or
+                      {"state": "not-supported"|"not-started"|"in-progress"|"completed"|"unknown",
+                      "status" (NVML's return code of the registration, 0 success), "clique_id",
+                      "health_mask" (null from the older NVML call)}}]}
     samples           [{every RunSamples field, "throttle_names": [str]}]: NVML readings during the run
     checks            [{"check", "status", "detail", "gpu", "code", "severity", "remedy"}]: the environment
                       checks; code/severity/remedy are the row's gpuhost.problems.Problem (null on a PASS)
@@ -58,7 +62,14 @@ from typing import Any
 
 from gpuhost import __version__
 from gpuhost.bench.contention import Contention, GpuProcess
-from gpuhost.bench.environment import Environment, GpuEnvironment, PcieLinkReading, RunSamples
+from gpuhost.bench.environment import (
+    Environment,
+    FabricReading,
+    FabricState,
+    GpuEnvironment,
+    PcieLinkReading,
+    RunSamples,
+)
 from gpuhost.bench.health import Health, XidEvent
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
@@ -289,10 +300,27 @@ def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise InputError(f"recorded run: {where} must be an object")
     fields = {f.name: f.type for f in dataclasses.fields(cls)}
-    missing = fields.keys() - raw.keys()
+    # A field with a default came later (GpuEnvironment.fabric): older records lack it and keep it.
+    defaulted = {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    missing = fields.keys() - raw.keys() - defaulted
     if missing:
         raise InputError(f"recorded run: {where} lacks {sorted(missing)}")
-    return {name: _checked(raw[name], str(kind), f"{where}.{name}") for name, kind in fields.items()}
+    return {name: _checked(raw[name], str(kind), f"{where}.{name}") for name, kind in fields.items() if name in raw}
+
+
+def _fabric(raw: Any, where: str) -> FabricReading | None:
+    if raw is None:
+        return None
+    fields = _fields(FabricReading, raw, where)
+    states = [state.value for state in FabricState]
+    if fields["state"] not in states:
+        raise InputError(f"recorded run: {where}.state must be one of {', '.join(states)}, not {fields['state']!r}")
+    return FabricReading(
+        FabricState(fields["state"]),
+        fields["status"],
+        fields["clique_id"],
+        fields["health_mask"],
+    )
 
 
 def _checked(value: Any, kind: str, where: str) -> Any:
@@ -341,6 +369,8 @@ def read_recorded(document: Any) -> Recorded:
     for i, raw_gpu in enumerate(raw_gpus):
         gpu = _fields(GpuEnvironment, raw_gpu, f"environment.gpus[{i}]")
         gpu["link"] = PcieLinkReading(**_fields(PcieLinkReading, gpu["link"], f"environment.gpus[{i}].link"))
+        if "fabric" in gpu:
+            gpu["fabric"] = _fabric(gpu["fabric"], f"environment.gpus[{i}].fabric")
         gpus.append(GpuEnvironment(**gpu))
     environment = Environment(**environment_fields, gpus=tuple(gpus))
     samples = tuple(

@@ -27,7 +27,7 @@ from gpuhost.bench.health import Health, judge_health, lines_since, parse_xid_li
 from gpuhost.bench.jsonout import BuildInfo, Timings, load_baseline, load_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import SuiteRun, parse_suite_document
-from gpuhost.bench.verdict import Status, Verdict, judge, judge_environment, rule_for
+from gpuhost.bench.verdict import Status, Verdict, fabric_problems, judge, judge_environment, rule_for
 from gpuhost.errors import EXIT_FINDINGS, GpuhostError, InputError
 
 SUITE_TIMEOUT_S = 600
@@ -112,6 +112,19 @@ def run_suite(binary: Path, options: SmokeOptions) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise SuiteCrashed("the kernel suite printed JSON that is not an object")
     return document
+
+
+def run_suite_explained(binary: Path, options: SmokeOptions, environment: Environment) -> dict[str, Any]:
+    """run_suite; when it cannot use the GPU and NVML said a GPU's NVSwitch fabric is not ready, the
+    error names that (its problem code and Fabric Manager): CUDA error 802 alone does not say why."""
+    try:
+        return run_suite(binary, options)
+    except (GpuUnavailable, SuiteCrashed) as error:
+        problems = fabric_problems(environment)
+        if not problems:
+            raise
+        findings = "\n".join(f"[{problem.code}] {problem}" for problem in problems)
+        raise type(error)(f"{error}\n{findings}", exit_code=error.exit_code) from error
 
 
 def below_pass(verdict: Verdict, document: dict[str, Any]) -> dict[str, str]:
@@ -239,13 +252,15 @@ def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], No
         suite_started = time.monotonic()
         with NvmlSampler(nvml, tuple(range(count))) as sampler:
             # The sampler reads once as it starts, so even a very short run has a sample.
-            document = run_suite(built.binary, options)
+            document = run_suite_explained(built.binary, options, environment)
             # Re-measure once before calling a result below PASS: a slow spell of the link or
             # the host (seen on the H100 guest) should not decide the verdict on its own.
             first = judge(parse_suite_document(document), model=table.lookup(gpu.pci_device_id), complete=False)
             low = below_pass(first, document)
             if low:
-                again = run_suite(built.binary, replace(options, benchmarks=tuple(sorted(set(low.values())))))
+                again = run_suite_explained(
+                    built.binary, replace(options, benchmarks=tuple(sorted(set(low.values())))), environment
+                )
                 document = merge_remeasured(document, again, set(low))
         samples = sampler.results()
         suite_s = time.monotonic() - suite_started

@@ -36,7 +36,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuhost.bench.contention import Contention
-from gpuhost.bench.environment import VIRTUALIZATION_MODES, Environment, GpuEnvironment, RunSamples
+from gpuhost.bench.environment import (
+    VIRTUALIZATION_MODES,
+    Environment,
+    FabricReading,
+    FabricState,
+    GpuEnvironment,
+    RunSamples,
+)
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import Measurement, SuiteRun
 from gpuhost.bench.spread import CAPABILITY_PERCENTILE, Spread, figures_of, spread_of
@@ -280,6 +287,12 @@ CLOCKS = register(
 )
 BAR1 = register("smoke.bar1", Stage.SMOKE_TEST, None, "BAR1 smaller than GPU memory (warning) or unreadable (info)")
 PERSISTENCE = register("smoke.persistence", Stage.SMOKE_TEST, Severity.INFO, "persistence mode off or unreadable")
+FABRIC = register(
+    "smoke.fabric",
+    Stage.SMOKE_TEST,
+    None,
+    "a GPU on an NVSwitch fabric has not joined it: Fabric Manager, CUDA error 802 (error); an unknown state (warning)",
+)
 GPUS = register("smoke.gpus", Stage.SMOKE_TEST, Severity.INFO, "the GPUs the run saw")
 DRIVER = register("smoke.driver", Stage.SMOKE_TEST, Severity.INFO, "the driver and CUDA versions")
 CONTENTION = register(
@@ -572,7 +585,49 @@ _GPU_CHECKS: dict[str, tuple[str, str]] = {
     "clocks": (CLOCKS, "check the GPU's cooling and power delivery (not sampled: check NVML in the guest)"),
     "bar1": (BAR1, "enlarge the VM's 64-bit MMIO window (or enable resizable BAR)"),
     "persistence": (PERSISTENCE, "run nvidia-persistenced in the guest"),
+    "fabric": (
+        FABRIC,
+        "run Fabric Manager of exactly the driver's version in the guest (`systemctl enable --now "
+        "nvidia-fabricmanager`; `gpuhost guest up` installs and starts it for a VM given the NVSwitches); its "
+        "journal names a version mismatch",
+    ),
 }
+# What CUDA does on a GPU whose fabric has not been trained: cuInit fails with
+# CUDA_ERROR_SYSTEM_NOT_READY (802), "system not yet initialized".
+FABRIC_NOT_READY = "CUDA fails on it with error 802 (system not yet initialized) until Fabric Manager trains the fabric"
+
+
+def judge_fabric(fabric: FabricReading | None) -> tuple[Status, str] | None:
+    """A GPU's NVSwitch fabric state (nvmlDeviceGetGpuFabricInfo): None, no row, for a GPU without
+    a fabric (NOT_SUPPORTED: a PCIe GPU, or an SXM one given alone) or where NVML cannot say."""
+    if fabric is None or fabric.state is FabricState.NOT_SUPPORTED:
+        return None
+    if fabric.state is FabricState.COMPLETED:
+        if fabric.status == 0:
+            return Status.PASS, f"joined its NVSwitch fabric (clique {fabric.clique_id})"
+        return (
+            Status.FAIL,
+            f"its NVSwitch fabric registration completed with NVML error {fabric.status}: {FABRIC_NOT_READY}",
+        )
+    if fabric.state is FabricState.NOT_STARTED:
+        return Status.FAIL, f"attached to an NVSwitch fabric that no Fabric Manager has trained: {FABRIC_NOT_READY}"
+    if fabric.state is FabricState.IN_PROGRESS:
+        return Status.FAIL, f"attached to an NVSwitch fabric still being trained: {FABRIC_NOT_READY}"
+    return Status.WARN, "NVML reports a fabric state this gpuhost does not know: check `nvidia-smi -q` (Fabric)"
+
+
+def fabric_problems(environment: Environment) -> tuple[Problem, ...]:
+    """The GPUs whose fabric is not ready, as the verdict's rows would name them: said with a
+    suite that could not run at all (CUDA error 802 stops it before any result)."""
+    code, remedy = _GPU_CHECKS["fabric"]
+    problems = []
+    for gpu in environment.gpus:
+        judged = judge_fabric(gpu.fabric)
+        if judged is not None and judged[0] is not Status.PASS:
+            outcome = found(code, judged[0], "fabric", judged[1], gpu.index, remedy)
+            assert outcome.problem is not None
+            problems.append(outcome.problem)
+    return tuple(problems)
 
 
 def judge_gpu(gpu: GpuEnvironment, samples: RunSamples | None, model: GpuModel | None) -> list[CheckOutcome]:
@@ -694,6 +749,10 @@ def judge_gpu(gpu: GpuEnvironment, samples: RunSamples | None, model: GpuModel |
         )
     else:
         add("bar1", Status.PASS, f"{gpu.bar1_bytes / 2**30:.0f} GiB")
+
+    fabric = judge_fabric(gpu.fabric)
+    if fabric is not None:
+        add("fabric", *fabric)
 
     if gpu.persistence_mode is None:
         add("persistence", Status.INFO, "persistence mode not readable")

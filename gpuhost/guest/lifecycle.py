@@ -7,8 +7,9 @@ image) -> seed (cloud-init NoCloud ISO) -> define (rendered, schema-checked) -> 
 (DHCP lease) -> ssh (pinned host key; through the host as a jump unless the host is this
 machine) -> cloud-init -> nouveau (released from the GPU; a reboot where it is in use) ->
 package-repo (a package_repo on the host, copied in) -> cuda (the pinned driver branch and
-toolkit, unless skipped or already there) -> install (wheels, no index) ->
-smoke-test -> report (copied to the controller).
+toolkit, unless skipped or already there; with the NVSwitches, Fabric Manager of the driver's
+version too) -> fabric-manager (a guest given the NVSwitches: its service started and active) ->
+install (wheels, no index) -> smoke-test -> report (copied to the controller).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Timeouts:
     dpkg_lock: float = 600.0  # apt waits this long for unattended-upgrades' dpkg lock, per command
     package_repo: float = 1800.0  # copying a package_repo from the host into the guest
     nouveau: float = 900.0  # blacklisting nouveau rebuilds the initramfs: minutes under TCG
+    fabric_manager: float = 300.0  # a guest given the NVSwitches: until its Fabric Manager is active
 
     def for_guest(self, gpus: int, memory_mib: int, overrides: tuple[tuple[str, float], ...], where: str) -> Timeouts:
         boot = gpus * BOOT_PER_GPU_S + -(-memory_mib // (64 * 1024)) * BOOT_PER_64_GIB_S
@@ -394,8 +396,16 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
                     lock_timeout=timeouts.dpkg_lock,
                     repo_base=options.cuda_repo_base,
                     local_repo=local_repo,
+                    fabric_manager=bool(plan.nvswitch_ports),
                 ),
                 lambda done: done.describe(),
+            )
+        if plan.nvswitch_ports:  # NVIDIA's full-passthrough model: the guest runs Fabric Manager
+            steps.run(
+                "fabric-manager",
+                timeouts.fabric_manager,
+                lambda: provision.start_fabric_manager(guest, log=log, timeout=timeouts.fabric_manager),
+                lambda started: started.describe(),
             )
         steps.run(
             "install",

@@ -28,6 +28,28 @@ DRIVER_PACKAGE = "nvidia-open"
 # libnvidia-container1 1.x is not held back).
 DRIVER_PIN_PACKAGES = "/^(lib)?nvidia-/ /^cuda-drivers/ /^libcuda/ /^libnv(cuvid|idia)/ /^xserver-xorg-video-nvidia/"
 
+# Fabric Manager, for guests given the NVSwitches too (NVIDIA's full-passthrough model): without it
+# running, CUDA fails on those GPUs with error 802 (system not yet initialized). Its version must be
+# the driver's exactly; the branch preference above covers its name too (/^(lib)?nvidia-/), so it
+# stays on the driver's branch like the driver's own packages.
+# Its package name in NVIDIA's Debian/Ubuntu repositories: NVIDIA's packaging templates
+# (github.com/NVIDIA/apt-packaging-fabric-manager, README) build nvidia-fabricmanager-XXX, "XXX is
+# the first .-delimited field in the driver version", at the driver's version
+# (nvidia-fabricmanager-460_460.32.03-1_amd64.deb), and note "the version of fabricmanager must
+# match the NVIDIA driver installed". NVIDIA's driver installation guide ("Recent updates: Ubuntu
+# 590 and later packages") says that from branch 590 the packages lose the branch in their name
+# (its table: libnvidia-compute-580 -> libnvidia-compute, nvidia-dkms-580 -> nvidia-dkms); the
+# excerpt read did not show Fabric Manager's row, so both names are looked for, the expected one
+# first, and the one the repository has at the driver's exact version is installed.
+FABRIC_MANAGER_PACKAGE = "nvidia-fabricmanager"
+FABRIC_MANAGER_SERVICE = "nvidia-fabricmanager.service"
+FABRIC_MANAGER_UNBRANCHED_FROM = 590
+# nvidia-fabricmanager or nvidia-fabricmanager-550; not nvidia-fabricmanager-dev-550 (headers).
+FABRIC_MANAGER_NAME = re.compile(r"^nvidia-fabricmanager(?:-[0-9]{3,4})?$")
+# A Debian version (deb-version(7)'s characters): what the guest's dpkg or apt reports is data, and
+# it goes into the step's detail and the install argument only when it is one.
+DEBIAN_VERSION = re.compile(r"^[0-9][A-Za-z0-9.+~:-]{0,99}$")
+
 
 @dataclass(frozen=True)
 class DriverTable:
@@ -143,6 +165,31 @@ def resolve_pin(
     return CudaPin(cuda_version, driver_branch)
 
 
+def fabric_manager_packages(branch: int) -> tuple[str, ...]:
+    """The names Fabric Manager of a driver branch may have in NVIDIA's repository, the one its
+    naming rule gives first."""
+    branched = f"{FABRIC_MANAGER_PACKAGE}-{branch}"
+    if branch >= FABRIC_MANAGER_UNBRANCHED_FROM:
+        return (FABRIC_MANAGER_PACKAGE, branched)
+    return (branched, FABRIC_MANAGER_PACKAGE)
+
+
+@dataclass(frozen=True, order=True)
+class PackageVersion:
+    """A Debian package at one version: installed, or offered by the sources."""
+
+    name: str
+    version: str  # the Debian version: 550.54.15-1
+
+    @property
+    def upstream(self) -> str:
+        """550.54.15-1 -> 550.54.15: what the driver's version is compared with."""
+        return self.version.split(":")[-1].rsplit("-", 1)[0]
+
+    def describe(self) -> str:
+        return f"{self.name} {self.version}"
+
+
 class Match(str, enum.Enum):
     """What a guest has, against its pin."""
 
@@ -157,6 +204,7 @@ class InstalledStack:
 
     driver_version: str | None  # of the loaded module, else of the installed nvidia-open package
     toolkits: Mapping[str, str]  # installed cuda-toolkit-X-Y package -> its version (12.4.1-1)
+    fabric_manager: PackageVersion | None = None
 
     def driver(self, pin: CudaPin) -> Match:
         if self.driver_version is None:
@@ -172,9 +220,19 @@ class InstalledStack:
             return Match.OTHER
         return Match.PINNED
 
+    def fabric_manager_match(self) -> Match:
+        """Fabric Manager against the driver: the same version (PINNED), none, or another
+        version, or one without a driver (OTHER: never replaced)."""
+        if self.fabric_manager is None:
+            return Match.ABSENT
+        return Match.PINNED if self.fabric_manager.upstream == self.driver_version else Match.OTHER
+
     def describe(self) -> str:
         toolkits = ", ".join(f"{name} {version}" for name, version in sorted(self.toolkits.items()))
-        return f"driver {self.driver_version or 'none'}, toolkit {toolkits or 'none'}"
+        text = f"driver {self.driver_version or 'none'}, toolkit {toolkits or 'none'}"
+        if self.fabric_manager is not None:
+            text += f", Fabric Manager {self.fabric_manager.describe()}"
+        return text
 
 
 def parse_dpkg_query(text: str) -> dict[str, str]:
@@ -199,8 +257,27 @@ def parse_installed(dpkg_text: str, module_version: str) -> InstalledStack:
     toolkits = {
         name: version for name, version in packages.items() if re.fullmatch(r"cuda-toolkit-[0-9]+-[0-9]+", name)
     }
-    return InstalledStack(driver if driver and DRIVER_VERSION.match(driver) else None, toolkits)
+    fabric = sorted(
+        PackageVersion(name, version)
+        for name, version in packages.items()
+        if FABRIC_MANAGER_NAME.match(name) and DEBIAN_VERSION.match(version)
+    )
+    return InstalledStack(
+        driver if driver and DRIVER_VERSION.match(driver) else None, toolkits, fabric[0] if fabric else None
+    )
 
 
-# dpkg-query patterns for the detection: the toolkit packages and the driver's metapackage.
-DETECT_PATTERNS = ("cuda-toolkit-*", f"{DRIVER_PACKAGE}*")
+def parse_madison(text: str) -> tuple[PackageVersion, ...]:
+    """`apt-cache madison nvidia-fabricmanager...` -> the Fabric Manager packages the sources offer,
+    one a line: ' nvidia-fabricmanager-550 | 550.54.15-1 | file:/srv/repo ./ Packages'."""
+    offered = []
+    for line in text.splitlines():
+        fields = [field.strip() for field in line.split("|")]
+        if len(fields) == 3 and FABRIC_MANAGER_NAME.match(fields[0]) and DEBIAN_VERSION.match(fields[1]):
+            offered.append(PackageVersion(fields[0], fields[1]))
+    return tuple(offered)
+
+
+# dpkg-query patterns for the detection: the toolkit packages, the driver's metapackage and
+# Fabric Manager (its -dev package matches too and is left out by FABRIC_MANAGER_NAME).
+DETECT_PATTERNS = ("cuda-toolkit-*", f"{DRIVER_PACKAGE}*", f"{FABRIC_MANAGER_PACKAGE}*")

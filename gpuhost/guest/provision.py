@@ -7,6 +7,7 @@ shell unquoted. Commands run through sudo as the cloud-init user gpuhost made.
 
 from __future__ import annotations
 
+import enum
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -137,6 +138,10 @@ class InstalledVersionError(GpuhostError):
     """The guest has another driver branch or toolkit than its pin: reported, never replaced."""
 
 
+class MissingPackageError(GpuhostError):
+    """The package source has no version of a package the guest needs (named, with the source)."""
+
+
 @dataclass(frozen=True)
 class PackageRoot:
     """The tree apt and dpkg work on: '/' in a guest; another directory to install into a tree of
@@ -168,12 +173,22 @@ class CudaInstall:
     source: str
     before: pins.InstalledStack
     after: pins.InstalledStack
-    installed: tuple[str, ...]  # the apt-get install arguments; () when the image had both
+    installed: tuple[str, ...]  # the apt-get install arguments; () when the image had everything
 
     def describe(self) -> str:
         if not self.installed:
             return f"prebuilt image: {self.after.describe()}, install skipped"
         return f"{self.after.describe()} from {self.source}"
+
+
+def fabric_manager_request(offered: tuple[pins.PackageVersion, ...], driver_version: str) -> pins.PackageVersion | None:
+    """The Fabric Manager package to install beside driver `driver_version`: of the versions the
+    sources offer (apt-cache madison), one at exactly the driver's version, under the name the
+    branch's naming rule gives first; None when there is none."""
+    names = pins.fabric_manager_packages(pins.driver_branch_of(driver_version))
+    matching = [package for package in offered if package.upstream == driver_version and package.name in names]
+    matching.sort(key=lambda package: names.index(package.name))
+    return matching[0] if matching else None
 
 
 def keyring_download(repo: str, repo_base: str = CUDA_REPO_BASE) -> list[str]:
@@ -190,8 +205,11 @@ def local_source_line(url: str) -> str:
     return f"deb [trusted=yes] {url.rstrip('/')}/ ./\n"
 
 
-def apt_argv(root: PackageRoot, *, local: bool, lock_timeout: float, args: list[str]) -> list[str]:
-    """apt-get with the tree, the lock wait and, offline, only gpuhost's source: no other network."""
+def apt_argv(
+    root: PackageRoot, *, local: bool, lock_timeout: float, args: list[str], program: str = "apt-get"
+) -> list[str]:
+    """apt-get (or apt-cache) with the tree, the lock wait and, offline, only gpuhost's source: no
+    other network."""
     options = [*root.apt_options(), "-o", f"DPkg::Lock::Timeout={int(lock_timeout)}"]
     if local:
         options += [
@@ -202,7 +220,7 @@ def apt_argv(root: PackageRoot, *, local: bool, lock_timeout: float, args: list[
             "-o",
             "APT::Get::List-Cleanup=false",  # keep the lists of the sources left out
         ]
-    return ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", *options, "-q", *args]
+    return ["env", "DEBIAN_FRONTEND=noninteractive", program, *options, "-q", *args]
 
 
 def detect_installed(transport: Transport, root: PackageRoot, *, log: Log) -> pins.InstalledStack:
@@ -264,10 +282,15 @@ def install_cuda(
     repo_base: str = CUDA_REPO_BASE,
     local_repo: str | None = None,
     root: PackageRoot = PackageRoot(),
+    fabric_manager: bool = False,
 ) -> CudaInstall:
     """Install the pinned driver branch and toolkit: exact packages, from NVIDIA's repository (or
     `local_repo`, a flat repository and then the only source), never the newest. A guest that has
-    them already (a prebuilt image) is left as it is; one with other versions is refused."""
+    them already (a prebuilt image) is left as it is; one with other versions is refused.
+
+    `fabric_manager` (a guest given the NVSwitches): Fabric Manager at exactly the driver's
+    version too, under the same rules: kept when the image has it at that version, refused
+    (never replaced) at another."""
     deadline = time.monotonic() + timeout
 
     def left() -> float:
@@ -281,8 +304,11 @@ def install_cuda(
             "installed driver or toolkit: use a base image with the pinned versions (or none), or set cuda_version and "
             "driver_branch to what the image has."
         )
+    fabric = before.fabric_manager_match() if fabric_manager else pins.Match.PINNED
+    if fabric is pins.Match.OTHER and driver is pins.Match.PINNED:
+        raise _fabric_manager_mismatch(before)
     source = local_repo or repo_base
-    if driver is pins.Match.PINNED and toolkit is pins.Match.PINNED:
+    if driver is pins.Match.PINNED and toolkit is pins.Match.PINNED and fabric is pins.Match.PINNED:
         return CudaInstall(source, before, before, ())
     local = local_repo is not None
     if local:
@@ -304,20 +330,108 @@ def install_cuda(
     if driver is pins.Match.ABSENT:
         kernel = run_checked(transport, ["uname", "-r"], log=log, timeout=60).stdout.decode(errors="replace")
         wanted += [pin.driver_request, headers_package(kernel)]
-    for args in (["update"], ["install", "-y", *wanted]):
-        _apt(
-            transport,
-            apt_argv(root, local=local, lock_timeout=lock_timeout, args=args),
-            log=log,
-            timeout=left(),
-            lock_timeout=lock_timeout,
-        )
+
+    def apt(args: list[str]) -> None:
+        argv = apt_argv(root, local=local, lock_timeout=lock_timeout, args=args)
+        _apt(transport, argv, log=log, timeout=left(), lock_timeout=lock_timeout)
+
+    apt(["update"])
+    if wanted:
+        apt(["install", "-y", *wanted])
     after = detect_installed(transport, root, log=log)
     if (after.driver(pin), after.toolkit(pin)) != (pins.Match.PINNED, pins.Match.PINNED):
         raise RemoteCommandError(f"after the install the guest has {after.describe()}, not {pin.describe()}")
+    if fabric_manager and after.fabric_manager_match() is pins.Match.OTHER:
+        raise _fabric_manager_mismatch(after)
+    if fabric_manager and after.fabric_manager_match() is pins.Match.ABSENT:
+        # Only now is the driver's exact version known: Fabric Manager must be that one.
+        assert after.driver_version is not None
+        madison = apt_argv(
+            root,
+            local=local,
+            lock_timeout=lock_timeout,
+            program="apt-cache",
+            args=["madison", *pins.fabric_manager_packages(pin.driver_branch)],
+        )
+        offered = pins.parse_madison(run_checked(transport, madison, log=log, timeout=left()).stdout.decode())
+        request = fabric_manager_request(offered, after.driver_version)
+        if request is None:
+            names = " or ".join(pins.fabric_manager_packages(pin.driver_branch))
+            found = ", ".join(package.describe() for package in offered) or "no version of either"
+            raise MissingPackageError(
+                f"{source} has no Fabric Manager at the driver's version {after.driver_version} ({names}; it has "
+                f"{found}). This VM is given the NVSwitches, and its GPUs need Fabric Manager of exactly the "
+                "driver's version (without it CUDA fails with error 802, system not yet initialized): add that "
+                "package to the repository (dpkg-scanpackages), or use a base image that has it."
+            )
+        apt(["install", "-y", f"{request.name}={request.version}"])
+        wanted.append(f"{request.name}={request.version}")
+        after = detect_installed(transport, root, log=log)
+        if after.fabric_manager_match() is not pins.Match.PINNED:
+            raise RemoteCommandError(
+                f"after the install the guest has {after.describe()}, not Fabric Manager {after.driver_version}"
+            )
     if root.is_system and driver is pins.Match.ABSENT:
         run_checked(transport, ["modprobe", "nvidia"], log=log, timeout=left())
     return CudaInstall(source, before, after, tuple(wanted))
+
+
+def _fabric_manager_mismatch(stack: pins.InstalledStack) -> InstalledVersionError:
+    return InstalledVersionError(
+        f"the guest already has {stack.describe()}: Fabric Manager must be the driver's version exactly, or it "
+        "refuses to start and CUDA fails with error 802. gpuhost does not replace an installed Fabric Manager: use "
+        "a base image whose Fabric Manager matches its driver (or has none)."
+    )
+
+
+@dataclass(frozen=True)
+class FabricManagerStart:
+    seconds: float  # from `systemctl enable --now` until the unit was active
+
+    def describe(self) -> str:
+        return f"{pins.FABRIC_MANAGER_SERVICE} active after {self.seconds:.0f} s"
+
+
+class ServiceState(str, enum.Enum):
+    """`systemctl is-active` states that end the wait (the others: it is still starting)."""
+
+    ACTIVE = "active"
+    FAILED = "failed"
+    INACTIVE = "inactive"
+
+
+FABRIC_MANAGER_POLL_S = 2.0
+
+
+def start_fabric_manager(transport: Transport, *, log: Log, timeout: float) -> FabricManagerStart:
+    """Enable and start Fabric Manager and wait (up to `timeout`) until systemd says it is active:
+    the GPUs of an NVSwitch guest are usable by CUDA only once it has trained the fabric."""
+    started = time.monotonic()
+    deadline = started + timeout
+    unit = pins.FABRIC_MANAGER_SERVICE
+    run_checked(transport, ["systemctl", "enable", "--now", unit], log=log, timeout=timeout)
+    state = ""
+    while True:
+        # is-active exits non-zero for every state but active; its one line is the state.
+        result = run_checked(transport, ["systemctl", "is-active", unit], log=log, timeout=60, ok=(0, 1, 2, 3, 4))
+        state = result.stdout.decode(errors="replace").strip()
+        if state == ServiceState.ACTIVE.value:
+            return FabricManagerStart(time.monotonic() - started)
+        if state in (ServiceState.FAILED.value, ServiceState.INACTIVE.value):
+            journal = run_checked(
+                transport, ["journalctl", "-u", unit, "-n", "20", "--no-pager"], log=log, timeout=60, ok=(0, 1)
+            )
+            tail = journal.stdout.decode(errors="replace").strip()
+            raise RemoteCommandError(
+                f"{unit} is {state}; without it CUDA fails on the NVSwitch-attached GPUs with error 802. Its "
+                f"version must be the driver's exactly. Its journal:\n{tail}"
+            )
+        if time.monotonic() + FABRIC_MANAGER_POLL_S > deadline:
+            raise TimeoutError(
+                f"{unit} not active within {timeout:g} s (it is {state!r}); raise the VM's timeouts: "
+                "{fabric_manager: SECONDS}, or read `journalctl -u nvidia-fabricmanager` in the guest"
+            )
+        time.sleep(FABRIC_MANAGER_POLL_S)
 
 
 def _apt(transport: Transport, argv: list[str], *, log: Log, timeout: float, lock_timeout: float) -> None:
