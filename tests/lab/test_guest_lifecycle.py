@@ -283,8 +283,11 @@ def test_up_provisions_and_the_smoke_test_says_there_is_no_gpu(guest: Guest) -> 
     output = guest.up.stdout + guest.up.stderr
     assert guest.up.returncode == 2, output  # the smoke-test's own "cannot run"
     steps = ("connect", "facts", "wheels", "disk", "seed", "define", "start", "address", "ssh", "cloud-init")
-    for step in (*steps, "package-repo", "cuda", "install", "smoke-test"):
+    for step in (*steps, "nouveau", "package-repo", "cuda", "install", "smoke-test"):
         assert f": {step}: " in guest.up.stdout, f"step {step} missing:\n{output}"
+    # No NVIDIA GPU, so the kernel never bound nouveau: nothing to blacklist, no reboot.
+    assert re.search(r"(?m): nouveau: [0-9.]+ s \(not loaded\)$", guest.up.stdout), guest.up.stdout
+    assert ": reboot: " not in guest.up.stdout
     # libvirt was reached over qemu+ssh:// at the host's address, not on this machine's socket.
     assert re.search(rf"(?m): connect: [0-9.]+ s \(qemu\+ssh://root@{HOST_ADDRESS}:{guest.host.port}/system\?", output)
     assert "no NVIDIA driver in this machine" in guest.up.stdout  # the smoke-test's message, from the guest
