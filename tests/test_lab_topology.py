@@ -92,6 +92,35 @@ def test_shared_group_puts_gpu_and_nic_behind_one_conventional_bridge() -> None:
     assert TOPOLOGIES["shared-group"].intruders == ("0000:01:02.0",)
 
 
+def test_numa_pair_splits_cpus_and_memory_and_hangs_the_gpu_off_node_1() -> None:
+    argv = qemu_argv(spec("numa-pair", cpus=2, memory_mib=4096))
+    assert [argv[i + 1] for i, word in enumerate(argv) if word in ("-object", "-numa")] == [
+        "memory-backend-ram,id=node0mem,size=2048M",
+        "node,nodeid=0,cpus=0,memdev=node0mem",
+        "memory-backend-ram,id=node1mem,size=2048M",
+        "node,nodeid=1,cpus=1,memdev=node1mem",
+    ]
+    assert devices(argv)[2:5] == [
+        "pxb-pcie,id=node1bus,bus_nr=0x80,numa_node=1,bus=pcie.0,addr=0x7",
+        "pcie-root-port,id=gpu1port,chassis=1,bus=node1bus,addr=0x0",
+        "VGA,id=gpu1,bus=gpu1port,addr=0x0.0,multifunction=on",
+    ]
+    assert TOPOLOGIES["numa-pair"].gpu_functions == ("0000:81:00.0", "0000:81:00.1")
+    four = qemu_argv(spec("numa-pair", cpus=4, memory_mib=4096))
+    assert "node,nodeid=1,cpus=2-3,memdev=node1mem" in four
+
+
+@pytest.mark.parametrize("changes", [{"cpus": 1}, {"cpus": 3}, {"memory_mib": 4095}])
+def test_numa_pair_needs_an_even_share_per_node(changes: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="topology numa-pair has 2 NUMA nodes"):
+        qemu_argv(spec("numa-pair", **changes))
+
+
+def test_one_node_topologies_have_no_numa_options() -> None:
+    argv = qemu_argv(spec("gpu-pair"))
+    assert "-numa" not in argv and "-object" not in argv
+
+
 def test_every_topology_keeps_a_bmc_console_on_the_root_bus() -> None:
     for name in TOPOLOGIES:
         assert "cirrus-vga,id=bmc,bus=pcie.0,addr=0x2" in devices(qemu_argv(spec(name)))

@@ -336,6 +336,18 @@ def test_on_two_nodes_the_page_goes_on_the_gpus_node_in_the_kernels_node_form(tm
     assert plan(facts).hugepages.per_node == ((0, 0), (1, 1))
 
 
+def test_the_two_node_lab_host_as_captured_gets_its_page_on_the_gpus_node():
+    """The same, on a real capture: the lab's numa-pair host (QEMU -numa, the GPU behind a
+    pcie-expander-bus of node 1), 6 GiB in two nodes, before apply."""
+    facts = snapshot_facts("lab-numa-pair-fresh")
+    assert [(node.node_id, node.cpulist) for node in facts.numa_nodes] == [(0, "0"), (1, "1")]
+    assert [(f.address, f.numa_node) for f in facts.pci if f.vendor == 0x1234] == [("0000:81:00.0", 1)]
+    result = plan(facts, gpuhost_hugepages="1", gpuhost_vms=TWO_NODES_VM)
+    assert result.applicable, result.refusals
+    assert result.hugepages.per_node == ((0, 0), (1, 1)) and result.hugepages.node_form
+    assert result.kernel_options[-1] == "hugepages=1:1"
+
+
 def test_the_node_form_is_refused_on_a_kernel_older_than_5_16(tmp_path):
     facts = _case_facts("lab-two-nodes-vm-pages-on-the-other-node", tmp_path)
     ubuntu_2204_ga = dataclasses.replace(facts, kernel_release="5.15.0-91-generic")

@@ -30,14 +30,16 @@ SLOT_GPU1 = 0x3
 SLOT_GPU2 = 0x4
 SLOT_NIC = 0x5
 SLOT_DISK = 0x6
+SLOT_EXPANDER = 0x7  # the pcie-expander-bus of a topology with a second NUMA node
+EXPANDER_BUS = 0x80  # its bus number: the root port behind it is 80:00.0, the GPU 81:00.0
 
 NAME_PATTERN = re.compile(r"lab-[0-9]{1,3}")
 
 
-def _gpu_behind_root_port(index: int, slot: int) -> tuple[str, ...]:
+def _gpu_behind_root_port(index: int, slot: int, bus: str = "pcie.0") -> tuple[str, ...]:
     port = f"gpu{index}port"
     return (
-        f"pcie-root-port,id={port},chassis={index},bus=pcie.0,addr={slot:#x}",
+        f"pcie-root-port,id={port},chassis={index},bus={bus},addr={slot:#x}",
         f"VGA,id=gpu{index},bus={port},addr=0x0.0,multifunction=on",
         f"ich9-intel-hda,id=gpu{index}audio,bus={port},addr=0x0.1",
     )
@@ -54,6 +56,9 @@ class Topology:
     # PCI addresses of the stand-in GPU functions and of anything sharing their group.
     gpu_functions: tuple[str, ...]
     intruders: tuple[str, ...]
+    # NUMA nodes: with more than one, each node gets an equal share of the vCPUs and of the memory
+    # (QEMU's -numa), and `devices` may put a pxb-pcie on a node (its numa_node property).
+    numa_nodes: int = 1
 
 
 TOPOLOGIES: dict[str, Topology] = {
@@ -93,6 +98,20 @@ TOPOLOGIES: dict[str, Topology] = {
             gpus=(GPU_ID,),
             gpu_functions=("0000:01:01.0", "0000:01:01.1"),
             intruders=("0000:01:02.0",),
+        ),
+        Topology(
+            name="numa-pair",
+            summary="two NUMA nodes (half the vCPUs and memory each); the gpu-pair behind a root port on a "
+            "pcie-expander-bus of node 1, as on a 2-socket host whose GPU hangs off the second socket",
+            iommu=True,
+            devices=(
+                f"pxb-pcie,id=node1bus,bus_nr={EXPANDER_BUS:#x},numa_node=1,bus=pcie.0,addr={SLOT_EXPANDER:#x}",
+                *_gpu_behind_root_port(1, 0x0, bus="node1bus"),
+            ),
+            gpus=(GPU_ID,),
+            gpu_functions=(f"0000:{EXPANDER_BUS + 1:02x}:00.0", f"0000:{EXPANDER_BUS + 1:02x}:00.1"),
+            intruders=(),
+            numa_nodes=2,
         ),
         Topology(
             name="no-iommu",
@@ -143,6 +162,12 @@ def validate_spec(spec: LabVmSpec) -> None:
         raise ValueError("a lab host needs at least 512 MiB of memory and one CPU")
     if (spec.boot.ovmf is None) != (spec.efi_vars is None):
         raise ValueError(f"{spec.name}: a UEFI host needs its own EFI variable store, a BIOS host none")
+    nodes = TOPOLOGIES[spec.topology].numa_nodes
+    if spec.cpus % nodes or spec.memory_mib % nodes:
+        raise ValueError(
+            f"topology {spec.topology} has {nodes} NUMA nodes: give it a multiple of {nodes} vCPUs and of "
+            f"{nodes} MiB of memory (--cpus {nodes} --memory {nodes * 2048}M, say)"
+        )
 
 
 def qemu_argv(spec: LabVmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
@@ -178,6 +203,7 @@ def qemu_argv(spec: LabVmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         str(spec.cpus),
         "-m",
         str(spec.memory_mib),
+        *_numa_options(spec.cpus, spec.memory_mib, topology.numa_nodes),
         "-nodefaults",
         "-no-user-config",
     ]
@@ -223,6 +249,20 @@ def qemu_argv(spec: LabVmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         str(spec.pidfile),
     ]
     return argv
+
+
+def _numa_options(cpus: int, memory_mib: int, nodes: int) -> list[str]:
+    """Node N: the Nth equal share of the vCPUs and of the memory (a RAM backend each)."""
+    if nodes == 1:
+        return []
+    options: list[str] = []
+    per_node_cpus, per_node_mib = cpus // nodes, memory_mib // nodes
+    for node in range(nodes):
+        first = node * per_node_cpus
+        cpu_range = str(first) if per_node_cpus == 1 else f"{first}-{first + per_node_cpus - 1}"
+        options += ["-object", f"memory-backend-ram,id=node{node}mem,size={per_node_mib}M"]
+        options += ["-numa", f"node,nodeid={node},cpus={cpu_range},memdev=node{node}mem"]
+    return options
 
 
 def parse_memory(text: str) -> int:
