@@ -290,7 +290,8 @@ def test_gpu_pair_functions_stay_one_multifunction_device_behind_its_own_root_po
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_locked_memory_always_comes_with_a_hard_limit_holding_memory_bars_and_libvirts_allowance(name):
     """libvirt: with <locked/> set a memtune hard_limit, else it lifts the memory lock limit altogether.
-    The limit: guest memory + every BAR of the passed functions + the 1 GiB libvirt allows VFIO domains."""
+    The limit: guest memory + every BAR of the passed functions + the 1 GiB libvirt allows VFIO domains
+    + a TCG domain's translation buffer, which QEMU locks with the rest (its size set in the XML)."""
     build, policy, entry = CASES[name]
     facts, spec = build(), parse_vm(entry, "test")
     domain = parse(render_domain(facts, spec, policy, host="h"))
@@ -300,7 +301,11 @@ def test_locked_memory_always_comes_with_a_hard_limit_holding_memory_bars_and_li
     passed = {address for address, _, _ in hostdevs(domain)}
     bars_kib = sum(bar.size for f in facts.pci if f.address in passed for bar in f.bars) // 1024
     memory_kib = int(domain.findtext("memory") or 0)
-    assert int(limit.text or 0) == memory_kib + bars_kib + GIB_KIB
+    tb_cache = domain.find("features/tcg/tb-cache")
+    assert (tb_cache is not None) == (domain.get("type") == "qemu")
+    translator_kib = int(tb_cache.text or 0) * 1024 if tb_cache is not None else 0
+    assert tb_cache is None or tb_cache.get("unit") == "MiB"
+    assert int(limit.text or 0) == memory_kib + bars_kib + translator_kib + GIB_KIB
     if name == "hgx-8gpu-all":  # 768 GiB + 8 x (16 MiB + 128 GiB + 32 MiB) + 1 GiB
         assert int(limit.text or 0) == (768 + 8 * 128 + 1) * GIB_KIB + 8 * 48 * 1024
 

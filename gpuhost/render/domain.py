@@ -60,6 +60,13 @@ OVMF_SIZES_FROM_PHYS_BITS = 202211
 # q35's most vCPUs: 288 until QEMU 8.1 raised it to 1024 (QEMU refuses to start the domain beyond it).
 Q35_MAX_VCPUS_OLD_QEMU = 288
 Q35_MORE_VCPUS_QEMU = (8, 1)
+# A TCG domain (domain_type qemu: tests and labs without KVM) runs QEMU's code translator, whose
+# buffer is 1 GiB by default (an eighth of the host's memory on smaller hosts). With <locked/>
+# QEMU locks its whole address space, the buffer included, within the memtune hard limit, so the
+# buffer's size is set (libvirt's <tcg><tb-cache>, 8.0 on) and counted in the limit. Measured on
+# the lab: the passthrough proof's 1 GiB domain, limit 2.0 GiB, failed to start ("mlockall: Cannot
+# allocate memory") on a 6 GiB host (a 768 MiB buffer) and started on a 4 GiB one (512 MiB).
+TCG_TB_CACHE_MIB = 256
 PXB_BUS_STEP = 0x20  # guest bus numbers reserved per pcie-expander-bus
 MAX_CELLS = 7
 FIRST_PORT_SLOT = 0x02  # pcie.0 slot of the first root port (0x00 host bridge, 0x1f ICH9)
@@ -264,6 +271,7 @@ class DomainPlan:
     cells: tuple[Cell, ...]  # guest NUMA cells; empty for a single-node VM
     host_nodes: tuple[int, ...]  # host NUMA nodes the memory is bound to; empty: not bound (unknown)
     hard_limit_kib: int | None  # memtune hard_limit, with <locked/> (hugepages); None: neither
+    tcg_tb_cache_mib: int | None  # a TCG domain's translation buffer (<tcg><tb-cache>); None under KVM
     vcpu_pins: tuple[tuple[int, int], ...]  # (vcpu, host cpu)
     emulator_cpus: str | None
     hole64_gib: int
@@ -418,6 +426,7 @@ def plan_domain(
     expanders, ports = _layout(spec, groups, node_of, nodes, nvswitches)
     hole64 = _hole64_bytes(ports)
     ovmf_mmio64_mib = _ovmf_mmio64_mib(facts, spec, hole64, notes)
+    tcg_tb_cache_mib = TCG_TB_CACHE_MIB if spec.domain_type == "qemu" else None
     return DomainPlan(
         name=spec.name,
         host=host,
@@ -425,7 +434,8 @@ def plan_domain(
         vcpus=spec.vcpus,
         memory_kib=spec.memory_mib * KIB_PER_MIB,
         hugepages=hugepages,
-        hard_limit_kib=lock_limit_kib(spec.memory_mib * KIB_PER_MIB, ports) if hugepages else None,
+        hard_limit_kib=lock_limit_kib(spec.memory_mib * KIB_PER_MIB, ports, tcg_tb_cache_mib) if hugepages else None,
+        tcg_tb_cache_mib=tcg_tb_cache_mib,
         firmware=spec.firmware,
         ovmf_code=policy.ovmf_code,
         ovmf_vars=policy.ovmf_vars,
@@ -1089,13 +1099,15 @@ def _ovmf_mmio64_mib(facts: HostFacts, spec: VmSpec, hole64: int, notes: list[st
     return hole64 >> 20
 
 
-def lock_limit_kib(memory_kib: int, ports: Sequence[RootPort]) -> int:
+def lock_limit_kib(memory_kib: int, ports: Sequence[RootPort], tcg_tb_cache_mib: int | None = None) -> int:
     """The memtune hard_limit of a domain with locked memory: the guest memory, every BAR of every
     passed-through function (VFIO maps them into the process; libvirt's docs: the limit must hold
-    the guest's memory and what the process itself uses) and libvirt's own VFIO allowance. A limit
-    too low gets the domain killed; one this size only bounds it."""
+    the guest's memory and what the process itself uses), a TCG domain's translation buffer and
+    libvirt's own VFIO allowance. A limit too low keeps the domain from starting; one this size
+    only bounds it."""
     bars = sum(bar.size for port in ports for f in port.functions for bar in f.host.bars)
-    return memory_kib + -(-bars // 1024) + VFIO_LOCK_ALLOWANCE_KIB
+    translator = (tcg_tb_cache_mib or 0) * KIB_PER_MIB
+    return memory_kib + -(-bars // 1024) + translator + VFIO_LOCK_ALLOWANCE_KIB
 
 
 def _hole64_bytes(ports: Sequence[RootPort]) -> int:
