@@ -424,3 +424,67 @@ def test_guest_image_variant_adds_cloud_init_and_leaves_the_others_alone() -> No
     # The other variants' recipes (and so their cached images) do not see the guest's additions.
     assert not {path for path, _, _ in (*base.files, *nested.files)} & {"/etc/cloud/cloud.cfg.d/90-gpuhost.cfg"}
     assert len({recipe_hash(guest), recipe_hash(base), recipe_hash(nested)}) == 3
+
+
+# --- the guest's address: the lease, else the agent, else ARP --------------------------------
+
+
+class AddressedDomain:
+    """Answers interfaceAddresses per source as libvirt-python does ({} where a source knows
+    nothing; libvirtError where it cannot answer, as for an agent that is not running)."""
+
+    def __init__(self, answers: dict[int, dict[str, object] | None]) -> None:
+        self.answers = answers
+        self.asked: list[int] = []
+
+    def interfaceAddresses(self, source: int, flags: int) -> dict[str, object]:  # libvirt's method name
+        import libvirt
+
+        self.asked.append(source)
+        answer = self.answers.get(source)
+        if answer is None:
+            raise libvirt.libvirtError("Guest agent is not responding: QEMU guest agent is not connected")
+        return answer
+
+
+def _interface(*addresses: tuple[int, str]) -> dict[str, object]:
+    return {"addrs": [{"type": kind, "addr": addr, "prefix": 24} for kind, addr in addresses], "hwaddr": None}
+
+
+def test_a_bridged_guest_is_found_through_its_agent_and_only_routable_addresses_count() -> None:
+    import libvirt
+
+    v4, v6 = libvirt.VIR_IP_ADDR_TYPE_IPV4, libvirt.VIR_IP_ADDR_TYPE_IPV6
+    agent_answer = {
+        "lo": _interface((v4, "127.0.0.1"), (v6, "::1")),
+        "enp1s0": _interface((v4, "10.20.0.7"), (v6, "fe80::5054:ff:fe12:3456")),
+        "enp2s0": _interface((v4, "169.254.3.4"), (v4, "not an address")),
+    }
+    domain = AddressedDomain(
+        {
+            libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE: {},
+            libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT: agent_answer,
+        }
+    )
+    found = libvirt_host.guest_addresses(domain)
+    assert found == libvirt_host.GuestAddresses(libvirt_host.AddressSource.AGENT, ("10.20.0.7",))
+    assert domain.asked == [
+        libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
+        libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+    ]
+
+
+def test_without_lease_or_agent_the_arp_table_is_asked_and_nothing_is_a_timeout() -> None:
+    import libvirt
+
+    arp = {"vnet3": _interface((libvirt.VIR_IP_ADDR_TYPE_IPV4, "10.20.0.9"))}
+    domain = AddressedDomain(
+        {libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE: {}, libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP: arp}
+    )
+    found = libvirt_host.guest_addresses(domain)
+    assert found is not None and found.source is libvirt_host.AddressSource.ARP and found.addresses == ("10.20.0.9",)
+    silent = AddressedDomain(
+        {libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE: {}, libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP: {}}
+    )
+    with pytest.raises(TimeoutError, match="no DHCP lease, no answer from a guest agent, nothing in the host's ARP"):
+        libvirt_host.wait_for_address(silent, 0.01, still_running=lambda: True)

@@ -110,11 +110,11 @@ def test_gpt_refuses_a_disk_too_small_for_both_partitions() -> None:
 def test_bios_recipes_hash_as_before_uefi_existed() -> None:
     # The hashes of the cached images (their directories are named so): adding UEFI layouts must not
     # re-key them. A deliberate recipe change updates this list (nested: the PVH vmlinux guest; all:
-    # MODULES=list with the disk's modules in /etc/initramfs-tools/modules).
+    # MODULES=list with the disk's modules in /etc/initramfs-tools/modules; guest: qemu-guest-agent).
     assert [recipe_hash(recipe_for(v)) for v in VARIANTS] == [
         "0aacafde50a7c988",
         "64be5c54a5367115",
-        "4cb933f80dbed2b9",
+        "a8680372ff06de2b",
     ]
 
 

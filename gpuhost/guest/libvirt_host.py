@@ -13,7 +13,9 @@ seed an ISO uploaded through a libvirt stream. So nothing here needs a shell on 
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import ipaddress
 import re
 import time
 import xml.etree.ElementTree as ET
@@ -282,32 +284,78 @@ def domain_state(conn: Any, name: str) -> DomainState:
     if domain is None:
         return DomainState(name, False, "not defined", ())
     state = STATE_NAMES.get(int(domain.state(0)[0]), "unknown")
-    return DomainState(name, True, state, lease_addresses(domain) if state == "running" else ())
+    found = guest_addresses(domain) if state == "running" else None
+    return DomainState(name, True, state, found.addresses if found else ())
 
 
-def lease_addresses(domain: Any) -> tuple[str, ...]:
-    """IPv4 addresses of the domain's interfaces from the libvirt network's DHCP leases."""
+class AddressSource(enum.Enum):
+    """Where libvirt learns a guest's address, in the order gpuhost asks (virsh domifaddr --source)."""
+
+    LEASE = "the DHCP lease"  # libvirt's own network (NAT, routed): its dnsmasq hands out the address
+    AGENT = "the guest agent"  # any network, bridged included: qemu-guest-agent in the guest answers
+    ARP = "the host's ARP table"  # a bridged guest without the agent, once it has talked to the host
+
+
+@dataclass(frozen=True)
+class GuestAddresses:
+    source: AddressSource
+    addresses: tuple[str, ...]
+
+
+def _libvirt_source(libvirt: Any, source: AddressSource) -> int:
+    return int(
+        {
+            AddressSource.LEASE: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
+            AddressSource.AGENT: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+            AddressSource.ARP: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP,
+        }[source]
+    )
+
+
+def addresses_from(domain: Any, source: AddressSource) -> tuple[str, ...]:
+    """The guest's IPv4 addresses as one source reports them: none where it cannot answer (no
+    lease on a bridged network, no agent running). The agent also reports the loopback and
+    link-local addresses, which the controller cannot reach the guest at: left out."""
     libvirt = import_libvirt()
     try:
-        interfaces = domain.interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE, 0)
+        interfaces = domain.interfaceAddresses(_libvirt_source(libvirt, source), 0)
     except libvirt.libvirtError:
         return ()
-    found: list[str] = []
+    found: set[str] = set()
     for interface in (interfaces or {}).values():
         for address in interface.get("addrs") or []:
-            if address.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and address.get("addr"):
-                found.append(str(address["addr"]))
-    return tuple(sorted(found))
+            if address.get("type") != libvirt.VIR_IP_ADDR_TYPE_IPV4 or not address.get("addr"):
+                continue
+            try:
+                parsed = ipaddress.IPv4Address(str(address["addr"]))
+            except ValueError:  # text from the guest (its agent): data, never trusted
+                continue
+            if not (parsed.is_loopback or parsed.is_link_local or parsed.is_unspecified or parsed.is_multicast):
+                found.add(str(parsed))
+    return tuple(sorted(found, key=ipaddress.IPv4Address))
 
 
-def wait_for_address(domain: Any, timeout: float, *, still_running: Callable[[], bool]) -> str:
-    """The guest's first IPv4 address once it has a DHCP lease; TimeoutError otherwise."""
+def guest_addresses(domain: Any) -> GuestAddresses | None:
+    """The first source that knows an address of the guest; None while none does."""
+    for source in AddressSource:
+        addresses = addresses_from(domain, source)
+        if addresses:
+            return GuestAddresses(source, addresses)
+    return None
+
+
+def wait_for_address(domain: Any, timeout: float, *, still_running: Callable[[], bool]) -> GuestAddresses:
+    """The guest's addresses once a source knows one (the DHCP lease, else the guest agent, else
+    the host's ARP table); TimeoutError otherwise."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        addresses = lease_addresses(domain)
-        if addresses:
-            return addresses[0]
+        found = guest_addresses(domain)
+        if found is not None:
+            return found
         if not still_running():
             raise RuntimeError("the domain stopped before it got an address")
         time.sleep(POLL_S)
-    raise TimeoutError(f"no DHCP lease within {timeout:g} s")
+    raise TimeoutError(
+        f"no address within {timeout:g} s: no DHCP lease, no answer from a guest agent, nothing in the host's ARP "
+        "table (on a bridged network the base image needs qemu-guest-agent)"
+    )

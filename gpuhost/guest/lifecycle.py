@@ -329,11 +329,13 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
     domain = steps.run("define", timeouts.define, define)
     state.update_info(host=host, vm=vm, uri=uri, disk=disk, seed=seed, address=None)
     steps.run("start", timeouts.start, lambda: domain.create())
-    address = steps.run(
+    answered = steps.run(
         "address",
         timeouts.address,
         lambda: libvirt_host.wait_for_address(domain, timeouts.address, still_running=lambda: bool(domain.isActive())),
+        lambda found: f"{found.addresses[0]} from {found.source.value}",
     )
+    address = answered.addresses[0]
     state.update_info(address=address)
     state.write_private(state.known_hosts, f"{address} {host_key.public_blob}\n")
     log = _ProvisionLog(state.provision_log)

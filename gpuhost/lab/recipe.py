@@ -65,6 +65,9 @@ GUEST_PACKAGES: tuple[str, ...] = (
     "python3-venv",
     "sudo",
     "ca-certificates",
+    # `guest up` asks libvirt for the guest's address from the DHCP lease, else from the agent
+    # (bridged networks): the lab guest has it, so the agent's answer is tested too.
+    "qemu-guest-agent",
 )
 
 # cloud-init on a guest image: only the NoCloud seed (no metadata-service probes, each of which

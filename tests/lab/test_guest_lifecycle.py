@@ -41,6 +41,7 @@ import pytest
 from sshd import Sshd, start_sshd
 from test_guest_offline_install import build_repository
 
+from gpuhost.guest import libvirt_host
 from gpuhost.guest.provision import COPIED_REPO_DIR
 from gpuhost.guest.wheels import prepare_wheels
 from gpuhost.lab import image as lab_image
@@ -303,6 +304,25 @@ def test_the_report_comes_back_to_the_controller(guest: Guest) -> None:
     assert summary["smoke_test"]["exit_status"] == 2 and summary["smoke_test"]["verdict"] == "CANNOT RUN"
     assert "no NVIDIA driver" in (report / "smoke-test.out").read_text()
     assert [step["step"] for step in summary["steps"]][-2:] == ["install", "smoke-test"]
+
+
+def test_the_address_came_from_the_lease_and_the_guest_agent_reports_the_same(guest: Guest) -> None:
+    """libvirt's NAT network knows the lease; on a bridged network only the guest agent would. The
+    agent's own answer (through the same gpuhost code, here on this machine's libvirtd) holds the
+    loopback and IPv6 addresses too, which gpuhost leaves out: what is left is the lease's address."""
+    address = re.search(r"(?m): address: [0-9.]+ s \(([0-9.]+) from the DHCP lease\)$", guest.up.stdout)
+    assert address, guest.up.stdout
+    conn = libvirt_host.connect(URI, known_hosts=None)
+    try:
+        domain = libvirt_host.lookup(conn, guest.vm)
+        assert domain is not None
+        deadline = time.monotonic() + 120  # the agent starts with the guest, long since
+        while not (agent := libvirt_host.addresses_from(domain, libvirt_host.AddressSource.AGENT)):
+            assert time.monotonic() < deadline, "no answer from the guest agent"
+            time.sleep(2)
+    finally:
+        conn.close()
+    assert agent == (address.group(1),)
 
 
 def test_the_controller_reaches_the_guest_only_through_the_host(guest: Guest) -> None:
