@@ -329,6 +329,20 @@ class ActiveLoader(TextEnum):
 
 
 @dataclass(frozen=True)
+class LoaderEntry:
+    """A Boot Loader Specification type 1 entry (loader/entries/*.conf), as systemd-boot reads it.
+
+    Paths are as written: relative to the root of the partition holding the entry (the ESP).
+    """
+
+    title: str | None
+    version: str | None
+    linux: str | None
+    initrds: tuple[str, ...]  # every `initrd` line, in order (the loader loads them all)
+    options: KernelCommandLine  # every `options` line joined, as systemd-boot joins them
+
+
+@dataclass(frozen=True)
 class OutOfTreeModule:
     """A kernel module outside the kernel package (DKMS: updates/dkms, or extra/), and its signer."""
 
