@@ -392,6 +392,7 @@ def parse_loader_entry(text: str) -> LoaderEntry:
     return LoaderEntry(
         title=single.get("title"),
         version=single.get("version"),
+        sort_key=single.get("sort-key"),
         linux=single.get("linux"),
         initrds=tuple(initrds),
         options=parse_cmdline(" ".join(options)),
