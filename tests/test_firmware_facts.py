@@ -7,13 +7,19 @@ tests/fixtures/snapshots/ (all `gpuhost snapshot` of `gpuhost lab up` hosts, gpu
                                         (dummy.ko with its signature cut off) was put in updates/dkms as
                                         nvidia-stand-in.ko, as DKMS would, and insmod was refused
   lab-gpu-pair-fresh                    the BIOS lab host, captured before the firmware facts existed
+  lab-uefi-systemd-boot                 --firmware uefi --boot systemd-boot: OVMF, systemd-boot at the
+                                        removable path, kernel-install's entry from /etc/kernel/cmdline
 """
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts import parsers as p
 from gpuhost.facts.model import ActiveLoader, BootloaderKind, FirmwareMode
+from gpuhost.lab.image import loader_entry_files_missing
 from gpuhost.selection import GpuSelector
 from tests.helpers import SNAPSHOTS, snapshot_facts
 
@@ -105,3 +111,52 @@ def test_efifb_on_the_bmc_display_leaves_the_stand_in_gpu_alone() -> None:
     assert facts.kernel_log is not None and facts.kernel_log.firmware_framebuffer_bars("0000:00:02.0") == ("0",)
     _, _, findings = run_checks("lab-1", facts, STAND_IN)
     assert "gpu.boot_display" not in [f.code for f in findings]
+
+
+SYSTEMD_BOOT_ENTRY = "boot/efi/loader/entries/debian-6.1.0-50-amd64.conf"
+
+
+def test_systemd_boot_host_facts() -> None:
+    facts = snapshot_facts("lab-uefi-systemd-boot")
+    firmware = facts.firmware
+    assert firmware.mode is FirmwareMode.UEFI and firmware.secure_boot is False
+    assert firmware.loader is ActiveLoader.SYSTEMD_BOOT
+    assert firmware.loader_info == "systemd-boot 252.39-1~deb12u2"
+    assert firmware.loader_entry == "debian-6.1.0-50-amd64.conf"
+    assert firmware.esp == "/boot/efi"
+    assert set(firmware.esp_binaries) == {"EFI/BOOT/BOOTX64.EFI", "EFI/systemd/systemd-bootx64.efi"}
+    assert firmware.cmdline_source == "/etc/kernel/cmdline" and not firmware.proxmox_boot_tool
+    assert firmware.kernel_cmdline_file is not None
+    # systemd-boot puts initrd= (the entry's initrd, in EFI path form) before the entry's options.
+    assert facts.cmdline is not None
+    assert facts.cmdline.tokens == (
+        "initrd=\\debian\\6.1.0-50-amd64\\initrd.img-6.1.0-50-amd64",
+        *firmware.kernel_cmdline_file.tokens,
+    )
+    assert facts.bootloader.kind is BootloaderKind.SYSTEMD_BOOT and facts.bootloader.efi is True
+    assert firmware.describe() == "UEFI, Secure Boot disabled, systemd-boot"
+
+
+def test_kernel_installs_loader_entry_parses_with_paths_relative_to_the_esp() -> None:
+    entry = p.parse_loader_entry((SNAPSHOTS / "lab-uefi-systemd-boot" / SYSTEMD_BOOT_ENTRY).read_text())
+    assert entry.title == "Debian GNU/Linux 12 (bookworm)" and entry.version == "6.1.0-50-amd64"
+    assert entry.linux == "/debian/6.1.0-50-amd64/linux"
+    assert entry.initrds == ("/debian/6.1.0-50-amd64/initrd.img-6.1.0-50-amd64",)
+    kernel_cmdline = (SNAPSHOTS / "lab-uefi-systemd-boot" / "etc/kernel/cmdline").read_text()
+    assert entry.options == p.parse_cmdline(kernel_cmdline)
+
+
+def test_the_image_build_finds_a_loader_entry_whose_files_are_not_on_the_esp(tmp_path: Path) -> None:
+    """The lab image's own check: systemd-boot skips an entry whose kernel it cannot open on the ESP
+    (what OVMF showed when kernel-install wrote /boot/efi/debian/... paths)."""
+    entry = p.parse_loader_entry((SNAPSHOTS / "lab-uefi-systemd-boot" / SYSTEMD_BOOT_ENTRY).read_text())
+    assert loader_entry_files_missing(entry, tmp_path) == (entry.linux, *entry.initrds)
+    for path in (entry.linux, *entry.initrds):
+        assert path is not None
+        (tmp_path / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path.lstrip("/")).write_bytes(b"")
+    assert loader_entry_files_missing(entry, tmp_path) == ()
+    # The same paths below /boot/efi, as kernel-install wrote them with the ESP bound onto itself.
+    assert entry.linux is not None
+    shifted = dataclasses.replace(entry, linux="/boot/efi" + entry.linux, initrds=())
+    assert loader_entry_files_missing(shifted, tmp_path) == ("/boot/efi/debian/6.1.0-50-amd64/linux",)

@@ -1,5 +1,5 @@
-"""Lab hosts that boot by UEFI (with or without Secure Boot): the firmware choice, the GPT disk
-the image build writes, the recipes and the QEMU command line."""
+"""Lab hosts that boot by UEFI (with or without Secure Boot) or systemd-boot: the firmware and
+loader choice, the GPT disk the image build writes, the recipes and the QEMU command line."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from gpuhost.cli.main import main
 from gpuhost.errors import InputError
 from gpuhost.lab import diskimage
-from gpuhost.lab.boot import BIOS_GRUB, DiskLayout, Firmware, boot_mode
+from gpuhost.lab.boot import BIOS_GRUB, DiskLayout, Firmware, Loader, boot_mode
 from gpuhost.lab.recipe import (
     BASE_PACKAGES,
     EFI_GRUB_PACKAGES,
@@ -38,20 +38,29 @@ def option_values(argv: list[str], name: str) -> list[str]:
 
 
 def test_boot_modes_and_their_disks() -> None:
-    assert boot_mode("bios") == BIOS_GRUB and BIOS_GRUB.layout is DiskLayout.BIOS_GRUB
-    assert boot_mode("uefi").layout is DiskLayout.EFI_SHIM_GRUB
+    assert boot_mode("bios", "grub") == BIOS_GRUB and BIOS_GRUB.layout is DiskLayout.BIOS_GRUB
+    assert boot_mode("uefi", "grub").layout is DiskLayout.EFI_SHIM_GRUB
     # Secure Boot boots the very same disk: shim, GRUB and kernel are all signed.
-    assert boot_mode("uefi-secureboot").layout is DiskLayout.EFI_SHIM_GRUB
+    assert boot_mode("uefi-secureboot", "grub").layout is DiskLayout.EFI_SHIM_GRUB
+    assert boot_mode("uefi", "systemd-boot").layout is DiskLayout.EFI_SYSTEMD_BOOT
     assert BIOS_GRUB.ovmf is None
-    secure = boot_mode("uefi-secureboot").ovmf
+    secure = boot_mode("uefi-secureboot", "grub").ovmf
     assert secure is not None and secure.needs_smm
     assert secure.code.name == "OVMF_CODE_4M.ms.fd" and secure.vars_template.name == "OVMF_VARS_4M.ms.fd"
-    assert [f.value for f in Firmware] == ["bios", "uefi", "uefi-secureboot"]
 
 
-def test_unknown_firmware_is_an_input_error() -> None:
-    with pytest.raises(InputError, match="one of bios, uefi, uefi-secureboot"):
-        boot_mode("coreboot")
+@pytest.mark.parametrize(
+    ("firmware", "loader", "says"),
+    [
+        ("bios", "systemd-boot", "needs UEFI firmware"),
+        ("uefi-secureboot", "systemd-boot", "not signed"),
+        ("coreboot", "grub", "firmware is one of bios, uefi, uefi-secureboot"),
+        ("uefi", "lilo", "boot one of grub, systemd-boot"),
+    ],
+)
+def test_combinations_the_lab_cannot_boot_are_refused(firmware: str, loader: str, says: str) -> None:
+    with pytest.raises(InputError, match=says):
+        boot_mode(firmware, loader)
 
 
 def test_lab_up_refuses_an_unknown_firmware_before_starting_anything(
@@ -62,6 +71,16 @@ def test_lab_up_refuses_an_unknown_firmware_before_starting_anything(
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert "--firmware: invalid choice: 'coreboot'" in err and "Traceback" not in err
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_lab_up_refuses_systemd_boot_under_secure_boot_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["lab", "up", "--lab-dir", str(tmp_path), "--firmware", "uefi-secureboot", "--boot", "systemd-boot"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--firmware uefi --boot systemd-boot" in err and "Traceback" not in err
     assert not (tmp_path / "state.json").exists()
 
 
@@ -118,14 +137,19 @@ def test_bios_recipes_hash_as_before_uefi_existed() -> None:
     ]
 
 
-def test_uefi_recipe_replaces_grub_pc_with_shim_and_signed_grub() -> None:
-    efi = recipe_for("base", DiskLayout.EFI_SHIM_GRUB)
-    assert recipe_hash(efi) != recipe_hash(recipe_for("base"))
-    assert "grub-pc" not in efi.packages and set(efi.packages) < set(BASE_PACKAGES)
-    assert dict((path, text) for path, _, text in efi.files)["/etc/fstab"] == FSTAB_EFI
-    assert efi.kernel_cmdline == KERNEL_CMDLINE  # mitigations=off and the serial console stay
-    assert set(EFI_GRUB_PACKAGES) <= set(efi.apt_packages) and "shim-signed" in efi.apt_packages
-    assert "mokutil" in efi.apt_packages
+def test_uefi_recipes_replace_grub_pc_and_differ_per_loader() -> None:
+    grub = recipe_for("base", DiskLayout.EFI_SHIM_GRUB)
+    sdboot = recipe_for("base", DiskLayout.EFI_SYSTEMD_BOOT)
+    assert len({recipe_hash(recipe_for("base")), recipe_hash(grub), recipe_hash(sdboot)}) == 3
+    for efi in (grub, sdboot):
+        assert "grub-pc" not in efi.packages and set(efi.packages) < set(BASE_PACKAGES)
+        assert dict((path, text) for path, _, text in efi.files)["/etc/fstab"] == FSTAB_EFI
+        assert efi.kernel_cmdline == KERNEL_CMDLINE  # mitigations=off and the serial console stay
+    assert set(EFI_GRUB_PACKAGES) <= set(grub.apt_packages) and "shim-signed" in grub.apt_packages
+    assert "mokutil" in grub.apt_packages
+    files = {path: text for path, _, text in sdboot.files}
+    assert "/etc/default/grub" not in files and "systemd-boot" in sdboot.apt_packages
+    assert files["/etc/kernel/cmdline"] == "root=UUID={root_uuid} ro " + KERNEL_CMDLINE + "\n"
 
 
 # ---------------------------------------------------------------- QEMU
@@ -138,7 +162,7 @@ def test_bios_argv_has_no_firmware_drives() -> None:
 
 
 def test_uefi_argv_maps_ovmf_code_read_only_and_the_hosts_own_variables() -> None:
-    argv = qemu_argv(spec(boot=boot_mode("uefi"), efi_vars=Path("/lab/overlays/lab-1-efivars.fd")))
+    argv = qemu_argv(spec(boot=boot_mode("uefi", "grub"), efi_vars=Path("/lab/overlays/lab-1-efivars.fd")))
     assert option_values(argv, "-machine") == ["q35,kernel-irqchip=split"]
     assert [d for d in option_values(argv, "-drive") if "pflash" in d] == [
         "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
@@ -147,7 +171,7 @@ def test_uefi_argv_maps_ovmf_code_read_only_and_the_hosts_own_variables() -> Non
 
 
 def test_secure_boot_argv_turns_on_smm_and_secure_flash() -> None:
-    argv = qemu_argv(spec(boot=boot_mode("uefi-secureboot"), efi_vars=Path("/lab/o/lab-1-efivars.fd")))
+    argv = qemu_argv(spec(boot=boot_mode("uefi-secureboot", "grub"), efi_vars=Path("/lab/o/lab-1-efivars.fd")))
     assert option_values(argv, "-machine") == ["q35,kernel-irqchip=split,smm=on"]
     assert option_values(argv, "-global") == ["driver=cfi.pflash01,property=secure,value=on"]
     assert "file=/usr/share/OVMF/OVMF_CODE_4M.ms.fd" in " ".join(option_values(argv, "-drive"))
@@ -160,6 +184,11 @@ def test_secure_boot_argv_turns_on_smm_and_secure_flash() -> None:
 
 def test_a_uefi_host_without_its_variable_store_is_refused() -> None:
     with pytest.raises(ValueError, match="EFI variable store"):
-        qemu_argv(spec(boot=boot_mode("uefi")))
+        qemu_argv(spec(boot=boot_mode("uefi", "grub")))
     with pytest.raises(ValueError, match="EFI variable store"):
         qemu_argv(spec(efi_vars=Path("/lab/x.fd")))
+
+
+def test_firmware_enum_values_are_the_cli_words() -> None:
+    assert [f.value for f in Firmware] == ["bios", "uefi", "uefi-secureboot"]
+    assert [b.value for b in Loader] == ["grub", "systemd-boot"]

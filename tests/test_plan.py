@@ -137,7 +137,6 @@ def test_shared_group_is_refused_unless_allowed():
 @pytest.mark.parametrize(
     ("bootloader", "code"),
     [
-        (Bootloader("systemd-boot", True, "bootctl", "systemd-boot entries and no /etc/default/grub"), "bootloader"),
         (Bootloader("grubby", True, "grubby", "grubby and /boot/loader/entries (BLS) are present"), "bootloader"),
         (Bootloader("unknown", False, None, "no GRUB found"), "bootloader"),
     ],

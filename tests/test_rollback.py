@@ -10,7 +10,12 @@ import yaml
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host
-from gpuhost.plan.model import BACKUP_DIR, INITRAMFS_MODULES_PATH
+from gpuhost.plan.model import (
+    BACKUP_DIR,
+    INITRAMFS_MODULES_PATH,
+    KERNEL_INSTALL_REFRESH,
+    TRIAL_LOADER_ENTRY_PATHS,
+)
 from gpuhost.plan.verify import verify_rollback
 from gpuhost.rollout.engine import REMOVED_FILES
 from tests.helpers import SNAPSHOTS
@@ -29,7 +34,8 @@ def test_the_rollback_role_removes_what_the_planner_writes() -> None:
         PlanSettings.from_variables({"gpuhost_gpus": ["1234:1111"]}, "lab-1"),
     ).to_json()["paths"]
     written = {paths[k] for k in ("grub_dropin", "trial_settings", "trial_grub_script", "initramfs_script", "apt_pin")}
-    assert written == set(REMOVED_FILES)
+    assert written | set(TRIAL_LOADER_ENTRY_PATHS) == set(REMOVED_FILES)
+    assert defaults["gpuhost_rollback_kernel_install_refresh"] == KERNEL_INSTALL_REFRESH
 
 
 def _lab(tmp_path: Path, cmdline: str | None = None, dropin: bool = False) -> SnapshotTree:

@@ -61,7 +61,7 @@ BOOTLOADER_UNSUPPORTED = register(
     "bootloader.unsupported",
     Stage.AUDIT,
     Severity.WARNING,
-    "systemd-boot or grubby/BLS: gpuhost apply supports GRUB only",
+    "grubby/BLS: gpuhost apply supports GRUB and systemd-boot",
 )
 
 _IRQ_REMAPPING_ON = ("enabled irq remapping", "interrupt remapping enabled")
@@ -247,11 +247,12 @@ def check_bootloader(ctx: CheckContext) -> Iterator[Problem]:
             f"the bootloader could not be identified ({loader.evidence})",
             "gpuhost apply edits the kernel command line through GRUB; check how this host boots.",
         )
-    else:
+    elif loader.kind != BootloaderKind.SYSTEMD_BOOT:
+        # systemd-boot: the firmware finding names it and the file its command line comes from.
         yield ctx.finding(
             BOOTLOADER_UNSUPPORTED,
             WARNING,
             "bootloader",
-            f"the host boots with {loader.kind} ({loader.evidence}); gpuhost apply supports GRUB only",
+            f"the host boots with {loader.kind} ({loader.evidence}); gpuhost apply supports GRUB and systemd-boot",
             f"Set the kernel command line with {loader.update_command} by hand, or convert the host to GRUB.",
         )

@@ -53,8 +53,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-trial",
         action="store_true",
-        help="reboot straight into the new command line, without the one-shot GRUB trial entry "
-        "(needed where GRUB cannot write /boot/grub/grubenv: /boot on RAID, LVM, btrfs or ZFS)",
+        help="reboot straight into the new command line, without the one-shot trial entry (GRUB or "
+        "systemd-boot; needed where GRUB cannot write /boot/grub/grubenv: /boot on RAID, LVM, btrfs or ZFS, "
+        "and on proxmox-boot-tool hosts)",
     )
     parser.add_argument(
         "--prometheus",

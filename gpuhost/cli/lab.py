@@ -2,7 +2,7 @@
 
 gpuhost lab image [--variant base|nested]     build (or reuse) the cached base image (root)
 gpuhost lab up --hosts 2 --topology gpu-pair  start hosts, wait for SSH, write the inventory
-    [--firmware bios|uefi|uefi-secureboot]
+    [--firmware bios|uefi|uefi-secureboot] [--boot grub|systemd-boot]
 gpuhost lab status                            hosts, SSH ports, PIDs, serial logs, inventory
 gpuhost lab ssh lab-1 [COMMAND...]            SSH into a host (key and host key of the lab)
 gpuhost lab reboot lab-1                      reboot a host and wait until it is back
@@ -25,7 +25,7 @@ from pathlib import Path
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.lab import fake_nvidia, fleet
 from gpuhost.lab import image as lab_image
-from gpuhost.lab.boot import BootMode, Firmware, boot_mode
+from gpuhost.lab.boot import BootMode, Firmware, Loader, boot_mode
 from gpuhost.lab.paths import IMAGE_DIR_ENV, LAB_DIR_ENV, LabPaths
 from gpuhost.lab.recipe import VARIANTS
 from gpuhost.lab.topology import TOPOLOGIES, parse_memory
@@ -35,18 +35,31 @@ def _progress(message: str) -> None:
     print(f"gpuhost lab: {message}", file=sys.stderr, flush=True)
 
 
-def _add_boot_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+_BOOT_OPTIONS: tuple[tuple[str, type[Firmware] | type[Loader], str, str], ...] = (
+    (
         "--firmware",
-        choices=[f.value for f in Firmware],
-        default=Firmware.BIOS.value,
-        help="bios (SeaBIOS, the default), uefi (OVMF) or uefi-secureboot (OVMF enforcing Secure Boot with "
+        Firmware,
+        Firmware.BIOS.value,
+        "bios (SeaBIOS, the default), uefi (OVMF) or uefi-secureboot (OVMF enforcing Secure Boot with "
         "Microsoft's keys enrolled; boots Debian's signed shim, GRUB and kernel)",
-    )
+    ),
+    (
+        "--boot",
+        Loader,
+        Loader.GRUB.value,
+        "boot loader: grub (default) or systemd-boot (needs --firmware uefi; kernel-install, "
+        "/etc/kernel/cmdline, loader entries on the ESP)",
+    ),
+)
+
+
+def _add_boot_options(parser: argparse.ArgumentParser) -> None:
+    for flag, choices, default, text in _BOOT_OPTIONS:
+        parser.add_argument(flag, choices=[choice.value for choice in choices], default=default, help=text)
 
 
 def _boot_mode(args: argparse.Namespace) -> BootMode:
-    return boot_mode(args.firmware)
+    return boot_mode(args.firmware, args.boot)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

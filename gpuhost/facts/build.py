@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpuhost.facts import parsers as p
 from gpuhost.facts.model import (
     ActiveLoader,
@@ -15,6 +17,7 @@ from gpuhost.facts.model import (
     Initramfs,
     Iommu,
     KernelLog,
+    LoaderEntryFile,
     ModprobeDirective,
     Modules,
     NumaNode,
@@ -283,6 +286,13 @@ def _efivar(tree: Tree, name: str) -> bytes | None:
 
 def _bootloader(tree: Tree, exists: frozenset[str] | None) -> Bootloader:
     which = {line.strip().rsplit("/", 1)[-1] for line in (tree.command("which") or "").splitlines() if line}
+    found = _which_bootloader(tree, exists, which)
+    return dataclasses.replace(
+        found, has_kernel_install="kernel-install" in which, has_proxmox_boot_tool="proxmox-boot-tool" in which
+    )
+
+
+def _which_bootloader(tree: Tree, exists: frozenset[str] | None, which: set[str]) -> Bootloader:
     efi = None if exists is None else "/sys/firmware/efi" in exists
     has_bls = exists is not None and "/boot/loader/entries" in exists
     esp_entries = exists is not None and bool({"/boot/efi/loader/entries", "/efi/loader/entries"} & exists)
@@ -395,7 +405,24 @@ def _firmware(tree: Tree, exists: frozenset[str] | None, bootloader: Bootloader)
         cmdline_source=_cmdline_source(tree, bootloader, proxmox),
         kernel_cmdline_file=None if kernel_cmdline is None else p.parse_cmdline(kernel_cmdline),
         out_of_tree_modules=None if modules_text is None else p.parse_out_of_tree_modules(modules_text),
+        loader_entries=_loader_entries(tree),
+        loader_entry_oneshot=p.parse_efivar_string(_efivar(tree, "LoaderEntryOneShot")),
+        loader_entry_default=p.parse_efivar_string(_efivar(tree, "LoaderEntryDefault")),
     )
+
+
+# Where kernel-install and bootctl put Boot Loader Specification entries ($BOOT/loader/entries).
+LOADER_ENTRY_DIRECTORIES = ("/boot/efi/loader/entries", "/efi/loader/entries", "/boot/loader/entries")
+
+
+def _loader_entries(tree: Tree) -> tuple[LoaderEntryFile, ...]:
+    found = []
+    for directory in LOADER_ENTRY_DIRECTORIES:
+        for name in tree.list(directory):
+            text = tree.read(f"{directory}/{name}") if name.endswith(".conf") else None
+            if text is not None:
+                found.append(LoaderEntryFile(f"{directory}/{name}", p.parse_loader_entry(text)))
+    return tuple(found)
 
 
 def _cmdline_source(tree: Tree, bootloader: Bootloader, proxmox: bool) -> str | None:

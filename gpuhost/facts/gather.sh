@@ -139,8 +139,11 @@ run_command acpi-tables ls /sys/firmware/acpi/tables
 # --- firmware: EFI variables, the ESP, modules Secure Boot checks ---------------------------------
 # efivarfs files are binary (4 bytes of attributes, then the value): recorded as od's hex.
 EFIVARS=/sys/firmware/efi/efivars
+# systemd-boot's LoaderEntryDefault and LoaderEntryOneShot: the entry `bootctl set-default` and
+# `bootctl set-oneshot` chose (a one-shot is cleared by systemd-boot when it boots it).
 for v in SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c LoaderInfo-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f \
-    LoaderEntrySelected-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f; do
+    LoaderEntrySelected-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f LoaderEntryDefault-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f \
+    LoaderEntryOneShot-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f; do
     [ -r "$EFIVARS/$v" ] && run_command "efivar-${v%%-*}" od -An -v -tx1 "$EFIVARS/$v"
 done
 # The EFI programs on every mounted FAT file system with an EFI directory (the ESP), as

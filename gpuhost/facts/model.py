@@ -311,6 +311,9 @@ class Bootloader:
     efi: bool | None
     update_command: str | None  # update-grub, grub2-mkconfig, grubby, ...
     evidence: str  # why we think so
+    # The programs that write systemd-boot's entries from /etc/kernel/cmdline, when installed.
+    has_kernel_install: bool = False
+    has_proxmox_boot_tool: bool = False
 
 
 class FirmwareMode(TextEnum):
@@ -326,6 +329,34 @@ class ActiveLoader(TextEnum):
     GRUB_EFI = "grub-efi"
     GRUB_BIOS = "grub-bios"
     UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class LoaderEntry:
+    """A Boot Loader Specification type 1 entry (loader/entries/*.conf), as systemd-boot reads it.
+
+    Paths are as written: relative to the root of the partition holding the entry (the ESP).
+    """
+
+    title: str | None
+    version: str | None
+    sort_key: str | None  # entries with one sort before entries without (systemd 252's order)
+    linux: str | None
+    initrds: tuple[str, ...]  # every `initrd` line, in order (the loader loads them all)
+    options: KernelCommandLine  # every `options` line joined, as systemd-boot joins them
+
+
+@dataclass(frozen=True)
+class LoaderEntryFile:
+    """A loader entry as found on the host: where it lies and what it says."""
+
+    path: str  # /boot/efi/loader/entries/debian-6.1.0-50-amd64.conf
+    entry: LoaderEntry
+
+    @property
+    def id(self) -> str:
+        """The entry's id as systemd-boot and `bootctl set-oneshot` name it: its file name."""
+        return self.path.rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -355,6 +386,10 @@ class Firmware:
     cmdline_source: str | None  # the file the next boot's kernel command line is made from
     kernel_cmdline_file: KernelCommandLine | None  # /etc/kernel/cmdline (kernel-install, proxmox-boot-tool)
     out_of_tree_modules: tuple[OutOfTreeModule, ...] | None  # None: not listed
+    # Boot Loader Specification entries on the ESP (/boot/efi, /efi) or /boot, sorted by path.
+    loader_entries: tuple[LoaderEntryFile, ...] = ()
+    loader_entry_oneshot: str | None = None  # LoaderEntryOneShot: booted once at the next boot
+    loader_entry_default: str | None = None  # LoaderEntryDefault (bootctl set-default)
 
     def describe(self) -> str:
         """'UEFI, Secure Boot enabled, shim+grub-efi' style text for the audit."""

@@ -14,6 +14,7 @@ from gpuhost.facts.model import (
     CpuInfo,
     HugePagePool,
     KernelCommandLine,
+    LoaderEntry,
     MemInfo,
     ModprobeDirective,
     Mount,
@@ -365,6 +366,37 @@ def parse_od_bytes(text: str) -> bytes | None:
         return bytes(int(word, 16) for word in words if len(word) == 2)
     except ValueError:
         return None
+
+
+def parse_loader_entry(text: str) -> LoaderEntry:
+    """A Boot Loader Specification type 1 entry: `key value` lines, `#` comments.
+
+    As systemd-boot reads it: a repeated key keeps the last value, except `initrd` (each one is
+    loaded) and `options` (joined with spaces).
+    """
+    single: dict[str, str] = {}
+    initrds: list[str] = []
+    options: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.replace("\t", " ").partition(" ")
+        value = value.strip()
+        if key == "initrd":
+            initrds.append(value)
+        elif key == "options":
+            options.append(value)
+        else:
+            single[key] = value
+    return LoaderEntry(
+        title=single.get("title"),
+        version=single.get("version"),
+        sort_key=single.get("sort-key"),
+        linux=single.get("linux"),
+        initrds=tuple(initrds),
+        options=parse_cmdline(" ".join(options)),
+    )
 
 
 # An efivarfs file is 4 bytes of attributes (little-endian u32), then the variable's value.

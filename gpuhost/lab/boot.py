@@ -1,9 +1,9 @@
-"""How a lab host boots: its firmware (BIOS, UEFI, UEFI with Secure Boot).
+"""How a lab host boots: its firmware (BIOS, UEFI, UEFI with Secure Boot) and its boot loader.
 
 The firmware decides the QEMU command line (SeaBIOS, or OVMF's code and a per-host copy of its
-variable store) and the disk (an MBR disk with BIOS GRUB, or a GPT disk with an EFI system
-partition holding shim + GRUB). UEFI and UEFI with Secure Boot boot the same disk: Debian's shim,
-GRUB and kernel are all signed.
+variable store); the firmware kind and the loader together decide the disk (an MBR disk with BIOS
+GRUB, or a GPT disk with an EFI system partition holding shim + GRUB or systemd-boot). UEFI and
+UEFI with Secure Boot boot the same disk: Debian's shim, GRUB and kernel are all signed.
 """
 
 from __future__ import annotations
@@ -21,11 +21,17 @@ class Firmware(enum.Enum):
     UEFI_SECUREBOOT = "uefi-secureboot"
 
 
+class Loader(enum.Enum):
+    GRUB = "grub"
+    SYSTEMD_BOOT = "systemd-boot"
+
+
 class DiskLayout(enum.Enum):
     """What the image's disk holds; one cached image per layout and variant."""
 
     BIOS_GRUB = "bios-grub"  # MBR, one ext4 partition, GRUB in the MBR gap
-    EFI_SHIM_GRUB = "efi-shim-grub"  # GPT, ESP with shim + signed GRUB at \\EFI\\BOOT, ext4 root
+    EFI_SHIM_GRUB = "efi-shim-grub"  # GPT, ESP with shim + signed GRUB at \EFI\BOOT, ext4 root
+    EFI_SYSTEMD_BOOT = "efi-systemd-boot"  # GPT, ESP with systemd-boot and kernel-install's entries
 
 
 # Debian 12's `ovmf` package. The Secure Boot build needs SMM; its variable store has Microsoft's
@@ -51,27 +57,40 @@ OVMF_FILES: dict[Firmware, OvmfFiles] = {
 @dataclass(frozen=True)
 class BootMode:
     firmware: Firmware
+    loader: Loader
 
     @property
     def layout(self) -> DiskLayout:
-        return DiskLayout.BIOS_GRUB if self.firmware is Firmware.BIOS else DiskLayout.EFI_SHIM_GRUB
+        if self.firmware is Firmware.BIOS:
+            return DiskLayout.BIOS_GRUB
+        return DiskLayout.EFI_SYSTEMD_BOOT if self.loader is Loader.SYSTEMD_BOOT else DiskLayout.EFI_SHIM_GRUB
 
     @property
     def ovmf(self) -> OvmfFiles | None:
         return OVMF_FILES.get(self.firmware)
 
     def describe(self) -> str:
-        return f"{self.firmware.value} + grub"
+        return f"{self.firmware.value} + {self.loader.value}"
 
 
-BIOS_GRUB = BootMode(Firmware.BIOS)
+BIOS_GRUB = BootMode(Firmware.BIOS, Loader.GRUB)
 
 
-def boot_mode(firmware: str) -> BootMode:
-    """The boot mode for `lab up --firmware F`."""
+def boot_mode(firmware: str, loader: str = "grub") -> BootMode:
+    """The boot mode for `lab up --firmware F --boot L`; refuses combinations the lab cannot boot."""
     try:
-        return BootMode(Firmware(firmware))
+        chosen = BootMode(Firmware(firmware), Loader(loader))
     except ValueError as error:
         raise InputError(
-            f"unknown --firmware {firmware}; it is one of {', '.join(f.value for f in Firmware)}"
+            f"unknown boot mode --firmware {firmware} --boot {loader}; firmware is one of "
+            f"{', '.join(f.value for f in Firmware)} and boot one of {', '.join(b.value for b in Loader)}"
         ) from error
+    if chosen.loader is Loader.SYSTEMD_BOOT and chosen.firmware is Firmware.BIOS:
+        raise InputError("--boot systemd-boot needs UEFI firmware: use --firmware uefi (systemd-boot is EFI only)")
+    if chosen.loader is Loader.SYSTEMD_BOOT and chosen.firmware is Firmware.UEFI_SECUREBOOT:
+        raise InputError(
+            "--boot systemd-boot with --firmware uefi-secureboot is not supported: Debian 12's "
+            "systemd-boot is not signed, so Secure Boot would refuse it. Use --firmware uefi "
+            "--boot systemd-boot, or --firmware uefi-secureboot --boot grub (signed shim and GRUB)"
+        )
+    return chosen

@@ -343,7 +343,7 @@ def up(
                     f"no lab image ({name}) for the current recipe in {paths.images}; "
                     "build it first with: sudo gpuhost lab image"
                     + (f" --variant {variant}" if variant != "base" else "")
-                    + (f" --firmware {boot.firmware.value}" if boot != BIOS_GRUB else "")
+                    + (f" --firmware {boot.firmware.value} --boot {boot.loader.value}" if boot != BIOS_GRUB else "")
                 )
             progress(f"building the {name} image (once; cached in {paths.images})")
             image = lab_image.ensure_image(paths, variant, boot.layout, progress=progress)

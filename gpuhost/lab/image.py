@@ -6,7 +6,7 @@ with a manifest; it is reused as long as the recipe and the lab's keys are uncha
 
 UEFI disks (gpuhost/lab/boot.py) are GPT with an EFI system partition mounted at /boot/efi:
 shim + signed GRUB installed at the removable path \\EFI\\BOOT\\BOOTX64.EFI (found by OVMF with no
-boot entry in its variables). They live in
+boot entry in its variables), or systemd-boot with kernel-install's loader entries. They live in
 `<image dir>/<variant>-<layout>-<recipe hash>/`.
 """
 
@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhost.facts.model import LoaderEntry
+from gpuhost.facts.parsers import parse_loader_entry
 from gpuhost.lab import diskimage, recipe
 from gpuhost.lab.boot import DiskLayout
 from gpuhost.lab.errors import LabError
@@ -465,8 +467,10 @@ class _Builder:
                 loop_disk,
             )
             (root / "boot/grub/grub.cfg").write_text(self._grub_cfg(kernel, root_uuid))
-        else:
+        elif self.layout is DiskLayout.EFI_SHIM_GRUB:
             self._install_shim_grub(root, kernel, root_uuid)
+        else:
+            self._install_systemd_boot(root, kernel)
         if self.recipe.variant == "nested":
             self._nested_guest(root, kernel)
         self._chroot(root, "apt-get", "clean")
@@ -512,6 +516,47 @@ class _Builder:
             (esp / directory / "grub.cfg").write_text(stub)
         (root / "boot/grub/grub.cfg").write_text(self._grub_cfg(kernel, root_uuid))
 
+    def _install_systemd_boot(self, root: Path, kernel: str) -> None:
+        self.progress("installing systemd-boot and the kernel's loader entry")
+        # What `bootctl install --no-variables --make-entry-directory=yes` lays out, by hand:
+        # bootctl refuses an ESP that is not the root of a mounted file system (see _fill_esp).
+        #
+        # kernel-install (systemd 252) writes each entry's `linux`/`initrd` paths relative to the
+        # mount point holding the ESP, found by `stat -c %m`, which walks up until the device
+        # number changes. A bind mount of /boot/efi onto itself keeps the device number, so the
+        # paths came out as /boot/efi/debian/<kver>/linux, systemd-boot dropped the entry as
+        # having no kernel on the ESP, and OVMF fell back to its setup menu. A tmpfs at
+        # /boot/efi is a file system of its own, as the vfat ESP is on the booted host.
+        esp = root / recipe.ESP_MOUNT.lstrip("/")
+        self._run([self.tools["mount"], "-t", "tmpfs", "-o", "mode=0700", "gpuhost-esp", str(esp)])
+        try:
+            for directory in ("EFI/systemd", "EFI/BOOT", "loader/entries", recipe.KERNEL_ENTRY_NAME.strip()):
+                (esp / directory).mkdir(parents=True, exist_ok=True)
+            loader = root / "usr/lib/systemd/boot/efi/systemd-bootx64.efi"
+            shutil.copyfile(loader, esp / "EFI/systemd/systemd-bootx64.efi")
+            shutil.copyfile(loader, esp / "EFI/BOOT/BOOTX64.EFI")
+            (esp / "loader/loader.conf").write_text(recipe.LOADER_CONF)
+            # Says the ESP holds Boot Loader Specification type 1 entries (bootctl install writes it).
+            (esp / "loader/entries.srel").write_text("type1\n")
+            # kernel-install finds the ESP by its entry directory (<ESP>/debian) and writes the
+            # kernel, the initramfs and loader/entries/debian-<version>.conf from /etc/kernel/cmdline.
+            self._chroot(root, "kernel-install", "add", kernel, f"/boot/vmlinuz-{kernel}", f"/boot/initrd.img-{kernel}")
+            token = recipe.KERNEL_ENTRY_NAME.strip()
+            entry_text = (esp / f"loader/entries/{token}-{kernel}.conf").read_text()
+            missing = loader_entry_files_missing(parse_loader_entry(entry_text), esp)
+            if missing:
+                raise LabError(
+                    f"kernel-install wrote a loader entry whose files are not on the ESP ({', '.join(missing)}):\n"
+                    f"{entry_text}"
+                )
+            # Out of the tmpfs into the image's /boot/efi, where _fill_esp takes it from.
+            staged = root / "tmp/gpuhost-esp-tmpfs"
+            shutil.copytree(esp, staged)
+        finally:
+            self._umount(esp)
+        esp.rmdir()
+        staged.rename(esp)
+
     def _first_initramfs(self, root: Path, kernel: str) -> None:
         # The image's own configuration (MODULES=list with the disk's modules): the same
         # initramfs the host's update-initramfs builds, nothing detected on the build machine.
@@ -544,6 +589,16 @@ class _Builder:
         busybox = (root / "usr/bin/busybox").read_bytes()
         init = (guest / "init").read_text()
         (guest / "initrd.gz").write_bytes(diskimage.busybox_initramfs(busybox, init))
+
+
+def loader_entry_files_missing(entry: LoaderEntry, esp: Path) -> tuple[str, ...]:
+    """The entry's kernel and initramfs paths that systemd-boot would not find on this ESP.
+
+    systemd-boot opens them relative to the ESP's root and skips an entry whose kernel is missing.
+    """
+    if entry.linux is None:
+        return ("(no linux line)",)
+    return tuple(path for path in (entry.linux, *entry.initrds) if not (esp / path.lstrip("/")).is_file())
 
 
 def _give_to_sudo_user(directory: Path) -> None:

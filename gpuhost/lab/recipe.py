@@ -118,11 +118,21 @@ EFI_REMOVABLE_FILES: tuple[tuple[str, str], ...] = (
     ("/usr/lib/shim/mmx64.efi.signed", "mmx64.efi"),
     ("/usr/lib/grub/x86_64-efi-signed/grubx64.efi.signed", "grubx64.efi"),
 )
-ESP_SIZE_MIB = 256
+# systemd-boot: bootctl and kernel-install (the systemd-boot package's hooks put every new kernel
+# and initramfs on the ESP with a loader entry built from /etc/kernel/cmdline).
+EFI_SYSTEMD_BOOT_PACKAGES: tuple[str, ...] = ("systemd-boot", "efibootmgr", "dosfstools", "mtools")
+
+ESP_SIZE_MIB = 256  # kernels and initramfs images live on it under systemd-boot
 ESP_MOUNT = "/boot/efi"
 
 FSTAB_EFI = "UUID={root_uuid} / ext4 errors=remount-ro 0 1\nUUID={esp_uuid} /boot/efi vfat umask=0077 0 1\n"
 
+# systemd-boot: kernel-install builds each loader entry's options from this file.
+KERNEL_CMDLINE_FILE = "root=UUID={root_uuid} ro " + KERNEL_CMDLINE + "\n"
+# kernel-install names entries and their ESP directory after this token; without it the
+# machine-id, which the image leaves empty so that every host makes its own.
+KERNEL_ENTRY_NAME = "debian\n"
+LOADER_CONF = "# gpuhost lab: boot the newest entry at once\ntimeout 0\neditor no\n"
 
 # Units that only cost CPU on a lab host (measured under TCG: e2scrub_reap ~17 s, getty-static
 # ~11 s of a loaded boot) or would start background work in the middle of a test.
@@ -294,6 +304,14 @@ def recipe_for(variant: str, layout: DiskLayout = DiskLayout.BIOS_GRUB) -> Recip
         files = [f for f in files if f[0] != "/etc/fstab"] + [("/etc/fstab", 0o644, FSTAB_EFI)]
     if layout is DiskLayout.EFI_SHIM_GRUB:
         apt_packages = EFI_GRUB_PACKAGES + apt_packages
+    if layout is DiskLayout.EFI_SYSTEMD_BOOT:
+        apt_packages = EFI_SYSTEMD_BOOT_PACKAGES + apt_packages
+        # No GRUB on this disk, so no /etc/default/grub either.
+        files = [f for f in files if f[0] != "/etc/default/grub"]
+        files += [
+            ("/etc/kernel/cmdline", 0o644, KERNEL_CMDLINE_FILE),
+            ("/etc/kernel/entry-token", 0o644, KERNEL_ENTRY_NAME),
+        ]
     return Recipe(
         variant=variant,
         suite=SUITE,

@@ -25,6 +25,25 @@ TRIAL_SETTINGS_PATH = "/etc/default/gpuhost-trial.cfg"
 TRIAL_GRUB_SCRIPT_PATH = "/etc/grub.d/42_gpuhost_trial"
 TRIAL_ENTRY_ID = "gpuhost-trial"
 TRIAL_MARKER = "gpuhost.trial=1"  # on the trial entry's command line only: /proc/cmdline tells which entry booted
+# systemd-boot: kernel-install (or proxmox-boot-tool refresh) writes every loader entry's options
+# from this file. The trial is a loader entry of its own on the ESP, booted once by
+# `bootctl set-oneshot`; systemd-boot clears the one-shot when it boots it.
+KERNEL_CMDLINE_PATH = "/etc/kernel/cmdline"
+TRIAL_LOADER_ENTRY_ID = "gpuhost-trial.conf"
+# Every installed kernel's entry written again from /etc/kernel/cmdline: what Debian's
+# /etc/kernel/postinst.d/zz-systemd-boot does for one kernel. Fixed text: nothing of a host's in it.
+KERNEL_INSTALL_REFRESH = (
+    "set -e; for image in /boot/vmlinuz-*; do version=${image#/boot/vmlinuz-}; "
+    '[ -d "/lib/modules/$version" ] || continue; '
+    'if [ -e "/boot/initrd.img-$version" ]; then kernel-install add "$version" "$image" "/boot/initrd.img-$version"; '
+    'else kernel-install add "$version" "$image"; fi; done'
+)
+PROXMOX_BOOT_TOOL_REFRESH = "proxmox-boot-tool refresh"
+# Where gpuhost may have left a trial entry: beside kernel-install's ($BOOT/loader/entries).
+TRIAL_LOADER_ENTRY_PATHS = tuple(
+    f"{directory}/{TRIAL_LOADER_ENTRY_ID}"
+    for directory in ("/boot/efi/loader/entries", "/efi/loader/entries", "/boot/loader/entries")
+)
 BACKUP_DIR = "/var/lib/gpuhost/backup"  # what apply overwrites or deletes, kept for `gpuhost rollback`
 
 
@@ -33,6 +52,27 @@ class BindBy(TextEnum):
 
     IDS = "ids"  # vfio-pci.ids= on the kernel command line
     ADDRESS = "address"  # driver_override per PCI address, from the initramfs script
+
+
+class KernelCmdlineWriter(TextEnum):
+    """What makes the next boot's kernel command line from gpuhost's settings."""
+
+    UPDATE_GRUB = "update-grub"  # GRUB: gpuhost's drop-in in /etc/default/grub.d, then update-grub
+    KERNEL_INSTALL = "kernel-install"  # systemd-boot: /etc/kernel/cmdline, then kernel-install add per kernel
+    PROXMOX_BOOT_TOOL = "proxmox-boot-tool"  # systemd-boot on Proxmox: /etc/kernel/cmdline, proxmox-boot-tool refresh
+
+
+@dataclass(frozen=True)
+class SystemdBootPlan:
+    """The kernel command line of a systemd-boot host, and its trial entry."""
+
+    writer: KernelCmdlineWriter
+    current_kernel_cmdline: str | None  # KERNEL_CMDLINE_PATH now (None: absent, kernel-install copies /proc/cmdline)
+    kernel_cmdline: str  # KERNEL_CMDLINE_PATH after apply: the old options without gpuhost's, then gpuhost's
+    default_entry: str  # the loader entry the trial copies (the one that booted the running kernel)
+    trial_entry_path: str  # where the trial entry is written: beside the default entry
+    trial_entry: str  # its content: the default entry with the new options, panic=N and the trial marker
+    refresh_command: str  # shell: writes every kernel's entry again (KERNEL_INSTALL_REFRESH or proxmox-boot-tool)
 
 
 class PlanRefused(GpuhostError):
@@ -123,6 +163,8 @@ class HostPlan:
     hugepages: HugePagePlan
     driver_removal: DriverRemoval
     trial: TrialBoot
+    kernel_cmdline_writer: KernelCmdlineWriter
+    systemd_boot: SystemdBootPlan | None  # None on GRUB hosts
     modprobe_conflicts: tuple[ModprobeConflict, ...]  # commented out by apply (the file backed up first)
     backup_files: tuple[str, ...]  # files apply overwrites or deletes, copied to BACKUP_DIR first (once)
     reboot_needed: bool
@@ -154,9 +196,11 @@ class HostPlan:
             "trial_settings": TRIAL_SETTINGS_PATH,
             "trial_grub_script": TRIAL_GRUB_SCRIPT_PATH,
             "backup_dir": BACKUP_DIR,
+            "kernel_cmdline": KERNEL_CMDLINE_PATH,
         }
         data["trial"]["entry_id"] = TRIAL_ENTRY_ID
         data["trial"]["marker"] = TRIAL_MARKER
+        data["trial"]["loader_entry_id"] = TRIAL_LOADER_ENTRY_ID
         # A refusal's JSON keeps the keys it had before it was a Problem (host, fix) next to the Problem's own.
         data["refusals"] = [{**r.as_dict(), "host": self.host, "fix": r.remedy} for r in self.refusals]
         plain: dict[str, Any] = _plain(data)

@@ -20,13 +20,19 @@ from gpuhost.facts.model import (
     BootloaderKind,
     HostFacts,
     KernelCommandLine,
+    LoaderEntry,
+    LoaderEntryFile,
     VfioPci,
 )
 from gpuhost.facts.parsers import parse_modprobe_options
 from gpuhost.numa import declared_vm_pages, pages_by_node
 from gpuhost.plan import hugepages as hp
 from gpuhost.plan.model import (
+    KERNEL_CMDLINE_PATH,
+    KERNEL_INSTALL_REFRESH,
+    PROXMOX_BOOT_TOOL_REFRESH,
     TRIAL_ENTRY_ID,
+    TRIAL_LOADER_ENTRY_ID,
     TRIAL_MARKER,
     TRIAL_SETTINGS_PATH,
     BindBy,
@@ -34,7 +40,9 @@ from gpuhost.plan.model import (
     DriverRemoval,
     HostPlan,
     HugePagePlan,
+    KernelCmdlineWriter,
     ModprobeConflict,
+    SystemdBootPlan,
     TrialBoot,
 )
 from gpuhost.plan.settings import BIND_AUTO, PlanSettings
@@ -74,7 +82,13 @@ REFUSE_BOOTLOADER_NOT_GRUB = register(
     "bootloader.not_grub",
     Stage.PLAN,
     Severity.ERROR,
-    "the host boots with systemd-boot or grubby/BLS: apply supports GRUB only",
+    "the host boots with grubby/BLS or an unknown loader: apply supports GRUB and systemd-boot",
+)
+REFUSE_NO_KERNEL_INSTALL = register(
+    "bootloader.no_kernel_install",
+    Stage.PLAN,
+    Severity.ERROR,
+    "systemd-boot without kernel-install or proxmox-boot-tool to write its entries",
 )
 REFUSE_OS_UNSUPPORTED = register(
     "os.unsupported", Stage.PLAN, Severity.ERROR, "not Debian or Ubuntu (update-grub, initramfs-tools, apt)"
@@ -155,6 +169,30 @@ REFUSE_TRIAL_GRUBENV_UNWRITABLE = register(
     Severity.ERROR,
     "/boot/grub is on btrfs/ZFS/md/LVM: no trial boot possible (use --no-trial)",
 )
+REFUSE_NO_KERNEL_CMDLINE = register(
+    "bootloader.no_kernel_cmdline",
+    Stage.PLAN,
+    Severity.ERROR,
+    "systemd-boot without /etc/kernel/cmdline (nothing of the host's own to change and restore)",
+)
+REFUSE_TRIAL_NO_LOADER_ENTRY = register(
+    "trial.no_loader_entry",
+    Stage.PLAN,
+    Severity.ERROR,
+    "systemd-boot: the entry that booted is not a loader entry file gpuhost can copy for the trial",
+)
+REFUSE_TRIAL_ENTRY_ORDER = register(
+    "trial.entry_order",
+    Stage.PLAN,
+    Severity.ERROR,
+    "systemd-boot: the default entry has no sort-key, so the trial entry could become the default",
+)
+REFUSE_TRIAL_PROXMOX = register(
+    "trial.proxmox_boot_tool",
+    Stage.PLAN,
+    Severity.ERROR,
+    "proxmox-boot-tool copies the entries to ESPs that are not mounted: no trial entry (use --no-trial)",
+)
 _SUPPORTED_OS = re.compile(r"\b(debian|ubuntu)\b", re.IGNORECASE)
 _Refuse = Callable[[str, str, str, str], None]  # plan_host's `refuse(code, subject, message, fix)`
 # Where GRUB cannot write its environment block (grubenv): save_env fails there, so the one-shot
@@ -219,6 +257,11 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     linux = _without_owned(facts.grub.cmdline_linux, owned_keys, owned_tokens)
     default = _without_owned(facts.grub.cmdline_linux_default, owned_keys, owned_tokens)
     desired = KernelCommandLine(linux + default + tuple(options))
+    writer = KernelCmdlineWriter.UPDATE_GRUB
+    kernel_cmdline_file = facts.firmware.kernel_cmdline_file
+    if facts.bootloader.kind is BootloaderKind.SYSTEMD_BOOT:
+        writer = _kernel_cmdline_writer(facts) or KernelCmdlineWriter.KERNEL_INSTALL  # refused above if None
+        desired = KernelCommandLine(_without_owned(kernel_cmdline_file, owned_keys, owned_tokens) + tuple(options))
     described = [
         f"{'NVSwitch' if f.gpu in switches else f'GPU {f.gpu}'}: {f.address} [{f.vendor_device}]" for f in functions
     ] or ["no GPU selected"]
@@ -260,7 +303,12 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         grub_script=_render("grub/42_gpuhost_trial.j2", settings_path=TRIAL_SETTINGS_PATH, entry=TRIAL_ENTRY_ID),
         boot_filesystem=boot_filesystem,
     )
-    if settings.trial_boot and reasons and grubenv_problem:
+    systemd_boot = None
+    if facts.bootloader.kind is BootloaderKind.SYSTEMD_BOOT:
+        systemd_boot = _systemd_boot_plan(
+            facts, writer, desired, settings, trial_wanted=settings.trial_boot and bool(reasons), refuse=refuse
+        )
+    if settings.trial_boot and reasons and grubenv_problem and writer is KernelCmdlineWriter.UPDATE_GRUB:
         refuse(
             REFUSE_TRIAL_GRUBENV_UNWRITABLE,
             "/boot/grub/grubenv",
@@ -276,7 +324,9 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         for refusal in forced:
             refusals.remove(refusal)
             notes.append(f"TESTING ONLY: forced past the refusal {refusal.code}: {refusal.message}")
-    backups = tuple(dict.fromkeys(list(removal.files) + [c.path for c in conflicts]))
+    # /etc/kernel/cmdline is the host's own file that apply rewrites: rollback restores this copy.
+    rewritten = [KERNEL_CMDLINE_PATH] if systemd_boot is not None else []
+    backups = tuple(dict.fromkeys(list(removal.files) + [c.path for c in conflicts] + rewritten))
     if not refusals and facts.vfio_pci == VfioPci.MODULE and not modules:
         notes.append("vfio-pci is a module but no vfio module list was planned")
     return HostPlan(
@@ -298,6 +348,8 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         hugepages=pages,
         driver_removal=removal,
         trial=trial,
+        kernel_cmdline_writer=writer,
+        systemd_boot=systemd_boot,
         modprobe_conflicts=conflicts,
         backup_files=backups,
         reboot_needed=bool(reasons),
@@ -310,12 +362,12 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
 
 def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
     loader = facts.bootloader
-    if loader.kind != BootloaderKind.GRUB:
+    if loader.kind not in (BootloaderKind.GRUB, BootloaderKind.SYSTEMD_BOOT):
         refuse(
             REFUSE_BOOTLOADER_NOT_GRUB,
             "bootloader",
-            f"the host boots with {loader.kind} ({loader.evidence}); gpuhost apply supports GRUB on Debian and "
-            "Ubuntu only so far.",
+            f"the host boots with {loader.kind} ({loader.evidence}); gpuhost apply supports GRUB and systemd-boot "
+            "on Debian and Ubuntu only so far.",
             f"Set the kernel command line by hand ({loader.update_command or 'the bootloader tool'}) with the options "
             "`gpuhost plan` prints, or convert the host to GRUB.",
         )
@@ -327,6 +379,25 @@ def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
             "(update-grub, initramfs-tools, apt).",
             "Configure this host by hand with the options `gpuhost plan` prints.",
         )
+    elif loader.kind is BootloaderKind.SYSTEMD_BOOT:
+        if facts.firmware.kernel_cmdline_file is None:
+            refuse(
+                REFUSE_NO_KERNEL_CMDLINE,
+                KERNEL_CMDLINE_PATH,
+                f"the host boots with systemd-boot but has no {KERNEL_CMDLINE_PATH} (kernel-install then copies the "
+                "running /proc/cmdline into every entry): there is no file of the host's own to change and to "
+                "restore on rollback.",
+                f"Write the host's kernel command line to {KERNEL_CMDLINE_PATH} (e.g. /proc/cmdline without initrd= "
+                "and BOOT_IMAGE=), then run gpuhost apply again.",
+            )
+        if _kernel_cmdline_writer(facts) is None:
+            refuse(
+                REFUSE_NO_KERNEL_INSTALL,
+                "bootloader",
+                f"the host boots with systemd-boot ({loader.evidence}) but has neither kernel-install nor "
+                "proxmox-boot-tool to write its loader entries from /etc/kernel/cmdline.",
+                "Install the systemd-boot package (it brings kernel-install's hooks), then run gpuhost apply again.",
+            )
     elif loader.update_command != "update-grub":
         refuse(
             REFUSE_NO_UPDATE_GRUB,
@@ -334,7 +405,7 @@ def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
             "GRUB is configured but update-grub is not installed.",
             "Install the grub-pc or grub-efi-amd64 package.",
         )
-    if facts.grub.syntax_error:
+    if facts.grub.syntax_error and loader.kind is BootloaderKind.GRUB:
         refuse(
             REFUSE_GRUB_SYNTAX,
             "/etc/default/grub",
@@ -690,6 +761,97 @@ def _driver_removal(facts: HostFacts, settings: PlanSettings, selection: GpuSele
     elif keep_fabric:
         note += f"; {', '.join(sorted(fabric))} kept: the host's NVSwitches need it"
     return DriverRemoval(packages, nvidia.runfile_installed, tuple(files), True, note)
+
+
+def _kernel_cmdline_writer(facts: HostFacts) -> KernelCmdlineWriter | None:
+    """What rewrites a systemd-boot host's entries from /etc/kernel/cmdline (None: nothing can).
+
+    proxmox-boot-tool where it manages the ESPs (/etc/kernel/proxmox-boot-uuids) and is installed: it
+    copies kernels and entries to every ESP it lists, which kernel-install alone would not update.
+    """
+    if facts.firmware.proxmox_boot_tool and facts.bootloader.has_proxmox_boot_tool:
+        return KernelCmdlineWriter.PROXMOX_BOOT_TOOL
+    if facts.bootloader.has_kernel_install:
+        return KernelCmdlineWriter.KERNEL_INSTALL
+    return None
+
+
+def _systemd_boot_plan(
+    facts: HostFacts,
+    writer: KernelCmdlineWriter,
+    desired: KernelCommandLine,
+    settings: PlanSettings,
+    *,
+    trial_wanted: bool,
+    refuse: _Refuse,
+) -> SystemdBootPlan:
+    firmware = facts.firmware
+    booted = next((f for f in firmware.loader_entries if f.id == firmware.loader_entry), None)
+    if trial_wanted and writer is KernelCmdlineWriter.PROXMOX_BOOT_TOOL:
+        refuse(
+            REFUSE_TRIAL_PROXMOX,
+            "systemd-boot",
+            "proxmox-boot-tool keeps the kernels and loader entries on ESPs that are not mounted and copies them "
+            "there at each refresh: a trial entry written beside the default would not be on the ESP that boots.",
+            "Run gpuhost apply --no-trial (or set gpuhost_trial_boot: false for this host) to reboot straight into "
+            "the new command line, with the console or BMC at hand in case it does not boot.",
+        )
+    elif trial_wanted and (booted is None or booted.entry.linux is None or not _printable(booted.entry)):
+        refuse(
+            REFUSE_TRIAL_NO_LOADER_ENTRY,
+            "systemd-boot",
+            f"the running kernel was booted from the entry {firmware.loader_entry or '(unknown)'}, which is not a "
+            f"loader entry file with a kernel under {', '.join(_entry_directories(firmware.loader_entries))}: "
+            "gpuhost copies that entry for the trial boot.",
+            "Boot the host from its kernel-install entry (bootctl list), or run gpuhost apply --no-trial.",
+        )
+    elif trial_wanted and booted is not None and booted.entry.sort_key is None and not firmware.loader_entry_default:
+        refuse(
+            REFUSE_TRIAL_ENTRY_ORDER,
+            "systemd-boot",
+            f"the entry {booted.id} has no sort-key and no default entry is set (LoaderEntryDefault): systemd-boot "
+            f"would then order entries by name alone, and {TRIAL_LOADER_ENTRY_ID} could become the default, so a "
+            "panicking trial kernel would boot again and again.",
+            f"Set the default entry (bootctl set-default {booted.id}), or run gpuhost apply --no-trial.",
+        )
+    entry = booted.entry if booted is not None else None
+    directory = booted.path.rsplit("/", 1)[0] if booted is not None else f"{firmware.esp or '/boot/efi'}/loader/entries"
+    trial_options = (*desired.tokens, f"panic={settings.trial_panic_seconds}", TRIAL_MARKER)
+    return SystemdBootPlan(
+        writer=writer,
+        current_kernel_cmdline=None if firmware.kernel_cmdline_file is None else str(firmware.kernel_cmdline_file),
+        kernel_cmdline=str(desired) + "\n",
+        default_entry=booted.id if booted is not None else "",
+        trial_entry_path=f"{directory}/{TRIAL_LOADER_ENTRY_ID}",
+        refresh_command=PROXMOX_BOOT_TOOL_REFRESH
+        if writer is KernelCmdlineWriter.PROXMOX_BOOT_TOOL
+        else KERNEL_INSTALL_REFRESH,
+        trial_entry=""
+        if entry is None
+        else _render(
+            "systemd-boot/gpuhost-trial.conf.j2",
+            default_entry=booted.id if booted is not None else "",
+            entry_id=TRIAL_LOADER_ENTRY_ID,
+            panic=settings.trial_panic_seconds,
+            marker=TRIAL_MARKER,
+            testing_options=settings.trial_testing_options,
+            title=entry.title or entry.version or "Linux",
+            version=entry.version,
+            linux=entry.linux,
+            initrds=entry.initrds,
+            options=str(KernelCommandLine((*trial_options, *settings.trial_testing_options))),
+        ),
+    )
+
+
+def _printable(entry: LoaderEntry) -> bool:
+    """No control characters in what the trial entry copies (the host's text goes back into a file)."""
+    values = [entry.title or "", entry.version or "", entry.linux or "", *entry.initrds, *entry.options.tokens]
+    return all(char.isprintable() for value in values for char in value)
+
+
+def _entry_directories(entries: tuple[LoaderEntryFile, ...]) -> list[str]:
+    return sorted({f.path.rsplit("/", 1)[0] for f in entries}) or ["the ESP's loader/entries"]
 
 
 def _without_owned(line: KernelCommandLine | None, keys: list[str], tokens: list[str]) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from typing import Any
 from gpuhost.audit import AuditStatus
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.checks.base import Role
-from gpuhost.facts.model import GIB_KIB, HostFacts
+from gpuhost.facts.model import GIB_KIB, BootloaderKind, HostFacts
 from gpuhost.plan.model import GRUB_DROPIN_PATH, TRIAL_MARKER
 from gpuhost.plan.planner import forbidden_loaded_modules
 from gpuhost.plan.settings import PlanSettings
@@ -226,6 +226,10 @@ def check_rollback(host: str, facts: HostFacts) -> RollbackVerification:
     """
     running = facts.cmdline.tokens if facts.cmdline else ()
     expected = facts.grub.effective.tokens if facts.grub.effective is not None else None
+    if facts.bootloader.kind is BootloaderKind.SYSTEMD_BOOT:
+        # kernel-install wrote the entries' options from the restored /etc/kernel/cmdline.
+        restored = facts.firmware.kernel_cmdline_file
+        expected = restored.tokens if restored is not None else None
     problems: list[Problem] = []
 
     def problem(code: str, fact: str) -> None:
@@ -252,5 +256,6 @@ def verify_rollback(host: str, facts: HostFacts) -> dict[str, Any]:
     return check_rollback(host, facts).to_json()
 
 
-# What update-grub's entry puts before GRUB_CMDLINE_LINUX: the kernel image, root= and ro.
-_BOOT_KEYS = ("BOOT_IMAGE", "root", "ro", "rootflags")
+# What update-grub's entry puts before GRUB_CMDLINE_LINUX: the kernel image, root= and ro; and
+# what systemd-boot puts before an entry's options: its initrd (initrd=\\debian\\<kver>\\initrd.img-<kver>).
+_BOOT_KEYS = ("BOOT_IMAGE", "root", "ro", "rootflags", "initrd")

@@ -29,7 +29,9 @@ from gpuhost.plan.model import (
     GRUB_DROPIN_PATH,
     INITRAMFS_MODULES_PATH,
     INITRAMFS_SCRIPT_PATH,
+    KERNEL_INSTALL_REFRESH,
     TRIAL_GRUB_SCRIPT_PATH,
+    TRIAL_LOADER_ENTRY_PATHS,
     TRIAL_SETTINGS_PATH,
 )
 from gpuhost.rollout.environment import (
@@ -57,7 +59,14 @@ CONFIGURE_PLAY_PREFIX = "Configure for passthrough"
 APPLY_KEY_TASKS = ("planner", "Reboot", "Verify")
 # What apply writes and rollback removes; the role's defaults hold the same list for
 # ansible-playbook without the CLI (tests/test_rollback.py keeps them equal).
-REMOVED_FILES = (GRUB_DROPIN_PATH, TRIAL_SETTINGS_PATH, TRIAL_GRUB_SCRIPT_PATH, INITRAMFS_SCRIPT_PATH, APT_PIN_PATH)
+REMOVED_FILES = (
+    GRUB_DROPIN_PATH,
+    TRIAL_SETTINGS_PATH,
+    TRIAL_GRUB_SCRIPT_PATH,
+    INITRAMFS_SCRIPT_PATH,
+    APT_PIN_PATH,
+    *TRIAL_LOADER_ENTRY_PATHS,
+)
 # How often a run checks for Ctrl-C (ansible-runner's pexpect_timeout; its default is 5 s).
 CANCEL_CHECK_SECONDS = 0.5
 # After Ctrl-C, how long ansible-playbook has to stop its workers before its process group is killed.
@@ -243,6 +252,7 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
         "gpuhost_rollback_removed_files": list(REMOVED_FILES),
         "gpuhost_rollback_initramfs_modules": INITRAMFS_MODULES_PATH,
         "gpuhost_rollback_backup_dir": BACKUP_DIR,
+        "gpuhost_rollback_kernel_install_refresh": KERNEL_INSTALL_REFRESH,
         "gpuhost_rollback_reboot_timeout": request.reboot_timeout,
     }
     _, _, status = run_playbook(

@@ -25,7 +25,7 @@ from tests.lab.conftest import BOOT_TIMEOUT, MEMORY_MIB, _timing
 # Building the UEFI image (when not cached, ~6 min) and an OVMF boot under TCG: past the suite-wide 900 s.
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-rest")]
 
-SECURE_BOOT = boot_mode("uefi-secureboot")
+SECURE_BOOT = boot_mode("uefi-secureboot", "grub")
 
 
 @pytest.fixture(scope="module")

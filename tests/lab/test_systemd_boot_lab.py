@@ -1,0 +1,121 @@
+"""A lab host booted by OVMF and systemd-boot, its kernel command line in /etc/kernel/cmdline.
+
+One host, in order: systemd-boot (not the firmware's menu) started the kernel from kernel-install's
+loader entry on the ESP, and the audit names the loader and its file; gpuhost apply boots the
+one-shot trial entry, verifies it and commits (the default entry carries the options, the trial
+entry and the one-shot variable are gone, the audit says READY); gpuhost rollback brings the old
+command line back. What the BIOS fault suite proves of apply (faults, reverts, idempotence) is not
+repeated: this is the systemd-boot path of the same engine. Building the image (once) needs root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuhost.cli.main import main
+from gpuhost.lab import fleet
+from gpuhost.lab import image as lab_image
+from gpuhost.lab.boot import boot_mode
+from gpuhost.lab.paths import LabPaths
+from gpuhost.plan.model import TRIAL_MARKER
+from tests.lab.conftest import BOOT_TIMEOUT, MEMORY_MIB, _timing
+
+# An uncached image build and an OVMF boot under TCG pass the suite-wide 900 s.
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-rest")]
+
+SYSTEMD_BOOT = boot_mode("uefi", "systemd-boot")
+
+
+@pytest.fixture(scope="module")
+def systemd_boot_lab(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabPaths]:
+    if not SYSTEMD_BOOT.ovmf or not SYSTEMD_BOOT.ovmf.code.exists():
+        pytest.skip("needs Debian's ovmf package (apt-get install ovmf)")
+    for program in ("qemu-system-x86_64", "qemu-img", "ssh"):
+        if shutil.which(program) is None:
+            pytest.skip(f"lab tests need {program}")
+    paths = LabPaths(root=tmp_path_factory.mktemp("uefi-systemd-boot"), images=image_dir)
+    if lab_image.find_image(paths, "base", SYSTEMD_BOOT.layout) is None and os.geteuid() != 0:
+        pytest.skip(f"no cached systemd-boot lab image in {image_dir} and building one needs root")
+    started = time.monotonic()
+    try:
+        fleet.up(paths, hosts=1, memory_mib=MEMORY_MIB, boot=SYSTEMD_BOOT, timeout=BOOT_TIMEOUT)
+        _timing(f"uefi + systemd-boot host up in {time.monotonic() - started:.0f} s")
+        yield paths
+    finally:
+        fleet.down(paths)
+
+
+def _on_host(lab: LabPaths, *command: str) -> str:
+    result = fleet.run_on(lab, fleet.find_host(lab, "lab-1"), list(command), timeout=600)
+    assert result.returncode == 0, f"{command}: {result.stdout}{result.stderr}"
+    return result.stdout
+
+
+def _audit(lab: LabPaths, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    main(["audit", "-i", str(lab.inventory), "--json"])
+    report: dict[str, object] = json.loads(capsys.readouterr().out.splitlines()[0])
+    return report
+
+
+def test_systemd_boot_started_the_kernel_from_kernel_installs_entry(
+    systemd_boot_lab: LabPaths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = _on_host(systemd_boot_lab, "bootctl", "status", "--no-pager")
+    assert "Product: systemd-boot" in status, status
+    kernel = _on_host(systemd_boot_lab, "uname", "-r").strip()
+    # The entry that booted is kernel-install's, named after /etc/kernel/entry-token.
+    assert f"debian-{kernel}.conf" in status, status
+    report = _audit(systemd_boot_lab, capsys)
+    firmware = report["system"]["firmware"]  # type: ignore[index]
+    assert firmware["mode"] == "uefi" and firmware["secure_boot"] is False, firmware
+    assert firmware["loader"] == "systemd-boot" and firmware["esp"] == "/boot/efi", firmware
+    assert firmware["cmdline_source"] == "/etc/kernel/cmdline", firmware
+
+
+ONESHOT_VARIABLE = "/sys/firmware/efi/efivars/LoaderEntryOneShot-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+ENTRIES = "/boot/efi/loader/entries"
+OPTIONS = ("vfio-pci.ids=1234:1111,8086:293e", "modprobe.blacklist=nouveau,nvidia,nvidiafb", "iommu=pt")
+
+
+def test_apply_boots_the_one_shot_trial_entry_verifies_and_commits(
+    systemd_boot_lab: LabPaths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old_cmdline = _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split()
+    report_path = systemd_boot_lab.root / "apply-report.json"
+    started = time.monotonic()
+    code = main(["apply", "-i", str(systemd_boot_lab.inventory), "--yes", "--report", str(report_path)])
+    with capsys.disabled():  # the test's capsys would swallow the timing line
+        _timing(f"systemd-boot apply (trial boot, commit) in {time.monotonic() - started:.0f} s")
+    entry = json.loads(report_path.read_text())["hosts"]["lab-1"]
+    assert code == 0 and entry["status"] == "ready" and entry["rebooted"] is True, entry
+    running = _on_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
+    # The kernel running now is the trial entry's (booted once, then committed without a reboot).
+    assert TRIAL_MARKER in running and "panic=10" in running and set(OPTIONS) <= set(running), running
+    assert _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() == [*old_cmdline, *OPTIONS]
+    kernel = _on_host(systemd_boot_lab, "uname", "-r").strip()
+    assert _on_host(systemd_boot_lab, "ls", ENTRIES).split() == [f"debian-{kernel}.conf"]  # no trial entry
+    default = _on_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf")
+    assert f"options    {' '.join([*old_cmdline, *OPTIONS])}" in default.splitlines(), default
+    # systemd-boot cleared the one-shot when it booted the trial entry.
+    assert _on_host(systemd_boot_lab, "sh", "-c", f"test -e {ONESHOT_VARIABLE} || echo gone").strip() == "gone"
+    capsys.readouterr()
+    report = _audit(systemd_boot_lab, capsys)
+    assert report["ready"] is True, report["findings"]
+
+
+def test_rollback_restores_the_old_kernel_command_line(systemd_boot_lab: LabPaths) -> None:
+    expected = [t for t in _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() if t not in OPTIONS]
+    started = time.monotonic()
+    code = main(["rollback", "-i", str(systemd_boot_lab.inventory), "--limit", "lab-1", "--yes"])
+    _timing(f"systemd-boot rollback (with its reboot) in {time.monotonic() - started:.0f} s")
+    assert code == 0
+    assert _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() == expected
+    running = _on_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
+    assert running[0].startswith("initrd=") and running[1:] == expected, running
