@@ -19,6 +19,7 @@ import pytest
 
 from gpuhost.lab import fleet
 from gpuhost.lab import image as lab_image
+from gpuhost.lab.boot import BootMode
 from gpuhost.lab.image import Image
 from gpuhost.lab.paths import IMAGE_DIR_ENV, LabPaths, default_lab_dir
 from gpuhost.lab.state import VmRecord
@@ -93,6 +94,26 @@ def lab_hosts(
     finally:
         for paths in labs.values():
             fleet.down(paths)
+
+
+def uefi_lab_host(boot: BootMode, image_dir: Path, root: Path) -> Iterator[LabPaths]:
+    """One UEFI lab host booted the way `boot` says, in a lab under `root`; stopped at the end.
+    Skips where OVMF, QEMU or (to build the image) root is missing."""
+    if not boot.ovmf or not boot.ovmf.code.exists():
+        pytest.skip("needs Debian's ovmf package (apt-get install ovmf)")
+    for program in ("qemu-system-x86_64", "qemu-img", "ssh"):
+        if shutil.which(program) is None:
+            pytest.skip(f"lab tests need {program}")
+    paths = LabPaths(root=root, images=image_dir)
+    if lab_image.find_image(paths, "base", boot.layout) is None and os.geteuid() != 0:
+        pytest.skip(f"no cached {boot.describe()} lab image in {image_dir} and building one needs root")
+    started = time.monotonic()
+    try:
+        fleet.up(paths, hosts=1, memory_mib=MEMORY_MIB, boot=boot, timeout=BOOT_TIMEOUT)
+        _timing(f"{boot.describe()} host up in {time.monotonic() - started:.0f} s")
+        yield paths
+    finally:
+        fleet.down(paths)
 
 
 def qemu_processes_under(directory: Path) -> list[int]:

@@ -11,8 +11,6 @@ repeated: this is the systemd-boot path of the same engine. Building the image (
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +19,10 @@ import pytest
 
 from gpuhost.cli.main import main
 from gpuhost.lab import fleet
-from gpuhost.lab import image as lab_image
 from gpuhost.lab.boot import boot_mode
 from gpuhost.lab.paths import LabPaths
 from gpuhost.plan.model import TRIAL_MARKER
-from tests.lab.conftest import BOOT_TIMEOUT, MEMORY_MIB, _timing
+from tests.lab.conftest import _timing, uefi_lab_host
 
 # An uncached image build and an OVMF boot under TCG pass the suite-wide 900 s.
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-rest")]
@@ -35,21 +32,7 @@ SYSTEMD_BOOT = boot_mode("uefi", "systemd-boot")
 
 @pytest.fixture(scope="module")
 def systemd_boot_lab(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabPaths]:
-    if not SYSTEMD_BOOT.ovmf or not SYSTEMD_BOOT.ovmf.code.exists():
-        pytest.skip("needs Debian's ovmf package (apt-get install ovmf)")
-    for program in ("qemu-system-x86_64", "qemu-img", "ssh"):
-        if shutil.which(program) is None:
-            pytest.skip(f"lab tests need {program}")
-    paths = LabPaths(root=tmp_path_factory.mktemp("uefi-systemd-boot"), images=image_dir)
-    if lab_image.find_image(paths, "base", SYSTEMD_BOOT.layout) is None and os.geteuid() != 0:
-        pytest.skip(f"no cached systemd-boot lab image in {image_dir} and building one needs root")
-    started = time.monotonic()
-    try:
-        fleet.up(paths, hosts=1, memory_mib=MEMORY_MIB, boot=SYSTEMD_BOOT, timeout=BOOT_TIMEOUT)
-        _timing(f"uefi + systemd-boot host up in {time.monotonic() - started:.0f} s")
-        yield paths
-    finally:
-        fleet.down(paths)
+    yield from uefi_lab_host(SYSTEMD_BOOT, image_dir, tmp_path_factory.mktemp("uefi-systemd-boot"))
 
 
 def _on_host(lab: LabPaths, *command: str) -> str:

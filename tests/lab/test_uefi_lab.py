@@ -7,9 +7,6 @@ and `mokutil --sb-state` inside the host agrees. Building the image (once, cache
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +14,9 @@ import pytest
 
 from gpuhost.cli.main import main
 from gpuhost.lab import fleet
-from gpuhost.lab import image as lab_image
 from gpuhost.lab.boot import boot_mode
 from gpuhost.lab.paths import LabPaths
-from tests.lab.conftest import BOOT_TIMEOUT, MEMORY_MIB, _timing
+from tests.lab.conftest import uefi_lab_host
 
 # Building the UEFI image (when not cached, ~6 min) and an OVMF boot under TCG: past the suite-wide 900 s.
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-rest")]
@@ -30,21 +26,7 @@ SECURE_BOOT = boot_mode("uefi-secureboot", "grub")
 
 @pytest.fixture(scope="module")
 def secure_boot_lab(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabPaths]:
-    if not SECURE_BOOT.ovmf or not SECURE_BOOT.ovmf.code.exists():
-        pytest.skip("needs Debian's ovmf package (apt-get install ovmf)")
-    for program in ("qemu-system-x86_64", "qemu-img", "ssh"):
-        if shutil.which(program) is None:
-            pytest.skip(f"lab tests need {program}")
-    paths = LabPaths(root=tmp_path_factory.mktemp("uefi-secureboot"), images=image_dir)
-    if lab_image.find_image(paths, "base", SECURE_BOOT.layout) is None and os.geteuid() != 0:
-        pytest.skip(f"no cached UEFI lab image in {image_dir} and building one needs root")
-    started = time.monotonic()
-    try:
-        fleet.up(paths, hosts=1, memory_mib=MEMORY_MIB, boot=SECURE_BOOT, timeout=BOOT_TIMEOUT)
-        _timing(f"uefi-secureboot host up in {time.monotonic() - started:.0f} s")
-        yield paths
-    finally:
-        fleet.down(paths)
+    yield from uefi_lab_host(SECURE_BOOT, image_dir, tmp_path_factory.mktemp("uefi-secureboot"))
 
 
 def test_secure_boot_host_audits_as_uefi_with_secure_boot_enabled(
