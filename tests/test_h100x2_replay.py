@@ -79,3 +79,19 @@ def test_the_audit_inside_the_two_gpu_guest() -> None:
     assert report["counts"] == {"error": 0, "warning": 0, "info": 7}
     text = (CAPTURE / "audit.txt").read_text()
     assert "READY — passthrough guest, 2 GPUs [10de:2330] on Gen5 x16" in text
+
+
+@pytest.mark.parametrize("gpu", [0, 1])
+def test_a_busy_gpu_is_named_not_judged_on_either_gpu(gpu: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bf16 matmul loop on the measured GPU (the other idle): the run is NOT REPRESENTATIVE (exit 2),
+    naming that process on that GPU, on both GPUs of the guest."""
+    path = CAPTURE / f"busy-gpu{gpu}.json"
+    contention = json.loads(path.read_text())["contention"]
+    assert [(p["gpu"], p["name"], p["seen"]) for p in contention["processes"]] == [
+        (gpu, "python3", ["before", "during", "after"])
+    ]
+    capsys.readouterr()
+    assert main(["smoke-test", "--replay", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert "VERDICT: NOT REPRESENTATIVE" in out
+    assert f"contention [GPU {gpu}]" in out and f"pid {contention['processes'][0]['pid']} python3" in out
