@@ -63,7 +63,7 @@ def free_port(address: str = LOOPBACK) -> int:
         return int(probe.getsockname()[1])
 
 
-def known_hosts_line(port: int, key: str, host: str = "127.0.0.1") -> str:
+def known_hosts_line(port: int, key: str, host: str = LOOPBACK) -> str:
     name = host if port == 22 else f"[{host}]:{port}"
     return f"{name} {key}\n"
 

@@ -4,12 +4,13 @@ callback the CLI gives.
 
 up: connect (libvirt) -> facts (audit, for the render) -> wheels -> disk (qcow2 on the base
 image) -> seed (cloud-init NoCloud ISO) -> define (rendered, schema-checked) -> start -> address
-(DHCP lease) -> ssh (pinned host key; through the host as a jump unless the host is this
-machine) -> cloud-init -> nouveau (released from the GPU; a reboot where it is in use) ->
-package-repo (a package_repo on the host, copied in) -> cuda (the pinned driver branch and
-toolkit, unless skipped or already there; with the NVSwitches, Fabric Manager of the driver's
-version too) -> fabric-manager (a guest given the NVSwitches: its service started and active) ->
-install (wheels, no index) -> smoke-test -> report (copied to the controller).
+(the DHCP lease, else the guest agent, else the host's ARP table) -> ssh (pinned host key;
+through the host as a jump unless the host is this machine) -> cloud-init -> nouveau (released
+from the GPU; a reboot where it is in use) -> package-repo (a package_repo on the host, copied in)
+-> cuda (the pinned driver branch and toolkit, unless skipped or already there; with the
+NVSwitches, Fabric Manager of the driver's version too) -> fabric-manager (a guest given the
+NVSwitches: its service started and active) -> install (wheels, no index) -> smoke-test ->
+report (copied to the controller).
 """
 
 from __future__ import annotations
