@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.facts.model import Bar, HostFacts, HugePagePool, MemInfo, NumaNode, PcieLinkStatus, PciFunction
+from gpuhost.facts.model import (
+    Bar,
+    HostFacts,
+    HugePagePool,
+    MemInfo,
+    NumaNode,
+    PcieLinkStatus,
+    PciFunction,
+    VirtualizationSoftware,
+)
 from gpuhost.render.domain import (
     RenderRefused,
     VmCpus,
@@ -109,10 +118,13 @@ def eight_gpu_two_socket_host(free_pages_per_node: int = 448) -> HostFacts:
     on vfio-pci (after `gpuhost apply`). The rest of the host is the recorded lab host (Intel, its
     root complex and console display), with its CPU count, memory and NUMA layout replaced by two
     nodes of 64 logical CPUs (HT siblings numbered n and n+64) and 512 GiB each, 448 of them
-    reserved as 1 GiB huge pages.
+    reserved as 1 GiB huge pages, and its CPU's address width (TCG's 40 bits) by the recorded H100
+    machine's Xeon's (46 bits, as on an HGX H100's Sapphire Rapids).
     """
     base = snapshot_facts("lab-gpu-pair-fresh")
-    (h100,) = (f for f in snapshot_facts("h100-guest").pci if f.vendor_device == "10de:2330")
+    h100_machine = snapshot_facts("h100-guest")
+    (h100,) = (f for f in h100_machine.pci if f.vendor_device == "10de:2330")
+    assert h100_machine.cpu is not None and h100_machine.cpu.physical_address_bits == 46
     assert h100.bars and all(bar.is_64bit for bar in h100.bars)
     gpus = []
     groups = {g: members for g, members in base.iommu.groups.items() if g != 6}
@@ -137,7 +149,9 @@ def eight_gpu_two_socket_host(free_pages_per_node: int = 448) -> HostFacts:
     facts = dataclasses.replace(
         base,
         hostname="hgx-h100",
-        cpu=dataclasses.replace(base.cpu, logical_cpus=128),
+        cpu=dataclasses.replace(
+            base.cpu, logical_cpus=128, physical_address_bits=h100_machine.cpu.physical_address_bits
+        ),
         memory=dataclasses.replace(base.memory, total_kib=1024 * GIB_KIB, available_kib=100 * GIB_KIB),
         numa_nodes=numa,
         pci=(*others, *gpus),
@@ -750,3 +764,42 @@ def test_a_vm_whose_node_the_vms_before_it_leave_short_of_pages_is_refused():
     )
     assert "(train-a) take 300 of them" in str(caught.value)
     assert plan_domain(host, vms[1], HGX_POLICY, host="hgx").hugepages  # alone it fits
+
+
+def test_a_tcg_guest_gets_the_address_width_its_firmwares_window_needs_and_no_more():
+    """QEMU's TCG guests have 40 physical address bits, whose top eighth (OVMF's 64-bit window) is
+    128 GiB: enough for the lab's small BARs (nothing emitted), not for eight H100s' 2 TiB."""
+    small = parse(render_case("lab-gpu-pair"))
+    assert small.find("cpu/maxphysaddr") is None
+    hgx_tcg = {**CASES["hgx-8gpu-all"][2], "domain_type": "qemu", "vcpus": 8, "memory": "64G"}
+    domain = parse(render_domain(eight_gpu_two_socket_host(), parse_vm(hgx_tcg, "t"), HGX_POLICY, host="hgx"))
+    width = domain.find("cpu/maxphysaddr")
+    # 2 TiB = 2^41; its eighth-share needs 2^44.
+    assert width is not None and (width.get("mode"), width.get("bits")) == ("emulate", "44")
+    assert "gets 44 physical address bits" in render_domain(
+        eight_gpu_two_socket_host(), parse_vm(hgx_tcg, "t"), HGX_POLICY, host="hgx"
+    )
+
+
+def test_a_host_cpu_too_narrow_for_the_bars_window_is_refused_naming_the_bits():
+    host = eight_gpu_two_socket_host()
+    assert host.cpu is not None
+    narrow = dataclasses.replace(host, cpu=dataclasses.replace(host.cpu, physical_address_bits=43))
+    with pytest.raises(RenderRefused) as refused:
+        plan_domain(narrow, parse_vm(CASES["hgx-8gpu-all"][2], "t"), HGX_POLICY, host="hgx")
+    (conflict,) = refused.value.conflicts
+    assert conflict.code == "render.bars.address_width"
+    assert "2 TiB 64-bit PCI window" in conflict.message and "43 physical address bits" in conflict.message
+    assert "at least 44 physical address bits" in conflict.remedy
+    # Four of them (1 TiB) fit 43 bits.
+    plan = plan_domain(narrow, parse_vm(CASES["hgx-4gpu-node1"][2], "t"), HGX_POLICY, host="hgx")
+    assert plan.maxphysaddr is not None and plan.maxphysaddr.mode == "passthrough"
+
+
+def test_a_tcg_guest_with_large_bars_on_a_libvirt_without_maxphysaddr_is_refused():
+    old = VirtualizationSoftware(libvirt="8.0.0-1ubuntu7.10", qemu=None, ovmf=None)
+    host = dataclasses.replace(eight_gpu_two_socket_host(), virtualization=old)
+    hgx_tcg = {**CASES["hgx-8gpu-all"][2], "domain_type": "qemu", "vcpus": 8, "memory": "64G"}
+    with pytest.raises(RenderRefused) as refused:
+        plan_domain(host, parse_vm(hgx_tcg, "t"), HGX_POLICY, host="hgx")
+    assert [c.code for c in refused.value.conflicts] == ["render.libvirt.maxphysaddr"]

@@ -17,9 +17,12 @@ host; `render_plan` only fills templates/domain.xml.j2 in. The layout, and why:
   without one it must lift the process's memory lock limit altogether): `lock_limit_kib`.
 - The 64-bit PCI hole is sized from the cards' 64-bit prefetchable BARs (each root port's window
   aligned to its largest BAR), never below QEMU's 32 GiB default; that only widens QEMU's ACPI
-  window. The guest sees the host's physical address width (maxphysaddr passthrough, libvirt 8.7
-  on), from which OVMF sizes its own 64-bit window (edk2-stable202211 on; an older OVMF is given
-  the size through fw_cfg opt/ovmf/X-PciMmio64Mb).
+  window. What places the BARs is the guest's firmware, inside the guest's physical address width:
+  OVMF (edk2-stable202211 on) takes the top eighth of it as its 64-bit window (an older OVMF is
+  given the size through fw_cfg opt/ovmf/X-PciMmio64Mb), SeaBIOS what lies above 64 GiB. A KVM
+  guest sees the host's width (maxphysaddr passthrough, libvirt 8.7 on); a TCG guest has QEMU's
+  40 bits unless told more (maxphysaddr emulate), and is told the fewest bits whose eighth holds
+  the window. A host CPU too narrow for the window is refused.
 - No balloon (VFIO pins all guest memory anyway), no emulated display (serial console only).
 """
 
@@ -29,6 +32,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.datafiles import require_data_dir
@@ -54,6 +58,14 @@ HOLE64_MIN_BYTES = 32 << 30  # QEMU's q35 default pci-hole64-size
 # given (the devices' I/O space and QEMU's own locked allocations).
 VFIO_LOCK_ALLOWANCE_KIB = GIB_KIB
 MAXPHYSADDR_LIBVIRT = (8, 7)  # the first libvirt with <maxphysaddr>
+# The guest's physical address width where nothing sets it: TCG's (and any CPU model but host's).
+QEMU_DEFAULT_PHYS_BITS = 40
+TCG_MAX_PHYS_BITS = 52  # x86-64's architectural limit, QEMU's TARGET_PHYS_ADDR_SPACE_BITS
+# OVMF (edk2-stable202211 on, PlatformDynamicMmioWindow) puts its 64-bit PCI window in the top
+# eighth of the guest's address space: a width of B bits holds a window of 2^(B-3). SeaBIOS takes
+# everything above 64 GiB, which is more for every window of 32 GiB or more (the hole's minimum),
+# so one rule serves both. Measured under TCG (40 bits): OVMF 2022.11 put a 64 GiB BAR at 896 GiB.
+FIRMWARE_WINDOW_SHARE_BITS = 3
 # OVMF sizes its 64-bit PCI aperture from the guest's physical address width from edk2-stable202211
 # on; older builds keep 32 GiB unless fw_cfg opt/ovmf/X-PciMmio64Mb says otherwise.
 OVMF_SIZES_FROM_PHYS_BITS = 202211
@@ -173,7 +185,13 @@ LIBVIRT_MAXPHYSADDR = register(
     "render.libvirt.maxphysaddr",
     Stage.RENDER,
     Severity.ERROR,
-    "the host's libvirt is older than 8.7, which <maxphysaddr> (KVM guests) needs",
+    "the host's libvirt is older than 8.7, which <maxphysaddr> needs (every KVM guest, a TCG guest with large BARs)",
+)
+BARS_ADDRESS_WIDTH = register(
+    "render.bars.address_width",
+    Stage.RENDER,
+    Severity.ERROR,
+    "the guest's physical address width leaves its firmware a 64-bit PCI window smaller than the GPUs' BARs",
 )
 HUGEPAGES_NONE_RESERVED = register(
     "render.hugepages.none_reserved",
@@ -250,6 +268,15 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class GuestAddressWidth:
+    """The guest CPU's physical address width, as <maxphysaddr> says it: the host's (passthrough, KVM)
+    or a number of bits (emulate, TCG)."""
+
+    mode: Literal["passthrough", "emulate"]
+    bits: int | None = None  # emulate only
+
+
+@dataclass(frozen=True)
 class DomainPlan:
     name: str
     host: str
@@ -275,7 +302,7 @@ class DomainPlan:
     vcpu_pins: tuple[tuple[int, int], ...]  # (vcpu, host cpu)
     emulator_cpus: str | None
     hole64_gib: int
-    maxphysaddr: bool  # <maxphysaddr mode='passthrough'/> (KVM's host-passthrough CPU)
+    maxphysaddr: GuestAddressWidth | None  # <maxphysaddr>; None: QEMU's default width holds the BARs
     ovmf_mmio64_mib: int | None  # -fw_cfg opt/ovmf/X-PciMmio64Mb for an OVMF older than 202211; None: not needed
     expanders: tuple[ExpanderBus, ...]
     ports: tuple[RootPort, ...]
@@ -404,9 +431,6 @@ def plan_domain(
     vms = tuple(host_vms or ())
     if spec not in vms:
         vms = (*(vm for vm in vms if vm.name != spec.name), spec)
-    maxphysaddr = spec.domain_type == "kvm" and _maxphysaddr_supported(facts, conflicts, notes)
-    if maxphysaddr and len(cards) > 1:  # peer-to-peer needs two GPUs
-        notes.extend(_iommu_width_note(facts))
     _check_q35_vcpus(facts, spec, conflicts)
     cpus = allocate_cpus(facts, policy, vms, cpus_taken=cpus_taken).of(spec)
     conflicts.extend(cpus.conflicts)
@@ -425,6 +449,13 @@ def plan_domain(
     )
     expanders, ports = _layout(spec, groups, node_of, nodes, nvswitches)
     hole64 = _hole64_bytes(ports)
+    # Known only once the cards are laid out behind their ports (each port's window aligned to its
+    # largest BAR), so refused on its own, after the conflicts above.
+    maxphysaddr = _guest_address_width(facts, spec, hole64, conflicts, notes)
+    if conflicts:
+        raise RenderRefused(spec.name, host, conflicts)
+    if maxphysaddr is not None and maxphysaddr.mode == "passthrough" and len(cards) > 1:  # peer-to-peer: two GPUs
+        notes.extend(_iommu_width_note(facts))
     ovmf_mmio64_mib = _ovmf_mmio64_mib(facts, spec, hole64, notes)
     tcg_tb_cache_mib = TCG_TB_CACHE_MIB if spec.domain_type == "qemu" else None
     return DomainPlan(
@@ -1023,14 +1054,67 @@ def _layout(
     return tuple(expanders), tuple(ports)
 
 
-def _maxphysaddr_supported(facts: HostFacts, conflicts: list[Problem], notes: list[str]) -> bool:
-    """Whether the host's libvirt takes <maxphysaddr> (8.7 on); an older one is refused, naming it:
-    `virsh define` would fail there. Unknown (no package database, libvirt not installed): emitted."""
+def _guest_address_width(
+    facts: HostFacts, spec: VmSpec, hole64: int, conflicts: list[Problem], notes: list[str]
+) -> GuestAddressWidth | None:
+    """What <maxphysaddr> the guest needs for its firmware's 64-bit window to hold `hole64`.
+
+    KVM: the host's width (passthrough), refused where the host CPU's own width is too narrow.
+    TCG: QEMU's 40 bits are left alone where they suffice, else the fewest bits that do (emulate).
+    Either needs libvirt 8.7; an older one is refused, naming it."""
+    needed = max(QEMU_DEFAULT_PHYS_BITS, (hole64 - 1).bit_length() + FIRMWARE_WINDOW_SHARE_BITS)
+    window = f"a {_gib(hole64)} 64-bit PCI window (the BARs of the passed functions)"
+    if spec.domain_type == "kvm":
+        cpu_bits = facts.cpu.physical_address_bits if facts.cpu is not None else None
+        if cpu_bits is not None and cpu_bits < needed:
+            conflicts.append(
+                _conflict(
+                    BARS_ADDRESS_WIDTH,
+                    "BARs",
+                    f"the VM needs {window}, but the host's CPU has {cpu_bits} physical address bits, which leave the "
+                    f"guest's firmware a window of {_gib(1 << (cpu_bits - FIRMWARE_WINDOW_SHARE_BITS))}: the BARs that "
+                    "do not fit are not assigned;",
+                    f"give the VM fewer GPUs (or GPUs with smaller BARs), or run it on a host whose CPU has at least "
+                    f"{needed} physical address bits.",
+                )
+            )
+        width = GuestAddressWidth("passthrough")
+    elif needed <= QEMU_DEFAULT_PHYS_BITS:
+        return None
+    elif needed > TCG_MAX_PHYS_BITS:
+        conflicts.append(
+            _conflict(
+                BARS_ADDRESS_WIDTH,
+                "BARs",
+                f"the VM needs {window}, which would take {needed} physical address bits, more than the "
+                f"{TCG_MAX_PHYS_BITS} QEMU emulates;",
+                "give the VM fewer GPUs (or GPUs with smaller BARs).",
+            )
+        )
+        return None
+    else:
+        notes.append(
+            f"the guest CPU gets {needed} physical address bits (QEMU's default {QEMU_DEFAULT_PHYS_BITS} leave the "
+            f"firmware a {_gib(1 << (QEMU_DEFAULT_PHYS_BITS - FIRMWARE_WINDOW_SHARE_BITS))} window; the VM needs "
+            f"{window})"
+        )
+        width = GuestAddressWidth("emulate", needed)
+    _check_maxphysaddr_libvirt(facts, conflicts, notes)
+    return width
+
+
+def _gib(size: int) -> str:
+    return f"{size >> 30} GiB" if size < 1 << 40 or size % (1 << 40) else f"{size >> 40} TiB"
+
+
+def _check_maxphysaddr_libvirt(facts: HostFacts, conflicts: list[Problem], notes: list[str]) -> None:
+    """<maxphysaddr> is libvirt 8.7's: an older one is refused, naming it (`virsh define` would fail).
+    Unknown (no package database, libvirt not installed): emitted, and said."""
     software = facts.virtualization
     release = software.libvirt_release if software is not None else None
     if release is None:
         notes.append("the libvirt version of the host is unknown: maxphysaddr needs libvirt 8.7 or later")
-        return True
+        return
     if release < MAXPHYSADDR_LIBVIRT:
         assert software is not None
         conflicts.append(
@@ -1038,12 +1122,11 @@ def _maxphysaddr_supported(facts: HostFacts, conflicts: list[Problem], notes: li
                 LIBVIRT_MAXPHYSADDR,
                 "libvirt",
                 f"the host's libvirt is {software.libvirt} (libvirt-daemon), older than 8.7: it does not know "
-                "<maxphysaddr>, through which the guest gets the host's physical address width for the GPUs' BARs, "
-                "so `virsh define` would fail;",
+                "<maxphysaddr>, through which the guest gets the physical address width its firmware needs for "
+                "the GPUs' BARs, so `virsh define` would fail;",
                 "upgrade libvirt to 8.7 or later (Debian 12 ships 9.0, Ubuntu 24.04 10.0) and audit again.",
             )
         )
-    return True
 
 
 def _iommu_width_note(facts: HostFacts) -> list[str]:
