@@ -13,6 +13,7 @@ from typing import Any
 from gpuhost.errors import InputError
 from gpuhost.facts.model import (
     GPU_COMPANION_CLASSES,
+    LONE_GPU_CLASSES,
     VENDOR_NVIDIA,
     HostFacts,
     PciFunction,
@@ -136,12 +137,12 @@ def gpu_cards(facts: HostFacts) -> tuple[GpuCard, ...]:
         by_slot.setdefault(function.slot, []).append(function)
     cards = []
     for function in facts.pci:
-        if not function.is_gpu:
+        slot = by_slot[function.slot]
+        leads = function.is_gpu or (function.base_class in LONE_GPU_CLASSES and not any(other.is_gpu for other in slot))
+        if not leads:
             continue
         companions = tuple(
-            other
-            for other in by_slot[function.slot]
-            if other.address != function.address and other.base_class in GPU_COMPANION_CLASSES
+            other for other in slot if other.address != function.address and other.base_class in GPU_COMPANION_CLASSES
         )
         cards.append(GpuCard(gpu=function, companions=companions))
     return tuple(cards)

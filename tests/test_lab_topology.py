@@ -156,3 +156,16 @@ def test_parse_memory(text: str, mib: int) -> None:
 def test_parse_memory_refuses_nonsense() -> None:
     with pytest.raises(ValueError, match="4G"):
         parse_memory("lots")
+
+
+def test_numa_gpus_puts_a_second_card_with_a_1_tib_bar_on_node_1_and_widens_the_cpu() -> None:
+    argv = qemu_argv(spec("numa-gpus", cpus=4, memory_mib=6144))
+    assert option(argv, "-cpu") == "max,vendor=GenuineIntel,phys-bits=42"
+    assert devices(argv)[6:9] == [
+        "pcie-root-port,id=gpu2port,chassis=2,bus=node1bus,addr=0x1",
+        "virtio-gpu-pci,id=gpu2,bus=gpu2port,addr=0x0.0,multifunction=on",
+        "pci-testdev,id=gpu2bar,bus=gpu2port,addr=0x0.1,membar=1T",
+    ]
+    assert TOPOLOGIES["numa-gpus"].gpus == ("1234:1111", "1af4:1050")
+    # The other topologies keep QEMU's default address width.
+    assert option(qemu_argv(spec("numa-pair", cpus=2, memory_mib=4096)), "-cpu") == "max,vendor=GenuineIntel"

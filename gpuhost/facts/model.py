@@ -35,6 +35,10 @@ FABRIC_MANAGER_PACKAGE_PREFIXES = ("nvidia-fabricmanager", "libnvidia-nscq", "nv
 VFIO_INITRAMFS_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 
 GPU_CLASSES = frozenset({CLASS_VGA, CLASS_3D})
+# A display controller (0380) leads a card of its own where its slot has no VGA or 3D function:
+# AMD Instinct MI100/MI200 and Intel's Data Center GPU Max report that class. Beside a VGA or 3D
+# function it is that card's secondary display, a companion.
+LONE_GPU_CLASSES = frozenset({CLASS_DISPLAY_OTHER})
 BRIDGE_CLASSES = frozenset({CLASS_HOST_BRIDGE, CLASS_PCI_BRIDGE})
 # Functions a graphics card carries beside its display function.
 GPU_COMPANION_CLASSES = frozenset({CLASS_AUDIO_HDA, CLASS_USB, CLASS_SERIAL_BUS_OTHER, CLASS_DISPLAY_OTHER})

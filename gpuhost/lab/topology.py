@@ -6,6 +6,13 @@ stand-in GPU boot_vga=0, as on a real GPU server. The stand-in GPU is QEMU's std
 class 0300) as function 0 with an ICH9 HDA audio function (8086:293e, class 0403) as function 1
 of the same device, like a GPU and its HDMI audio.
 
+The numa-gpus topology adds a second stand-in card whose extra function has a 1 TiB 64-bit
+prefetchable BAR (QEMU's pci-testdev, membar=): the BAR1 of a large GPU, or the sum of eight.
+Its display function is a virtio-gpu (class 0380, 1af4:1050), not a std VGA: a VGA's framebuffer
+is a 32-bit prefetchable BAR, and a root port has one prefetchable window, which must then stay
+below 4 GiB. SeaBIOS cannot fit the large BAR there and stops before the kernel (measured: a hang).
+Real GPUs have no 32-bit prefetchable BAR.
+
 Under OVMF the BMC display is on the root bus, found before the stand-in GPU behind its root port,
 so the firmware's console (and so efifb/simpledrm in the kernel) is the BMC's, as on a server
 whose GPU is not the boot display.
@@ -21,6 +28,9 @@ from gpuhost.lab.boot import BIOS_GRUB, BootMode
 
 GPU_ID = "1234:1111"  # QEMU std VGA: the stand-in GPU
 GPU_AUDIO_ID = "8086:293e"  # ICH9 HDA: the stand-in GPU's audio function
+LARGE_BAR_GPU_ID = "1af4:1050"  # virtio-gpu: the display function of the large-BAR card
+LARGE_BAR_FUNCTION_ID = "1b36:0005"  # pci-testdev: its 1 TiB BAR
+LARGE_BAR = "1T"
 INTRUDER_NIC_ID = "8086:100e"  # e1000 sharing the stand-in GPU's group in shared-group
 BMC_DISPLAY_ID = "1013:00b8"  # cirrus-vga: the host's own console
 
@@ -59,6 +69,9 @@ class Topology:
     # NUMA nodes: with more than one, each node gets an equal share of the vCPUs and of the memory
     # (QEMU's -numa), and `devices` may put a pxb-pcie on a node (its numa_node property).
     numa_nodes: int = 1
+    # The host CPU's physical address bits (QEMU's phys-bits); None: QEMU's TCG default, 40, whose
+    # 1 TiB address space cannot hold a 1 TiB BAR above the host's memory.
+    phys_bits: int | None = None
 
 
 TOPOLOGIES: dict[str, Topology] = {
@@ -112,6 +125,30 @@ TOPOLOGIES: dict[str, Topology] = {
             gpu_functions=(f"0000:{EXPANDER_BUS + 1:02x}:00.0", f"0000:{EXPANDER_BUS + 1:02x}:00.1"),
             intruders=(),
             numa_nodes=2,
+        ),
+        Topology(
+            name="numa-gpus",
+            summary="two NUMA nodes; on node 1's pcie-expander-bus the gpu-pair and a large-BAR card (a virtio-gpu "
+            f"display with a PCI test function whose 64-bit prefetchable BAR is {LARGE_BAR}iB), each behind its "
+            "own root port; a CPU with 42 address bits: two VMs on one node, and a large BAR for a nested guest",
+            iommu=True,
+            devices=(
+                f"pxb-pcie,id=node1bus,bus_nr={EXPANDER_BUS:#x},numa_node=1,bus=pcie.0,addr={SLOT_EXPANDER:#x}",
+                *_gpu_behind_root_port(1, 0x0, bus="node1bus"),
+                "pcie-root-port,id=gpu2port,chassis=2,bus=node1bus,addr=0x1",
+                "virtio-gpu-pci,id=gpu2,bus=gpu2port,addr=0x0.0,multifunction=on",
+                f"pci-testdev,id=gpu2bar,bus=gpu2port,addr=0x0.1,membar={LARGE_BAR}",
+            ),
+            gpus=(GPU_ID, LARGE_BAR_GPU_ID),
+            gpu_functions=(
+                f"0000:{EXPANDER_BUS + 1:02x}:00.0",
+                f"0000:{EXPANDER_BUS + 1:02x}:00.1",
+                f"0000:{EXPANDER_BUS + 2:02x}:00.0",
+                f"0000:{EXPANDER_BUS + 2:02x}:00.1",
+            ),
+            intruders=(),
+            numa_nodes=2,
+            phys_bits=42,
         ),
         Topology(
             name="no-iommu",
@@ -198,7 +235,7 @@ def qemu_argv(spec: LabVmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         # -cpu max offers pdpe1gb, so the host can reserve 1 GiB huge pages. Under TCG it says
         # AuthenticAMD; an Intel IOMMU belongs with an Intel CPU (intel_iommu=, not amd_iommu=).
         "-cpu",
-        "max,vendor=GenuineIntel",
+        "max,vendor=GenuineIntel" + (f",phys-bits={topology.phys_bits}" if topology.phys_bits else ""),
         "-smp",
         str(spec.cpus),
         "-m",
