@@ -118,10 +118,15 @@ class DriverRemoval:
     files: tuple[str, ...]  # configuration files to delete
     pin: bool  # write the apt pin that keeps the driver out
     note: str  # what is done and why, or why nothing is
+    # The NVIDIA modules DKMS built for the running kernel (/lib/modules/<kver>/updates/dkms), as found.
+    dkms_modules: tuple[str, ...] = ()
+    # After the purge and the uninstaller: `dkms remove --all` for every NVIDIA module DKMS still has
+    # (every kernel), then no nvidia*.ko may be left in any /lib/modules/*/updates/dkms.
+    dkms_cleanup: bool = False
 
     @property
     def needed(self) -> bool:
-        return bool(self.packages or self.runfile or self.files)
+        return bool(self.packages or self.runfile or self.files or self.dkms_modules)
 
 
 @dataclass(frozen=True)

@@ -743,7 +743,8 @@ def _driver_removal(facts: HostFacts, settings: PlanSettings, selection: GpuSele
     if nvidia.installed:
         files.insert(0, "/etc/X11/xorg.conf")
     kept_nvidia = [card.gpu.address for card in selection.kept if card.gpu.vendor == VENDOR_NVIDIA]
-    if not (packages or nvidia.runfile_installed or files):
+    dkms_modules = _nvidia_dkms_modules(facts)
+    if not (packages or nvidia.runfile_installed or files or dkms_modules):
         note = "no host NVIDIA driver is installed: nothing to remove"
     else:
         parts = []
@@ -754,13 +755,57 @@ def _driver_removal(facts: HostFacts, settings: PlanSettings, selection: GpuSele
         if files:
             parts.append(f"delete {', '.join(files)}")
         note = "; ".join(parts)
+    # DKMS builds NVIDIA's kernel modules for every installed kernel; the purge (the package's prerm)
+    # or nvidia-uninstall runs `dkms remove`, and apply removes whatever DKMS still has after them.
+    dkms_cleanup = bool(dkms_modules) or any("dkms" in name for name in packages) or nvidia.runfile_installed
+    if dkms_modules or any("dkms" in name for name in packages):
+        note += "; " + _dkms_note(facts, dkms_modules)
     if kept_nvidia:
         note += f" (note: the host keeps NVIDIA GPU(s) {', '.join(kept_nvidia)}, which lose their driver)"
     if fabric and not keep_fabric:
         note += f"; {', '.join(sorted(fabric))} go(es) too: the NVSwitches go to the guest, which runs its own"
     elif keep_fabric:
         note += f"; {', '.join(sorted(fabric))} kept: the host's NVSwitches need it"
-    return DriverRemoval(packages, nvidia.runfile_installed, tuple(files), True, note)
+    return DriverRemoval(
+        packages,
+        nvidia.runfile_installed,
+        tuple(files),
+        True,
+        note,
+        dkms_modules=dkms_modules,
+        dkms_cleanup=dkms_cleanup,
+    )
+
+
+def _nvidia_dkms_modules(facts: HostFacts) -> tuple[str, ...]:
+    """The NVIDIA modules DKMS installed for the running kernel (its updates/dkms directory)."""
+    return tuple(
+        m.path
+        for m in facts.firmware.out_of_tree_modules or ()
+        if "/updates/dkms/" in m.path and m.name.startswith("nvidia")
+    )
+
+
+def _dkms_note(facts: HostFacts, modules: tuple[str, ...]) -> str:
+    """What apply does with the DKMS-built NVIDIA modules, and with the MOK key that signed them."""
+    found = facts.firmware.out_of_tree_modules or ()
+    names = ", ".join(m.rsplit("/", 1)[-1] for m in modules) or "the NVIDIA modules"
+    text = (
+        f"DKMS: {names} are removed for every installed kernel (`dkms remove --all` for each NVIDIA module DKMS "
+        "has, after the purge), and apply checks that no nvidia*.ko is left in /lib/modules/*/updates/dkms"
+    )
+    signers = sorted({m.signer for m in found if m.path in modules and m.signer})
+    if signers:
+        text += (
+            f"; they are signed with {', '.join(repr(s) for s in signers)} (the MOK key DKMS signs with, "
+            "/var/lib/dkms/mok.pub), which stays enrolled: removing a MOK takes `mokutil --delete` and a person at "
+            "the console who confirms it in shim's MokManager at the next boot, which an unattended rollout cannot "
+            "do; the key may sign other DKMS modules of the host, and with no module signed by it, it loads nothing. "
+            "Delete it by hand if nothing needs it"
+        )
+    elif facts.firmware.secure_boot is True and modules:
+        text += "; Secure Boot: they are unsigned (the kernel already refuses them), so no MOK key is involved"
+    return text
 
 
 def _kernel_cmdline_writer(facts: HostFacts) -> KernelCmdlineWriter | None:

@@ -113,3 +113,26 @@ def apply(lab: Lab, inventory: Path, label: str, *extra: str) -> tuple[int, dict
     seconds = time.monotonic() - started
     timing(f"{label}: apply {' '.join(extra)} in {seconds:.0f} s")
     return code, json.loads(report.read_text()), seconds
+
+
+# The fault the panic tests inject (TRIAL_TESTING_OPTIONS_ENV): an rdinit= that names no file in
+# the initramfs, so the trial kernel mounts no root and panics for real; panic=N reboots it.
+PANIC_TRIAL_OPTION = "rdinit=/gpuhost-fault-injection"
+
+
+def console_since(serial_log: Path, offset: int) -> str:
+    """What a lab host wrote to its serial console (console=ttyS0) after `offset` bytes."""
+    with serial_log.open("rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
+
+
+def panicked_and_rebooted(console: str, marker: str) -> str:
+    """The part of `console` from the trial kernel's command line (it carries `marker`) to its panic
+    reboot; asserts the kernel booted with the marker, panicked and announced the reboot."""
+    start = next((i for i, line in enumerate(console.splitlines()) if "Command line:" in line and marker in line), None)
+    assert start is not None, "no trial kernel booted:\n" + console[-3000:]
+    trial = "\n".join(console.splitlines()[start:])
+    assert "Kernel panic - not syncing" in trial, trial[-3000:]
+    assert "Rebooting in 10 seconds" in trial, trial[-3000:]
+    return trial[: trial.index("Rebooting in 10 seconds")]

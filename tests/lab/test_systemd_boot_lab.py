@@ -1,11 +1,15 @@
 """A lab host booted by OVMF and systemd-boot, its kernel command line in /etc/kernel/cmdline.
 
 One host, in order: systemd-boot (not the firmware's menu) started the kernel from kernel-install's
-loader entry on the ESP, and the audit names the loader and its file; gpuhost apply boots the
-one-shot trial entry, verifies it and commits (the default entry carries the options, the trial
-entry and the one-shot variable are gone, the audit says READY); gpuhost rollback brings the old
-command line back. What the BIOS fault suite proves of apply (faults, reverts, idempotence) is not
-repeated: this is the systemd-boot path of the same engine. Building the image (once) needs root.
+loader entry on the ESP, and the audit names the loader and its file (and the BMC display, not the
+stand-in GPU, as the boot VGA); the one-shot trial entry's kernel panics for real (the testing-only
+rdinit= option): systemd-boot has cleared LoaderEntryOneShot as it booted it, panic=10 reboots into
+the default entry, the report says "trial reverted", the trial entry is gone from the ESP and
+/etc/kernel/cmdline is unchanged; gpuhost apply boots the one-shot trial entry, verifies it and
+commits (the default entry carries the options, the trial entry and the one-shot variable are gone,
+the audit says READY); gpuhost rollback brings the old command line back. What the BIOS fault
+suite proves of apply (faults, reverts, idempotence) is not repeated: this is the systemd-boot
+path of the same engine. Building the image (once) needs root.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from gpuhost.lab import fleet
 from gpuhost.lab.boot import boot_mode
 from gpuhost.lab.paths import LabPaths
 from gpuhost.plan.model import TRIAL_MARKER
+from gpuhost.plan.settings import TRIAL_TESTING_OPTIONS_ENV
 from tests.lab.conftest import _timing, uefi_lab_host
+from tests.lab.rollout_lab import PANIC_TRIAL_OPTION, console_since, panicked_and_rebooted
 
 # An uncached image build and an OVMF boot under TCG pass the suite-wide 900 s.
 # With the fault suite: a rollout (trial, commit, rollback) on another boot loader, and the two
@@ -63,11 +69,44 @@ def test_systemd_boot_started_the_kernel_from_kernel_installs_entry(
     assert firmware["mode"] == "uefi" and firmware["secure_boot"] is False, firmware
     assert firmware["loader"] == "systemd-boot" and firmware["esp"] == "/boot/efi", firmware
     assert firmware["cmdline_source"] == "/etc/kernel/cmdline", firmware
+    # OVMF's console and efifb are the BMC's display here, as under BIOS: the stand-in GPU is not boot VGA.
+    boot_vga = {gpu["vendor_device"]: gpu["boot_vga"] for gpu in report["gpus"]}  # type: ignore[attr-defined]
+    assert boot_vga == {"1234:1111": False, "1013:00b8": True}, boot_vga
 
 
 ONESHOT_VARIABLE = "/sys/firmware/efi/efivars/LoaderEntryOneShot-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
 ENTRIES = "/boot/efi/loader/entries"
 OPTIONS = ("vfio-pci.ids=1234:1111,8086:293e", "modprobe.blacklist=nouveau,nvidia,nvidiafb", "iommu=pt")
+
+
+def test_panicking_trial_entry_comes_back_on_the_default_entry_by_itself(
+    systemd_boot_lab: LabPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trial entry's kernel panics; systemd-boot cleared the one-shot when it booted it, so
+    panic=10's reboot lands on the unchanged default entry."""
+    kernel_cmdline = _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline")
+    old_running = _on_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
+    kernel = _on_host(systemd_boot_lab, "uname", "-r").strip()
+    default_entry = _on_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf")
+    serial_log = Path(fleet.find_host(systemd_boot_lab, "lab-1").serial_log)
+    offset = serial_log.stat().st_size
+    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, PANIC_TRIAL_OPTION)
+    report_path = systemd_boot_lab.root / "panic-report.json"
+    started = time.monotonic()
+    code = main(["apply", "-i", str(systemd_boot_lab.inventory), "--yes", "--report", str(report_path)])
+    _timing(f"systemd-boot panic fallback (apply, two boots) in {time.monotonic() - started:.0f} s")
+    entry = json.loads(report_path.read_text())["hosts"]["lab-1"]
+    assert code != 0 and entry["status"] == "trial reverted", entry
+    assert "came back without the trial entry" in entry["message"], entry
+    trial = panicked_and_rebooted(console_since(serial_log, offset), TRIAL_MARKER)
+    assert PANIC_TRIAL_OPTION in trial.splitlines()[0], trial[:3000]
+    assert _on_host(systemd_boot_lab, "cat", "/proc/cmdline").split() == old_running
+    # systemd-boot removed the one-shot variable when it booted the trial entry.
+    assert _on_host(systemd_boot_lab, "sh", "-c", f"test -e {ONESHOT_VARIABLE} || echo gone").strip() == "gone"
+    assert _on_host(systemd_boot_lab, "ls", ENTRIES).split() == [f"debian-{kernel}.conf"]  # no trial entry
+    assert _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline") == kernel_cmdline
+    # The default entry is as it was (whatever update-initramfs's hooks wrote, from the same cmdline).
+    assert _on_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf") == default_entry
 
 
 def test_apply_boots_the_one_shot_trial_entry_verifies_and_commits(
