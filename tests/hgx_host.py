@@ -29,9 +29,12 @@ def _node(address: str) -> int:
 
 def hgx_h100_host(gpu_driver: str | None = "vfio-pci", nvswitch_driver: str | None = "vfio-pci") -> HostFacts:
     """The published HGX H100: 8 GPUs (the recorded H100's BARs and link), 4 NVSwitches, each NVIDIA
-    function in its own IOMMU group, two NUMA nodes of 1 TiB with 900 free 1 GiB pages each."""
+    function in its own IOMMU group, two NUMA nodes of 1 TiB with 900 free 1 GiB pages each; the CPU's
+    address width is the recorded H100 machine's Xeon's (46 bits), not the lab's TCG 40."""
     base = snapshot_facts("lab-gpu-pair-fresh")
-    (h100,) = (f for f in snapshot_facts("h100-guest").pci if f.vendor_device == "10de:2330")
+    h100_machine = snapshot_facts("h100-guest")
+    (h100,) = (f for f in h100_machine.pci if f.vendor_device == "10de:2330")
+    assert h100_machine.cpu is not None
     functions: list[PciFunction] = []
     groups = {g: members for g, members in base.iommu.groups.items() if g != 6}  # the lab's stand-in GPU
     nvidia = [entry for entry in parse_lspci_nn(HGX_LSPCI.read_text()) if entry.vendor == VENDOR_NVIDIA]
@@ -70,7 +73,9 @@ def hgx_h100_host(gpu_driver: str | None = "vfio-pci", nvswitch_driver: str | No
     return dataclasses.replace(
         base,
         hostname="hgx-h100",
-        cpu=dataclasses.replace(base.cpu, logical_cpus=224),
+        cpu=dataclasses.replace(
+            base.cpu, logical_cpus=224, physical_address_bits=h100_machine.cpu.physical_address_bits
+        ),
         memory=dataclasses.replace(base.memory, total_kib=2048 * GIB_KIB, available_kib=200 * GIB_KIB),
         numa_nodes=numa,
         hugepage_pools=(HugePagePool(2048, 0, 0), HugePagePool(GIB_KIB, 1800, 1800)),

@@ -27,6 +27,7 @@ from gpuhost.facts.model import (
     VirtualizationSoftware,
 )
 from gpuhost.render.domain import (
+    GuestAddressWidth,
     RenderRefused,
     VmCpus,
     allocate_cpus,
@@ -37,7 +38,7 @@ from gpuhost.render.domain import (
 )
 from gpuhost.render.spec import HostPolicy, parse_vm, parse_vms
 from gpuhost.render.validate import validate_domain_xml, validator_available
-from gpuhost.selection import GpuSelector
+from gpuhost.selection import GpuSelector, gpu_cards
 from tests.helpers import FIXTURES, snapshot_facts
 
 GOLDEN = FIXTURES / "render"
@@ -803,3 +804,48 @@ def test_a_tcg_guest_with_large_bars_on_a_libvirt_without_maxphysaddr_is_refused
     with pytest.raises(RenderRefused) as refused:
         plan_domain(host, parse_vm(hgx_tcg, "t"), HGX_POLICY, host="hgx")
     assert [c.code for c in refused.value.conflicts] == ["render.libvirt.maxphysaddr"]
+
+
+# The lab's numa-gpus host as captured (tests/fixtures/snapshots/lab-numa-gpus-vfio): both cards on
+# node 1 (CPUs 2-3) and on vfio-pci; the large-BAR card's test function (1b36:0005, class 00ff,
+# a 1 TiB BAR) shares its slot and group, accepted into the guest by the operator.
+NUMA_GPUS_POLICY = HostPolicy(
+    gpus=GpuSelector.parse(["1234:1111", "1af4:1050"], "test"),
+    allow_shared_group=("0000:82:00.0",),
+    reserved_cpus="0",
+)
+NUMA_GPUS_VMS = tuple(
+    parse_vm({**NESTED, "name": name, "memory": "512M", "gpus": [gpu], "firmware": "bios"}, "test")
+    for name, gpu in (("pair", "0000:81:00.0"), ("wide", "0000:82:00.0"))
+)
+
+
+def test_a_lone_display_controller_leads_its_card_and_beside_a_vga_it_is_a_companion():
+    facts = snapshot_facts("lab-numa-gpus-vfio")
+    cards = {card.gpu.address: [f.address for f in card.companions] for card in gpu_cards(facts)}
+    # The virtio-gpu (0380) leads its card; the unclassified test function is no companion.
+    assert cards == {"0000:00:02.0": [], "0000:81:00.0": ["0000:81:00.1"], "0000:82:00.0": []}
+    pair = snapshot_facts("lab-gpu-pair-fresh")
+    secondary = tuple(
+        dataclasses.replace(f, class_code=0x038000) if f.address == "0000:01:00.1" else f for f in pair.pci
+    )
+    cards = {
+        c.gpu.address: [f.address for f in c.companions] for c in gpu_cards(dataclasses.replace(pair, pci=secondary))
+    }
+    assert cards["0000:01:00.0"] == ["0000:01:00.1"] and "0000:01:00.1" not in cards
+
+
+def test_two_vms_of_the_captured_numa_gpus_host_get_disjoint_cpus_and_the_wide_one_44_bits():
+    facts = snapshot_facts("lab-numa-gpus-vfio")
+    plans = {
+        vm.name: plan_domain(facts, vm, NUMA_GPUS_POLICY, host="lab-1", host_vms=NUMA_GPUS_VMS) for vm in NUMA_GPUS_VMS
+    }
+    assert {name: plan.vcpu_pins for name, plan in plans.items()} == {"pair": ((0, 2),), "wide": ((0, 3),)}
+    assert {plan.host_nodes for plan in plans.values()} == {(1,)}
+    assert plans["pair"].maxphysaddr is None and plans["pair"].hole64_gib == 32
+    # 1 TiB + the display's 16 KiB behind one port, aligned to 1 TiB: a 2 TiB hole, 2^44 for its eighth.
+    assert plans["wide"].maxphysaddr == GuestAddressWidth("emulate", 44) and plans["wide"].hole64_gib == 2048
+    assert [f.host.address for port in plans["wide"].gpu_ports for f in port.functions] == [
+        "0000:82:00.0",
+        "0000:82:00.1",
+    ]

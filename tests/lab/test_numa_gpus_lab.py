@@ -111,7 +111,7 @@ def test_audit_reads_both_nodes_both_cards_on_node_1_and_the_1_tib_bar(host: Lab
     assert large.is_64bit and large.is_prefetchable, large
     numa = sorted(f.message for f in audit.findings if f.code == "gpu.numa")
     assert len(numa) == 2 and all(m.endswith("is on NUMA node 1 (CPUs 2-3)") for m in numa), numa
-    assert [m.split()[0] for m in numa] == [PAIR_GPU, WIDE_GPU], numa
+    assert [m.split()[1] for m in numa] == [PAIR_GPU, WIDE_GPU], numa  # after "lab-1:"
 
 
 def test_two_vms_render_with_disjoint_pins_on_node_1_and_the_large_bar_vm_gets_the_width_it_needs(
