@@ -55,10 +55,23 @@ from gpuhost.lab import fleet
 from gpuhost.lab.image import Image
 from gpuhost.lab.recipe import KERNEL_CMDLINE
 from gpuhost.lab.state import is_our_process, load_state, process_start_ticks, save_state
+from gpuhost.plan.model import TRIAL_MARKER
 from gpuhost.plan.settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTING_OPTIONS_ENV
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
-from .rollout_lab import GPU_FUNCTIONS, OPTIONS, Host, HostLayout, Lab, apply, booted_lab, timing
+from .rollout_lab import (
+    GPU_FUNCTIONS,
+    OPTIONS,
+    PANIC_TRIAL_OPTION,
+    Host,
+    HostLayout,
+    Lab,
+    apply,
+    booted_lab,
+    console_since,
+    panicked_and_rebooted,
+    timing,
+)
 
 # Each fault test boots or waits out reboots under TCG: more than the suite-wide 900 s on a busy machine.
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-faults")]
@@ -194,16 +207,12 @@ def test_fault2_panicking_trial_kernel_comes_back_on_the_old_command_line_by_its
     host_a = lab.hosts[A]
     serial_log = Path(host_a.record.serial_log)
     log_before = serial_log.stat().st_size
-    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, "rdinit=/gpuhost-fault-injection")
+    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, PANIC_TRIAL_OPTION)
     code, report, _ = apply(lab, lab.inventory("fault2-panic"), "fault2-panic")
     entry = report["hosts"][A]
     assert code != 0 and entry["status"] == "trial reverted", entry
     assert "came back without the trial entry" in entry["message"], entry
-    with serial_log.open("rb") as log:
-        log.seek(log_before)
-        console = log.read().decode(errors="replace")
-    assert "Kernel panic - not syncing" in console, console[-3000:]
-    assert "Rebooting in 10 seconds" in console, console[-3000:]
+    panicked_and_rebooted(console_since(serial_log, log_before), TRIAL_MARKER)
     assert host_a.cmdline() == original[A]["cmdline"]
     state = host_a.sh("ls /etc/default/gpuhost-trial.cfg 2>&1; grep -c gpuhost-trial /boot/grub/grub.cfg || true")
     assert "No such file" in state and state.strip().endswith("0"), state
