@@ -17,9 +17,10 @@ host; `render_plan` only fills templates/domain.xml.j2 in. The layout, and why:
   without one it must lift the process's memory lock limit altogether): `lock_limit_kib`.
 - The 64-bit PCI hole is sized from the cards' 64-bit prefetchable BARs (each root port's window
   aligned to its largest BAR), never below QEMU's 32 GiB default; that only widens QEMU's ACPI
-  window. What places the BARs is the guest's firmware, inside the guest's physical address width:
-  OVMF (edk2-stable202211 on) takes the top eighth of it as its 64-bit window (an older OVMF is
-  given the size through fw_cfg opt/ovmf/X-PciMmio64Mb), SeaBIOS what lies above 64 GiB. A KVM
+  window, within which the guest kernel keeps BARs. What places them is the guest's firmware, inside
+  the guest's physical address width: OVMF (edk2-stable202211 on) takes the top eighth of it as its
+  64-bit window (an older OVMF is given the size through fw_cfg opt/ovmf/X-PciMmio64Mb), SeaBIOS
+  places them above the guest's memory without looking at the width. A KVM
   guest sees the host's width (maxphysaddr passthrough, libvirt 8.7 on); a TCG guest has QEMU's
   40 bits unless told more (maxphysaddr emulate), and is told the fewest bits whose eighth holds
   the window. A host CPU too narrow for the window is refused.
@@ -62,9 +63,10 @@ MAXPHYSADDR_LIBVIRT = (8, 7)  # the first libvirt with <maxphysaddr>
 QEMU_DEFAULT_PHYS_BITS = 40
 TCG_MAX_PHYS_BITS = 52  # x86-64's architectural limit, QEMU's TARGET_PHYS_ADDR_SPACE_BITS
 # OVMF (edk2-stable202211 on, PlatformDynamicMmioWindow) puts its 64-bit PCI window in the top
-# eighth of the guest's address space: a width of B bits holds a window of 2^(B-3). SeaBIOS takes
-# everything above 64 GiB, which is more for every window of 32 GiB or more (the hole's minimum),
-# so one rule serves both. Measured under TCG (40 bits): OVMF 2022.11 put a 64 GiB BAR at 896 GiB.
+# eighth of the guest's address space: a width of B bits holds a window of 2^(B-3). SeaBIOS places
+# BARs above the guest's memory whatever the width, and QEMU refuses a hole past the width, so the
+# OVMF rule also bounds a SeaBIOS guest's hole. Measured under TCG (40 bits): OVMF 2022.11 put a
+# 64 GiB BAR at 896 GiB; SeaBIOS 1.16 put a 1 TiB BAR at 1 TiB, which the guest kernel dropped.
 FIRMWARE_WINDOW_SHARE_BITS = 3
 # OVMF sizes its 64-bit PCI aperture from the guest's physical address width from edk2-stable202211
 # on; older builds keep 32 GiB unless fw_cfg opt/ovmf/X-PciMmio64Mb says otherwise.
