@@ -849,3 +849,20 @@ def test_two_vms_of_the_captured_numa_gpus_host_get_disjoint_cpus_and_the_wide_o
         "0000:82:00.0",
         "0000:82:00.1",
     ]
+
+
+def test_a_tcg_window_past_what_qemu_emulates_is_refused():
+    """Eight GPUs whose three BARs are 256 TiB each: an 8192 TiB hole would take 56 bits, past x86-64's 52."""
+    host = eight_gpu_two_socket_host()
+    huge = tuple(
+        dataclasses.replace(f, bars=tuple(dataclasses.replace(b, end=b.start + (256 << 40) - 1) for b in f.bars))
+        if f.vendor_device == "10de:2330"
+        else f
+        for f in host.pci
+    )
+    hgx_tcg = {**CASES["hgx-8gpu-all"][2], "domain_type": "qemu", "vcpus": 8, "memory": "64G"}
+    with pytest.raises(RenderRefused) as refused:
+        plan_domain(dataclasses.replace(host, pci=huge), parse_vm(hgx_tcg, "t"), HGX_POLICY, host="hgx")
+    (conflict,) = refused.value.conflicts
+    assert conflict.code == "render.bars.address_width"
+    assert "would take 56 physical address bits, more than the 52 QEMU emulates" in conflict.message
