@@ -757,8 +757,9 @@ def _driver_removal(facts: HostFacts, settings: PlanSettings, selection: GpuSele
         note = "; ".join(parts)
     # DKMS builds NVIDIA's kernel modules for every installed kernel; the purge (the package's prerm)
     # or nvidia-uninstall runs `dkms remove`, and apply removes whatever DKMS still has after them.
-    dkms_cleanup = bool(dkms_modules) or any("dkms" in name for name in packages) or nvidia.runfile_installed
-    if dkms_modules or any("dkms" in name for name in packages):
+    dkms_packaged = any("dkms" in name for name in packages)
+    dkms_cleanup = bool(dkms_modules) or dkms_packaged or nvidia.runfile_installed
+    if dkms_modules or dkms_packaged:
         note += "; " + _dkms_note(facts, dkms_modules)
     if kept_nvidia:
         note += f" (note: the host keeps NVIDIA GPU(s) {', '.join(kept_nvidia)}, which lose their driver)"
