@@ -215,6 +215,15 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
             "proxmox_boot_tool": facts.firmware.proxmox_boot_tool,
         },
         "hugepages_1g": (pool.total if (pool := facts.hugepage_pool(GIB_KIB)) else None),
+        "numa_nodes": [
+            {
+                "node": node.node_id,
+                "cpus": node.cpulist,
+                "memory_kib": node.mem_total_kib,
+                "hugepages_1g": (pool.total if (pool := node.pool(GIB_KIB)) else None),
+            }
+            for node in facts.numa_nodes
+        ],
     }
     for passthrough, cards in ((True, audit.selection.passthrough), (False, audit.selection.kept)):
         for card in cards:
@@ -230,7 +239,23 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
                     "iommu_group": gpu.iommu_group,
                     "group_members": [member.address for member in group_members(facts, gpu)],
                     "functions": [
-                        {"address": f.address, "vendor_device": f.vendor_device, "driver": f.driver} for f in bound
+                        {
+                            "address": f.address,
+                            "vendor_device": f.vendor_device,
+                            "driver": f.driver,
+                            # Memory BARs only: their sizes are what the guest's address space must hold.
+                            "bars": [
+                                {
+                                    "index": bar.index,
+                                    "size": bar.size,
+                                    "is_64bit": bar.is_64bit,
+                                    "prefetchable": bar.is_prefetchable,
+                                }
+                                for bar in f.bars
+                                if bar.is_memory and bar.size
+                            ],
+                        }
+                        for f in bound
                     ],
                     "link": {
                         "current_gen": gpu.link.current_generation,

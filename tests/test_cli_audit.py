@@ -123,3 +123,26 @@ def test_unpacking_a_hostile_capture_is_refused(tmp_path):
     assert (tmp_path / "b/proc/version").read_text() == "Linux"
     with pytest.raises(GatherFormatError):
         unpack_gathered(b"not a tar archive", tmp_path / "c")
+
+
+def test_json_gives_the_numa_nodes_and_each_functions_memory_bars(capsys):
+    """Real capture of the numa-gpus lab host: two nodes, and the second card's 1 TiB BAR."""
+    _, (host,) = audit_json(capsys, "--from-snapshot", str(SNAPSHOTS / "lab-numa-gpus-vfio"))
+    nodes = host["system"]["numa_nodes"]
+    assert [(n["node"], n["cpus"], n["hugepages_1g"]) for n in nodes] == [(0, "0-1", 0), (1, "2-3", 0)]
+    assert all(n["memory_kib"] > 2 << 20 for n in nodes)
+    functions = {f["address"]: f for gpu in host["gpus"] for f in gpu["functions"]}
+    # pci-testdev's BAR 1 is I/O ports (0xc000-0xc0ff in the capture): not listed.
+    assert functions["0000:82:00.1"]["bars"] == [
+        {"index": 0, "size": 4096, "is_64bit": False, "prefetchable": False},
+        {"index": 2, "size": 1 << 40, "is_64bit": True, "prefetchable": True},
+    ]
+    assert [(bar["index"], bar["size"]) for bar in functions["0000:81:00.0"]["bars"]] == [(0, 16 << 20), (2, 4096)]
+
+
+def test_json_bars_of_the_h100_guest(capsys):
+    _, (host,) = audit_json(capsys, "--from-snapshot", H100)
+    (gpu,) = host["gpus"]
+    (function,) = gpu["functions"]
+    assert [(bar["index"], bar["size"]) for bar in function["bars"]] == [(0, 16 << 20), (2, 128 << 30), (4, 32 << 20)]
+    assert host["system"]["numa_nodes"] == []

@@ -61,6 +61,10 @@ class Bar:
         return self.end - self.start + 1 if self.end > self.start else 0
 
     @property
+    def is_memory(self) -> bool:
+        return bool(self.flags & 0x00000200)  # IORESOURCE_MEM (I/O port BARs carry IORESOURCE_IO)
+
+    @property
     def is_64bit(self) -> bool:
         return bool(self.flags & 0x00100000)  # IORESOURCE_MEM_64
 
