@@ -7,6 +7,7 @@ gets its own lab directory under pytest's tmp_path, so the tests never touch a u
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -14,9 +15,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpuhost.cli.main import main
 from gpuhost.lab import fleet
 from gpuhost.lab import image as lab_image
 from gpuhost.lab.boot import BootMode
@@ -114,6 +117,21 @@ def uefi_lab_host(boot: BootMode, image_dir: Path, root: Path) -> Iterator[LabPa
         yield paths
     finally:
         fleet.down(paths)
+
+
+def on_lab_host(lab: LabPaths, *command: str, stdin: str | None = None, timeout: float = 600) -> str:
+    """Run a command on the lab's one host (lab-1) of a single-host module; its output, once it succeeded."""
+    result = fleet.run_on(lab, fleet.find_host(lab, "lab-1"), list(command), stdin=stdin, timeout=timeout)
+    assert result.returncode == 0, f"{command}: {result.stdout}{result.stderr}"
+    return result.stdout
+
+
+def audit_report(lab: LabPaths, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """`gpuhost audit --json` of the lab's inventory: the report of its one host (the first line)."""
+    capsys.readouterr()  # what came before (the module fixture's [lab timing] line, when it ran in this test)
+    main(["audit", "-i", str(lab.inventory), "--json"])
+    report: dict[str, Any] = json.loads(capsys.readouterr().out.splitlines()[0])
+    return report
 
 
 def qemu_processes_under(directory: Path) -> list[int]:

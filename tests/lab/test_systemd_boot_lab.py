@@ -27,7 +27,7 @@ from gpuhost.lab.boot import boot_mode
 from gpuhost.lab.paths import LabPaths
 from gpuhost.plan.model import TRIAL_MARKER
 from gpuhost.plan.settings import TRIAL_TESTING_OPTIONS_ENV
-from tests.lab.conftest import _timing, uefi_lab_host
+from tests.lab.conftest import _timing, audit_report, on_lab_host, uefi_lab_host
 from tests.lab.rollout_lab import PANIC_TRIAL_OPTION, console_since, panicked_and_rebooted
 
 # An uncached image build and an OVMF boot under TCG pass the suite-wide 900 s.
@@ -44,33 +44,21 @@ def systemd_boot_lab(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     yield from uefi_lab_host(SYSTEMD_BOOT, image_dir, tmp_path_factory.mktemp("uefi-systemd-boot"))
 
 
-def _on_host(lab: LabPaths, *command: str) -> str:
-    result = fleet.run_on(lab, fleet.find_host(lab, "lab-1"), list(command), timeout=600)
-    assert result.returncode == 0, f"{command}: {result.stdout}{result.stderr}"
-    return result.stdout
-
-
-def _audit(lab: LabPaths, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
-    main(["audit", "-i", str(lab.inventory), "--json"])
-    report: dict[str, object] = json.loads(capsys.readouterr().out.splitlines()[0])
-    return report
-
-
 def test_systemd_boot_started_the_kernel_from_kernel_installs_entry(
     systemd_boot_lab: LabPaths, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status = _on_host(systemd_boot_lab, "bootctl", "status", "--no-pager")
+    status = on_lab_host(systemd_boot_lab, "bootctl", "status", "--no-pager")
     assert "Product: systemd-boot" in status, status
-    kernel = _on_host(systemd_boot_lab, "uname", "-r").strip()
+    kernel = on_lab_host(systemd_boot_lab, "uname", "-r").strip()
     # The entry that booted is kernel-install's, named after /etc/kernel/entry-token.
     assert f"debian-{kernel}.conf" in status, status
-    report = _audit(systemd_boot_lab, capsys)
-    firmware = report["system"]["firmware"]  # type: ignore[index]
+    report = audit_report(systemd_boot_lab, capsys)
+    firmware = report["system"]["firmware"]
     assert firmware["mode"] == "uefi" and firmware["secure_boot"] is False, firmware
     assert firmware["loader"] == "systemd-boot" and firmware["esp"] == "/boot/efi", firmware
     assert firmware["cmdline_source"] == "/etc/kernel/cmdline", firmware
     # OVMF's console and efifb are the BMC's display here, as under BIOS: the stand-in GPU is not boot VGA.
-    boot_vga = {gpu["vendor_device"]: gpu["boot_vga"] for gpu in report["gpus"]}  # type: ignore[attr-defined]
+    boot_vga = {gpu["vendor_device"]: gpu["boot_vga"] for gpu in report["gpus"]}
     assert boot_vga == {"1234:1111": False, "1013:00b8": True}, boot_vga
 
 
@@ -84,10 +72,10 @@ def test_panicking_trial_entry_comes_back_on_the_default_entry_by_itself(
 ) -> None:
     """The trial entry's kernel panics; systemd-boot cleared the one-shot when it booted it, so
     panic=10's reboot lands on the unchanged default entry."""
-    kernel_cmdline = _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline")
-    old_running = _on_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
-    kernel = _on_host(systemd_boot_lab, "uname", "-r").strip()
-    default_entry = _on_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf")
+    kernel_cmdline = on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline")
+    old_running = on_lab_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
+    kernel = on_lab_host(systemd_boot_lab, "uname", "-r").strip()
+    default_entry = on_lab_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf")
     serial_log = Path(fleet.find_host(systemd_boot_lab, "lab-1").serial_log)
     offset = serial_log.stat().st_size
     monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, PANIC_TRIAL_OPTION)
@@ -100,19 +88,19 @@ def test_panicking_trial_entry_comes_back_on_the_default_entry_by_itself(
     assert "came back without the trial entry" in entry["message"], entry
     trial = panicked_and_rebooted(console_since(serial_log, offset), TRIAL_MARKER)
     assert PANIC_TRIAL_OPTION in trial.splitlines()[0], trial[:3000]
-    assert _on_host(systemd_boot_lab, "cat", "/proc/cmdline").split() == old_running
+    assert on_lab_host(systemd_boot_lab, "cat", "/proc/cmdline").split() == old_running
     # systemd-boot removed the one-shot variable when it booted the trial entry.
-    assert _on_host(systemd_boot_lab, "sh", "-c", f"test -e {ONESHOT_VARIABLE} || echo gone").strip() == "gone"
-    assert _on_host(systemd_boot_lab, "ls", ENTRIES).split() == [f"debian-{kernel}.conf"]  # no trial entry
-    assert _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline") == kernel_cmdline
+    assert on_lab_host(systemd_boot_lab, "sh", "-c", f"test -e {ONESHOT_VARIABLE} || echo gone").strip() == "gone"
+    assert on_lab_host(systemd_boot_lab, "ls", ENTRIES).split() == [f"debian-{kernel}.conf"]  # no trial entry
+    assert on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline") == kernel_cmdline
     # The default entry is as it was (whatever update-initramfs's hooks wrote, from the same cmdline).
-    assert _on_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf") == default_entry
+    assert on_lab_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf") == default_entry
 
 
 def test_apply_boots_the_one_shot_trial_entry_verifies_and_commits(
     systemd_boot_lab: LabPaths, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    old_cmdline = _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split()
+    old_cmdline = on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split()
     report_path = systemd_boot_lab.root / "apply-report.json"
     started = time.monotonic()
     code = main(["apply", "-i", str(systemd_boot_lab.inventory), "--yes", "--report", str(report_path)])
@@ -120,27 +108,27 @@ def test_apply_boots_the_one_shot_trial_entry_verifies_and_commits(
         _timing(f"systemd-boot apply (trial boot, commit) in {time.monotonic() - started:.0f} s")
     entry = json.loads(report_path.read_text())["hosts"]["lab-1"]
     assert code == 0 and entry["status"] == "ready" and entry["rebooted"] is True, entry
-    running = _on_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
+    running = on_lab_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
     # The kernel running now is the trial entry's (booted once, then committed without a reboot).
     assert TRIAL_MARKER in running and "panic=10" in running and set(OPTIONS) <= set(running), running
-    assert _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() == [*old_cmdline, *OPTIONS]
-    kernel = _on_host(systemd_boot_lab, "uname", "-r").strip()
-    assert _on_host(systemd_boot_lab, "ls", ENTRIES).split() == [f"debian-{kernel}.conf"]  # no trial entry
-    default = _on_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf")
+    assert on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() == [*old_cmdline, *OPTIONS]
+    kernel = on_lab_host(systemd_boot_lab, "uname", "-r").strip()
+    assert on_lab_host(systemd_boot_lab, "ls", ENTRIES).split() == [f"debian-{kernel}.conf"]  # no trial entry
+    default = on_lab_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf")
     assert f"options    {' '.join([*old_cmdline, *OPTIONS])}" in default.splitlines(), default
     # systemd-boot cleared the one-shot when it booted the trial entry.
-    assert _on_host(systemd_boot_lab, "sh", "-c", f"test -e {ONESHOT_VARIABLE} || echo gone").strip() == "gone"
+    assert on_lab_host(systemd_boot_lab, "sh", "-c", f"test -e {ONESHOT_VARIABLE} || echo gone").strip() == "gone"
     capsys.readouterr()
-    report = _audit(systemd_boot_lab, capsys)
+    report = audit_report(systemd_boot_lab, capsys)
     assert report["ready"] is True, report["findings"]
 
 
 def test_rollback_restores_the_old_kernel_command_line(systemd_boot_lab: LabPaths) -> None:
-    expected = [t for t in _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() if t not in OPTIONS]
+    expected = [t for t in on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() if t not in OPTIONS]
     started = time.monotonic()
     code = main(["rollback", "-i", str(systemd_boot_lab.inventory), "--limit", "lab-1", "--yes"])
     _timing(f"systemd-boot rollback (with its reboot) in {time.monotonic() - started:.0f} s")
     assert code == 0
-    assert _on_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() == expected
-    running = _on_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
+    assert on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() == expected
+    running = on_lab_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
     assert running[0].startswith("initrd=") and running[1:] == expected, running

@@ -31,7 +31,7 @@ from gpuhost.lab.boot import boot_mode
 from gpuhost.lab.paths import LabPaths
 from gpuhost.plan.model import TRIAL_MARKER
 from gpuhost.plan.settings import TRIAL_TESTING_OPTIONS_ENV
-from tests.lab.conftest import _timing, uefi_lab_host
+from tests.lab.conftest import _timing, audit_report, on_lab_host, uefi_lab_host
 from tests.lab.rollout_lab import OPTIONS, PANIC_TRIAL_OPTION, console_since, panicked_and_rebooted
 
 # Building the UEFI image (when not cached, ~6 min) and an OVMF boot under TCG: past the suite-wide 900 s.
@@ -51,8 +51,7 @@ def test_secure_boot_host_audits_as_uefi_with_secure_boot_enabled(
     record = fleet.find_host(secure_boot_lab, "lab-1")
     state = fleet.run_on(secure_boot_lab, record, ["mokutil", "--sb-state"], timeout=300)
     assert "SecureBoot enabled" in state.stdout, state.stdout + state.stderr
-    main(["audit", "-i", str(secure_boot_lab.inventory), "--json"])
-    report = json.loads(capsys.readouterr().out.splitlines()[0])
+    report = audit_report(secure_boot_lab, capsys)
     firmware = report["system"]["firmware"]
     assert firmware["mode"] == "uefi" and firmware["secure_boot"] is True, firmware
     assert firmware["loader"] == "shim+grub-efi" and firmware["esp"] == "/boot/efi"
@@ -60,12 +59,6 @@ def test_secure_boot_host_audits_as_uefi_with_secure_boot_enabled(
     # The BMC display is the firmware's console, not the stand-in GPU.
     boot_vga = {gpu["vendor_device"]: gpu["boot_vga"] for gpu in report["gpus"]}
     assert boot_vga == {"1234:1111": False, "1013:00b8": True}
-
-
-def _sh(lab: LabPaths, script: str) -> str:
-    result = fleet.run_on(lab, fleet.find_host(lab, "lab-1"), ["sh", "-s"], stdin=script, timeout=600)
-    assert result.returncode == 0, f"{script}: {result.stdout}{result.stderr}"
-    return result.stdout
 
 
 def _apply(lab: LabPaths, label: str) -> tuple[int, dict[str, Any]]:
@@ -78,7 +71,7 @@ def _apply(lab: LabPaths, label: str) -> tuple[int, dict[str, Any]]:
 
 
 def _secure_boot_enabled(lab: LabPaths) -> bool:
-    return "SecureBoot enabled" in _sh(lab, "mokutil --sb-state")
+    return "SecureBoot enabled" in on_lab_host(lab, "sh", "-c", "mokutil --sb-state")
 
 
 # What gpuhost's GRUB trial leaves while it runs, and what must be gone once it ended.
@@ -90,7 +83,7 @@ TRIAL_LEFTOVERS = (
 
 @pytest.fixture(scope="module")
 def original_cmdline(secure_boot_lab: LabPaths) -> list[str]:
-    return _sh(secure_boot_lab, "cat /proc/cmdline").split()
+    return on_lab_host(secure_boot_lab, "sh", "-c", "cat /proc/cmdline").split()
 
 
 def test_panicking_trial_kernel_under_signed_grub_comes_back_on_the_old_command_line(
@@ -100,8 +93,10 @@ def test_panicking_trial_kernel_under_signed_grub_comes_back_on_the_old_command_
     # Where signed GRUB keeps its environment block on this layout: the stub on the ESP (shim starts
     # grubx64.efi, which reads \EFI\BOOT\grub.cfg) sets GRUB's prefix to /boot/grub on the root
     # file system, and load_env/save_env use $prefix/grubenv; the ESP holds no grubenv of its own.
-    layout = _sh(
+    layout = on_lab_host(
         lab,
+        "sh",
+        "-c",
         "cat /boot/efi/EFI/BOOT/grub.cfg; echo ---; find /boot/efi -iname 'grubenv*'; echo ---; "
         "findmnt -no UUID,FSTYPE -T /boot/grub; echo ---; grep -c 'load_env' /boot/grub/grub.cfg || true",
     ).split("---\n")
@@ -121,11 +116,11 @@ def test_panicking_trial_kernel_under_signed_grub_comes_back_on_the_old_command_
     assert PANIC_TRIAL_OPTION in trial.splitlines()[0] and "Secure boot enabled" in trial, trial[:3000]
     # GRUB itself cleared the one-shot: grub-reboot wrote next_entry=gpuhost-trial to /boot/grub/grubenv,
     # and only GRUB's `set next_entry=; save_env next_entry` leaves the variable there empty.
-    grubenv = _sh(lab, "grub-editenv /boot/grub/grubenv list")
+    grubenv = on_lab_host(lab, "sh", "-c", "grub-editenv /boot/grub/grubenv list")
     assert "next_entry=\n" in grubenv, grubenv
-    assert _sh(lab, "cat /proc/cmdline").split() == original_cmdline
+    assert on_lab_host(lab, "sh", "-c", "cat /proc/cmdline").split() == original_cmdline
     assert _secure_boot_enabled(lab)
-    left = _sh(lab, TRIAL_LEFTOVERS)
+    left = on_lab_host(lab, "sh", "-c", TRIAL_LEFTOVERS)
     assert left.count("No such file") == 2 and left.strip().endswith("0"), left
     _timing(f"secure boot panic fallback (two boots) in {time.monotonic() - started:.0f} s")
 
@@ -137,12 +132,14 @@ def test_apply_trial_boot_commit_and_audit_ready_with_secure_boot_enabled(
     with capsys.disabled():  # the test's capsys would swallow the timing line
         code, entry = _apply(lab, "apply")
     assert code == 0 and entry["status"] == "ready" and entry["rebooted"] is True, entry
-    running = _sh(lab, "cat /proc/cmdline").split()
+    running = on_lab_host(lab, "sh", "-c", "cat /proc/cmdline").split()
     # The kernel running now is the trial entry's (booted once under signed GRUB, then committed).
     assert TRIAL_MARKER in running and "panic=10" in running and set(OPTIONS) <= set(running), running
-    assert _sh(lab, "mokutil --sb-state").strip() == "SecureBoot enabled"
-    committed = _sh(
+    assert on_lab_host(lab, "sh", "-c", "mokutil --sb-state").strip() == "SecureBoot enabled"
+    committed = on_lab_host(
         lab,
+        "sh",
+        "-c",
         TRIAL_LEFTOVERS + "; grub-editenv /boot/grub/grubenv list; "
         "awk '/^menuentry /{n++} n==1 && /linux\\t/{print; exit}' /boot/grub/grub.cfg",
     )
@@ -152,9 +149,7 @@ def test_apply_trial_boot_commit_and_audit_ready_with_secure_boot_enabled(
     assert "next_entry=gpuhost" not in committed, committed
     default_line = committed.splitlines()[-1]
     assert all(option in default_line for option in OPTIONS) and "panic=" not in default_line, committed
-    capsys.readouterr()
-    main(["audit", "-i", str(lab.inventory), "--json"])
-    report = json.loads(capsys.readouterr().out.splitlines()[0])
+    report = audit_report(lab, capsys)
     assert report["ready"] is True, report["findings"]
     firmware = report["system"]["firmware"]
     assert firmware["secure_boot"] is True and firmware["loader"] == "shim+grub-efi", firmware
@@ -168,7 +163,9 @@ def test_rollback_restores_the_old_command_line_with_secure_boot_enabled(
     code = main(["rollback", "-i", str(lab.inventory), "--limit", "lab-1", "--yes"])
     _timing(f"secure boot rollback (with its reboot) in {time.monotonic() - started:.0f} s")
     assert code == 0
-    assert _sh(lab, "cat /proc/cmdline").split() == original_cmdline
+    assert on_lab_host(lab, "sh", "-c", "cat /proc/cmdline").split() == original_cmdline
     assert _secure_boot_enabled(lab)
-    left = _sh(lab, TRIAL_LEFTOVERS + "; ls /etc/grub.d/42_gpuhost_trial /var/lib/gpuhost/backup 2>&1; true")
+    left = on_lab_host(
+        lab, "sh", "-c", TRIAL_LEFTOVERS + "; ls /etc/grub.d/42_gpuhost_trial /var/lib/gpuhost/backup 2>&1; true"
+    )
     assert left.count("No such file") == 4, left
