@@ -1,7 +1,9 @@
 """Firmware facts from real lab captures: UEFI or BIOS, Secure Boot, the ESP, the loader that ran.
 
 tests/fixtures/snapshots/ (all `gpuhost snapshot` of `gpuhost lab up` hosts, gpu-pair topology):
-  lab-uefi                              --firmware uefi: OVMF, Secure Boot off, shim + GRUB on the ESP
+  lab-uefi                              --firmware uefi: OVMF, Secure Boot off, shim + GRUB on the ESP;
+                                        taken before the lab's UEFI GRUB disk set a video mode: GRUB's
+                                        bochs driver gave the kernel the stand-in GPU's framebuffer
   lab-uefi-secureboot                   --firmware uefi-secureboot: OVMF with Microsoft's keys, enforcing
   lab-uefi-secureboot-unsigned-module   the same host after an unsigned copy of an in-tree module
                                         (dummy.ko with its signature cut off) was put in updates/dkms as
@@ -95,8 +97,9 @@ def test_audit_reports_firmware_and_the_unsigned_module_under_secure_boot() -> N
 
 
 def test_efifb_on_the_stand_in_gpu_names_the_bar_it_holds() -> None:
-    """Real capture: under OVMF without Secure Boot the GOP was the stand-in GPU's (boot_vga=1), and
-    the kernel gave its BAR 0 to efifb; the finding says so, with the remedy that still works."""
+    """Real capture: under OVMF without Secure Boot GRUB handed the kernel the stand-in GPU's
+    framebuffer (boot_vga=1), as a server's firmware does with a GPU as its primary display, and the
+    kernel gave its BAR 0 to efifb; the finding says so, with the remedy that still works."""
     facts = snapshot_facts("lab-uefi")
     assert facts.kernel_log is not None and facts.kernel_log.firmware_framebuffer_bars("0000:01:00.0") == ("0",)
     _, _, findings = run_checks("lab-1", facts, STAND_IN)
@@ -106,7 +109,8 @@ def test_efifb_on_the_stand_in_gpu_names_the_bar_it_holds() -> None:
 
 
 def test_efifb_on_the_bmc_display_leaves_the_stand_in_gpu_alone() -> None:
-    """Real capture: with Secure Boot the GOP was the BMC's display (0000:00:02.0)."""
+    """Real capture: with Secure Boot the kernel's EFI stub took the firmware's console, the BMC's
+    display (0000:00:02.0)."""
     facts = snapshot_facts("lab-uefi-secureboot")
     assert facts.kernel_log is not None and facts.kernel_log.firmware_framebuffer_bars("0000:00:02.0") == ("0",)
     _, _, findings = run_checks("lab-1", facts, STAND_IN)

@@ -16,6 +16,7 @@ from gpuhost.lab import diskimage
 from gpuhost.lab.boot import BIOS_GRUB, DiskLayout, Firmware, Loader, boot_mode
 from gpuhost.lab.recipe import (
     BASE_PACKAGES,
+    EFI_GRUB_GFXPAYLOAD,
     EFI_GRUB_PACKAGES,
     FSTAB_EFI,
     KERNEL_CMDLINE,
@@ -150,6 +151,17 @@ def test_uefi_recipes_replace_grub_pc_and_differ_per_loader() -> None:
     files = {path: text for path, _, text in sdboot.files}
     assert "/etc/default/grub" not in files and "systemd-boot" in sdboot.apt_packages
     assert files["/etc/kernel/cmdline"] == "root=UUID={root_uuid} ro " + KERNEL_CMDLINE + "\n"
+
+
+def test_only_the_uefi_grub_disk_sets_a_video_mode_for_the_kernel() -> None:
+    # Taller than GRUB's bochs driver sets (1200 lines), so that GRUB's cirrus driver, the BMC
+    # display's, sets it (see recipe.EFI_GRUB_GFXPAYLOAD); under BIOS GRUB boots in text mode.
+    width, height, depth = (int(n) for n in EFI_GRUB_GFXPAYLOAD.split("x"))
+    assert height > 1200 and width % 8 == 0 and width * height * depth // 8 <= 4 << 20
+    grub = {path: text for path, _, text in recipe_for("base", DiskLayout.EFI_SHIM_GRUB).files}
+    assert grub["/etc/default/grub"].splitlines()[-1] == f"GRUB_GFXPAYLOAD_LINUX={EFI_GRUB_GFXPAYLOAD}"
+    bios = {path: text for path, _, text in recipe_for("base").files}
+    assert "GFXPAYLOAD" not in bios["/etc/default/grub"]
 
 
 # ---------------------------------------------------------------- QEMU

@@ -564,7 +564,8 @@ class _Builder:
 
     def _grub_cfg(self, kernel: str, root_uuid: str) -> str:
         # Written by hand: grub-mkconfig skips a root on a loop device. Once a host has booted
-        # from /dev/vda1, update-grub inside it regenerates this file from /etc/default/grub.
+        # from /dev/vda1, update-grub inside it regenerates this file from /etc/default/grub
+        # (on the UEFI disk with the same gfxpayload: see recipe.EFI_GRUB_GFXPAYLOAD).
         return (
             "serial --unit=0 --speed=115200\n"
             "terminal_input serial console\n"
@@ -574,7 +575,8 @@ class _Builder:
             "insmod ext2\n"
             f"search --no-floppy --fs-uuid --set=root {root_uuid}\n"
             "menuentry 'Debian GNU/Linux (gpuhost lab)' {\n"
-            f"  linux /boot/vmlinuz-{kernel} root=UUID={root_uuid} ro {self.recipe.kernel_cmdline}\n"
+            + (f"  set gfxpayload={recipe.EFI_GRUB_GFXPAYLOAD}\n" if self.layout is DiskLayout.EFI_SHIM_GRUB else "")
+            + f"  linux /boot/vmlinuz-{kernel} root=UUID={root_uuid} ro {self.recipe.kernel_cmdline}\n"
             f"  initrd /boot/initrd.img-{kernel}\n"
             "}\n"
         )

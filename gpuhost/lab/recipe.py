@@ -174,6 +174,18 @@ GRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"
 GRUB_DISABLE_OS_PROBER=true
 """
 
+# The UEFI GRUB disk's video mode for the kernel, chosen so that GRUB hands the kernel the BMC's
+# display. Without Secure Boot, Debian's GRUB 2.06 boots Linux through its own loader, not the
+# kernel's EFI stub, and gives the kernel the framebuffer of the first of its video drivers that
+# sets the mode; its built-in `video_bochs` (a native driver, tried before the firmware's GOP)
+# drives any 1234:1111 VGA, so it took the stand-in GPU and efifb took its BAR 0 (seen, lab-uefi
+# capture). No real GPU has a native GRUB driver. `video_bochs` refuses more than 1200 lines and
+# `video_cirrus` takes up to 2048, so a 1280-line mode lands on the BMC's cirrus display (2.5 MiB
+# of its 4 MiB at 16 bits). Under Secure Boot GRUB hands over to the EFI stub, which takes the
+# firmware's console (the BMC's), and ignores this.
+EFI_GRUB_GFXPAYLOAD = "1024x1280x16"
+DEFAULT_GRUB_EFI = DEFAULT_GRUB + f"GRUB_GFXPAYLOAD_LINUX={EFI_GRUB_GFXPAYLOAD}\n"
+
 SSHD_CONF = """\
 # gpuhost lab: root by key only, one host key whose public half the lab knows.
 PermitRootLogin prohibit-password
@@ -304,6 +316,7 @@ def recipe_for(variant: str, layout: DiskLayout = DiskLayout.BIOS_GRUB) -> Recip
         files = [f for f in files if f[0] != "/etc/fstab"] + [("/etc/fstab", 0o644, FSTAB_EFI)]
     if layout is DiskLayout.EFI_SHIM_GRUB:
         apt_packages = EFI_GRUB_PACKAGES + apt_packages
+        files = [f if f[0] != "/etc/default/grub" else (f[0], f[1], DEFAULT_GRUB_EFI) for f in files]
     if layout is DiskLayout.EFI_SYSTEMD_BOOT:
         apt_packages = EFI_SYSTEMD_BOOT_PACKAGES + apt_packages
         # No GRUB on this disk, so no /etc/default/grub either.

@@ -15,7 +15,8 @@ Real GPUs have no 32-bit prefetchable BAR.
 
 Under OVMF the BMC display is on the root bus, found before the stand-in GPU behind its root port,
 so the firmware's console (and so efifb/simpledrm in the kernel) is the BMC's, as on a server
-whose GPU is not the boot display.
+whose GPU is not the boot display. GRUB without Secure Boot picks the kernel's framebuffer itself;
+the UEFI GRUB disk asks for a mode that puts it on the BMC's display too (recipe.EFI_GRUB_GFXPAYLOAD).
 """
 
 from __future__ import annotations
