@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuhost.facts.model import HostFacts
-from gpuhost.selection import GpuCard, GpuSelector, card_numa_node, passthrough_in_order
+from gpuhost.selection import GpuSelector, card_numa_node, vm_gpus
 
 if TYPE_CHECKING:
     from gpuhost.render.spec import VmSpec
@@ -32,18 +32,10 @@ def vm_pages(facts: HostFacts, selector: GpuSelector, vm: VmSpec) -> VmPages | N
     bound), or a GPU or its node unknown (render refuses such a VM)."""
     if vm.hugepages == "off" or not vm.gpus:
         return None
-    available = passthrough_in_order(facts, selector)
-    by_address = {card.gpu.address: card for card in available}
-    cards: list[GpuCard] = []
-    for name in vm.gpus:
-        if name == "all":
-            cards.extend(available)
-        elif name.startswith("gpu") and int(name[3:]) < len(available):
-            cards.append(available[int(name[3:])])
-        elif name in by_address:
-            cards.append(by_address[name])
-        else:
-            return None
+    picked = vm_gpus(facts, selector, vm.gpus)
+    if picked.misses:
+        return None
+    cards = picked.cards
     nodes = {card_numa_node(facts, card) for card in cards}
     if not cards or None in nodes:
         return None

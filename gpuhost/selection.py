@@ -6,7 +6,7 @@ One place for this logic: the audit's checks and the planner (apply) both call i
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,6 +176,48 @@ def card_numa_node(facts: HostFacts, card: GpuCard) -> int | None:
 def passthrough_in_order(facts: HostFacts, selector: GpuSelector) -> tuple[GpuCard, ...]:
     """The host's passthrough GPUs in PCI address order: gpu0, gpu1, ... in a VM spec."""
     return tuple(sorted(select_gpus(facts, selector).passthrough, key=lambda card: card.gpu.address))
+
+
+class VmGpuMiss(TextEnum):
+    """Why a name in a VM's `gpus` picks none of the host's passthrough GPUs."""
+
+    NO_SUCH_INDEX = "no-such-index"  # gpuN past the last passthrough GPU
+    KEPT = "kept"  # a GPU the host keeps (boot display, or not selected)
+    NO_SUCH_ADDRESS = "no-such-address"  # no GPU at that PCI address
+
+
+@dataclass(frozen=True)
+class VmGpus:
+    """What a VM's `gpus` names on one host: the cards it picks, in the order named, and the names
+    that pick none."""
+
+    available: tuple[GpuCard, ...]  # the host's passthrough GPUs, gpu0 first
+    cards: tuple[GpuCard, ...]
+    misses: tuple[tuple[str, VmGpuMiss], ...]
+
+
+def vm_gpus(facts: HostFacts, selector: GpuSelector, names: Sequence[str]) -> VmGpus:
+    """Resolve a VM's `gpus` ('all', gpuN aliases, PCI addresses: render.spec.validate_gpus) against
+    the host's facts. Render turns the misses into refusals; the page placement skips such a VM."""
+    available = passthrough_in_order(facts, selector)
+    if tuple(names) == ("all",):
+        return VmGpus(available, available, ())
+    by_address = {card.gpu.address: card for card in available}
+    every_card = {card.gpu.address for card in gpu_cards(facts)}
+    cards: list[GpuCard] = []
+    misses: list[tuple[str, VmGpuMiss]] = []
+    for name in names:
+        if name.startswith("gpu"):
+            index = int(name[3:])
+            if index < len(available):
+                cards.append(available[index])
+            else:
+                misses.append((name, VmGpuMiss.NO_SUCH_INDEX))
+        elif name in by_address:
+            cards.append(by_address[name])
+        else:
+            misses.append((name, VmGpuMiss.KEPT if name in every_card else VmGpuMiss.NO_SUCH_ADDRESS))
+    return VmGpus(available, tuple(cards), tuple(misses))
 
 
 def nvswitch_functions_to_bind(facts: HostFacts, selection: GpuSelection) -> tuple[PciFunction, ...]:

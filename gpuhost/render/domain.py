@@ -45,12 +45,12 @@ from gpuhost.problems import Problem, Severity, Stage, listed, register
 from gpuhost.render.spec import HostPolicy, VmSpec
 from gpuhost.selection import (
     GpuCard,
+    VmGpuMiss,
     card_numa_node,
-    gpu_cards,
     nvswitch_functions_to_bind,
     nvswitch_group_intruders,
-    passthrough_in_order,
     select_gpus,
+    vm_gpus,
 )
 
 KIB_PER_MIB = 1024
@@ -348,11 +348,6 @@ def format_cpulist(cpus: Sequence[int]) -> str:
     return ",".join(ranges)
 
 
-def passthrough_gpus(facts: HostFacts, policy: HostPolicy) -> tuple[GpuCard, ...]:
-    """The host's passthrough GPUs in PCI address order: gpu0, gpu1, ... in a VM spec."""
-    return passthrough_in_order(facts, policy.gpus)
-
-
 def plan_domain(
     facts: HostFacts,
     spec: VmSpec,
@@ -497,31 +492,18 @@ def plan_domain(
 
 
 def _resolve_gpus(facts: HostFacts, spec: VmSpec, policy: HostPolicy, conflicts: list[Problem]) -> tuple[GpuCard, ...]:
-    available = passthrough_gpus(facts, policy)
     if not spec.gpus:  # gpus: none, asked for explicitly
         return ()
-    if spec.gpus == ("all",):
-        if not available:
+    picked = vm_gpus(facts, policy.gpus, spec.gpus)
+    if spec.gpus == ("all",) and not picked.available:
+        conflicts.append(_conflict(GPU_NONE, "GPUs", f"the host has no passthrough GPU ({policy.gpus.describe()})."))
+    known = ", ".join(f"gpu{i} ({card.gpu.address})" for i, card in enumerate(picked.available)) or "none"
+    for name, miss in picked.misses:
+        if miss is VmGpuMiss.NO_SUCH_INDEX:
             conflicts.append(
-                _conflict(GPU_NONE, "GPUs", f"the host has no passthrough GPU ({policy.gpus.describe()}).")
+                _conflict(GPU_UNKNOWN, name, f"unknown GPU {name!r}: the host's passthrough GPUs are {known}.")
             )
-        return available
-    known = ", ".join(f"gpu{i} ({card.gpu.address})" for i, card in enumerate(available)) or "none"
-    by_address = {card.gpu.address: card for card in available}
-    all_cards = {card.gpu.address: card for card in gpu_cards(facts)}
-    chosen: list[GpuCard] = []
-    for name in spec.gpus:
-        if name.startswith("gpu"):
-            index = int(name[3:])
-            if index < len(available):
-                chosen.append(available[index])
-            else:
-                conflicts.append(
-                    _conflict(GPU_UNKNOWN, name, f"unknown GPU {name!r}: the host's passthrough GPUs are {known}.")
-                )
-        elif name in by_address:
-            chosen.append(by_address[name])
-        elif name in all_cards:
+        elif miss is VmGpuMiss.KEPT:
             conflicts.append(
                 _conflict(
                     GPU_KEPT,
@@ -538,8 +520,8 @@ def _resolve_gpus(facts: HostFacts, spec: VmSpec, policy: HostPolicy, conflicts:
                     f"unknown GPU {name!r}: the host has no GPU at that address. Passthrough GPUs: {known}.",
                 )
             )
-    unique = {card.gpu.address: card for card in chosen}
-    if len(unique) < len(chosen):
+    unique = {card.gpu.address: card for card in picked.cards}
+    if len(unique) < len(picked.cards):
         conflicts.append(_conflict(GPU_DUPLICATE, "GPUs", "the same GPU is named twice (an alias and its address)."))
     return tuple(sorted(unique.values(), key=lambda card: card.gpu.address))
 
