@@ -293,7 +293,7 @@ def recipe_for(variant: str, layout: DiskLayout = DiskLayout.BIOS_GRUB) -> Recip
     files: list[tuple[str, int, str]] = [
         ("/etc/initramfs-tools/conf.d/gpuhost-lab.conf", 0o644, INITRAMFS_CONF),
         ("/etc/initramfs-tools/modules", 0o644, INITRAMFS_MODULES),
-        ("/etc/default/grub", 0o644, DEFAULT_GRUB),
+        ("/etc/default/grub", 0o644, DEFAULT_GRUB_EFI if layout is DiskLayout.EFI_SHIM_GRUB else DEFAULT_GRUB),
         ("/etc/ssh/sshd_config.d/gpuhost-lab.conf", 0o644, SSHD_CONF),
         ("/etc/systemd/network/20-gpuhost-lab.network", 0o644, NETWORK_CONF),
         ("/usr/local/sbin/gpuhost-lab-hostname", 0o755, HOSTNAME_SCRIPT),
@@ -316,7 +316,6 @@ def recipe_for(variant: str, layout: DiskLayout = DiskLayout.BIOS_GRUB) -> Recip
         files = [f for f in files if f[0] != "/etc/fstab"] + [("/etc/fstab", 0o644, FSTAB_EFI)]
     if layout is DiskLayout.EFI_SHIM_GRUB:
         apt_packages = EFI_GRUB_PACKAGES + apt_packages
-        files = [f if f[0] != "/etc/default/grub" else (f[0], f[1], DEFAULT_GRUB_EFI) for f in files]
     if layout is DiskLayout.EFI_SYSTEMD_BOOT:
         apt_packages = EFI_SYSTEMD_BOOT_PACKAGES + apt_packages
         # No GRUB on this disk, so no /etc/default/grub either.
