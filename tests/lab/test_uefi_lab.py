@@ -48,9 +48,8 @@ def secure_boot_lab(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 def test_secure_boot_host_audits_as_uefi_with_secure_boot_enabled(
     secure_boot_lab: LabPaths, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    record = fleet.find_host(secure_boot_lab, "lab-1")
-    state = fleet.run_on(secure_boot_lab, record, ["mokutil", "--sb-state"], timeout=300)
-    assert "SecureBoot enabled" in state.stdout, state.stdout + state.stderr
+    state = on_lab_host(secure_boot_lab, "mokutil", "--sb-state")
+    assert "SecureBoot enabled" in state, state
     report = audit_report(secure_boot_lab, capsys)
     firmware = report["system"]["firmware"]
     assert firmware["mode"] == "uefi" and firmware["secure_boot"] is True, firmware
@@ -71,7 +70,7 @@ def _apply(lab: LabPaths, label: str) -> tuple[int, dict[str, Any]]:
 
 
 def _secure_boot_enabled(lab: LabPaths) -> bool:
-    return "SecureBoot enabled" in on_lab_host(lab, "sh", "-c", "mokutil --sb-state")
+    return "SecureBoot enabled" in on_lab_host(lab, "mokutil", "--sb-state")
 
 
 # What gpuhost's GRUB trial leaves while it runs, and what must be gone once it ended.
@@ -83,7 +82,7 @@ TRIAL_LEFTOVERS = (
 
 @pytest.fixture(scope="module")
 def original_cmdline(secure_boot_lab: LabPaths) -> list[str]:
-    return on_lab_host(secure_boot_lab, "sh", "-c", "cat /proc/cmdline").split()
+    return on_lab_host(secure_boot_lab, "cat", "/proc/cmdline").split()
 
 
 def test_panicking_trial_kernel_under_signed_grub_comes_back_on_the_old_command_line(
@@ -116,9 +115,9 @@ def test_panicking_trial_kernel_under_signed_grub_comes_back_on_the_old_command_
     assert PANIC_TRIAL_OPTION in trial.splitlines()[0] and "Secure boot enabled" in trial, trial[:3000]
     # GRUB itself cleared the one-shot: grub-reboot wrote next_entry=gpuhost-trial to /boot/grub/grubenv,
     # and only GRUB's `set next_entry=; save_env next_entry` leaves the variable there empty.
-    grubenv = on_lab_host(lab, "sh", "-c", "grub-editenv /boot/grub/grubenv list")
+    grubenv = on_lab_host(lab, "grub-editenv", "/boot/grub/grubenv", "list")
     assert "next_entry=\n" in grubenv, grubenv
-    assert on_lab_host(lab, "sh", "-c", "cat /proc/cmdline").split() == original_cmdline
+    assert on_lab_host(lab, "cat", "/proc/cmdline").split() == original_cmdline
     assert _secure_boot_enabled(lab)
     left = on_lab_host(lab, "sh", "-c", TRIAL_LEFTOVERS)
     assert left.count("No such file") == 2 and left.strip().endswith("0"), left
@@ -132,10 +131,10 @@ def test_apply_trial_boot_commit_and_audit_ready_with_secure_boot_enabled(
     with capsys.disabled():  # the test's capsys would swallow the timing line
         code, entry = _apply(lab, "apply")
     assert code == 0 and entry["status"] == "ready" and entry["rebooted"] is True, entry
-    running = on_lab_host(lab, "sh", "-c", "cat /proc/cmdline").split()
+    running = on_lab_host(lab, "cat", "/proc/cmdline").split()
     # The kernel running now is the trial entry's (booted once under signed GRUB, then committed).
     assert TRIAL_MARKER in running and "panic=10" in running and set(OPTIONS) <= set(running), running
-    assert on_lab_host(lab, "sh", "-c", "mokutil --sb-state").strip() == "SecureBoot enabled"
+    assert on_lab_host(lab, "mokutil", "--sb-state").strip() == "SecureBoot enabled"
     committed = on_lab_host(
         lab,
         "sh",
@@ -163,7 +162,7 @@ def test_rollback_restores_the_old_command_line_with_secure_boot_enabled(
     code = main(["rollback", "-i", str(lab.inventory), "--limit", "lab-1", "--yes"])
     _timing(f"secure boot rollback (with its reboot) in {time.monotonic() - started:.0f} s")
     assert code == 0
-    assert on_lab_host(lab, "sh", "-c", "cat /proc/cmdline").split() == original_cmdline
+    assert on_lab_host(lab, "cat", "/proc/cmdline").split() == original_cmdline
     assert _secure_boot_enabled(lab)
     left = on_lab_host(
         lab, "sh", "-c", TRIAL_LEFTOVERS + "; ls /etc/grub.d/42_gpuhost_trial /var/lib/gpuhost/backup 2>&1; true"
