@@ -335,16 +335,33 @@ def test_on_two_nodes_the_page_goes_on_the_gpus_node_in_the_kernels_node_form(tm
     assert plan(facts).hugepages.per_node == ((0, 0), (1, 1))
 
 
-def test_the_two_node_lab_host_as_captured_gets_its_page_on_the_gpus_node():
-    """The same, on a real capture: the lab's numa-pair host (QEMU -numa, the GPU behind a
-    pcie-expander-bus of node 1), 6 GiB in two nodes, before apply."""
+def test_a_node_of_3_gib_is_refused_its_page_and_one_of_4_gib_gets_it():
+    """A real capture: the lab's numa-pair host (QEMU -numa, the GPU behind a pcie-expander-bus of
+    node 1) as it was, 6 GiB in two nodes, before apply. Node 1 (2.95 GiB of MemTotal) has three
+    whole gigabytes; the kernel's boot allocations take its top one, and its image, where KASLR put
+    it across a gigabyte boundary, two more: hugepages=1:1 then reserved no page (issue 26's CI
+    failure). The plan refuses it; with 4 GiB a node (the lab's numa-pair host now), the page fits."""
     facts = snapshot_facts("lab-numa-pair-fresh")
     assert [(node.node_id, node.cpulist) for node in facts.numa_nodes] == [(0, "0"), (1, "1")]
     assert [(f.address, f.numa_node) for f in facts.pci if f.vendor == 0x1234] == [("0000:81:00.0", 1)]
-    result = plan(facts, gpuhost_hugepages="1", gpuhost_vms=TWO_NODES_VM)
+    refused = plan(facts, gpuhost_hugepages="1", gpuhost_vms=TWO_NODES_VM)
+    assert refusal_codes(refused) == ["hugepages.node_too_small"]
+    assert "at most 0 fit" in refused.refusals[0].message and "NUMA node 1" in refused.refusals[0].subject
+    assert refused.refusals[0].remedy.startswith("Lower gpuhost_hugepages so that NUMA node 1 gets at most 0 pages")
+    bigger_nodes = tuple(dataclasses.replace(node, mem_total_kib=node.mem_total_kib + GIB) for node in facts.numa_nodes)
+    assert facts.memory is not None
+    memory = dataclasses.replace(facts.memory, total_kib=facts.memory.total_kib + 2 * GIB)
+    result = plan(
+        dataclasses.replace(facts, numa_nodes=bigger_nodes, memory=memory),
+        gpuhost_hugepages="1",
+        gpuhost_vms=TWO_NODES_VM,
+    )
     assert result.applicable, result.refusals
     assert result.hugepages.per_node == ((0, 0), (1, 1)) and result.hugepages.node_form
     assert result.kernel_options[-1] == "hugepages=1:1"
+    # Two pages would be one too many for node 1: the second goes to node 0.
+    two = plan(dataclasses.replace(facts, numa_nodes=bigger_nodes, memory=memory), gpuhost_hugepages="2")
+    assert two.applicable and two.hugepages.per_node == ((0, 1), (1, 1))
 
 
 def test_the_node_form_is_refused_on_a_kernel_older_than_5_16(tmp_path):

@@ -15,7 +15,8 @@ pages than the table gives):
 Whatever the source (auto, N, a size), the host always keeps at least HOST_MINIMUM_KIB and
 HOST_MINIMUM_FRACTION of its memory (the table's smallest margin is 5.3%), on every NUMA node;
 a request that would leave less is refused: the guide warns that with too many pages the
-machine does not boot.
+machine does not boot. A NUMA node also keeps the gigabytes that the kernel's boot allocations
+can break (BOOT_TAKES_GIB), or the kernel reserves fewer pages on it than planned.
 
 Where the pages go (`place_on_nodes`): on a host of one memory node, there; `hugepages=N` as
 before. On several nodes the pages go where the guests' memory is bound (render binds a VM's
@@ -112,11 +113,29 @@ class Placement:
     how: str  # why they go there, for the plan's text
 
 
+# A node's 1 GiB pages are whole, aligned gigabytes of it that nothing took before hugetlb
+# reserves them, early in boot. Measured on the lab's numa-pair host (Debian 12's 6.1 kernel, two
+# nodes of 3 GiB, node 1 = [5 GiB, 8 GiB), memblock=debug): the kernel's early allocations for a
+# node (NODE_DATA, the memmap of its pages) sit at the node's top and take its last gigabyte on
+# every boot, and KASLR puts the kernel image (about 52 MiB with its bss) in a random 2 MiB slot
+# of any node, on node 1 in 8 of 14 boots (/proc/iomem); across a gigabyte boundary it takes two more. A
+# 64 MiB reservation across node 1's 6 GiB boundary (memmap=64M$0x17e000000, the image's size and
+# place) left no page for hugepages=1:1: the CI failure of issue 26. MemTotal is a little under a
+# node's span, so floor(MemTotal) - 2 gigabytes are always left whole.
+BOOT_TAKES_GIB = 2
+
+
+def node_page_limit(node_mem_kib: int, total_kib: int, minimum_kib: int) -> int:
+    """The most 1 GiB pages one memory node can be given: it keeps its share of the host's minimum
+    (prorated by its memory), and the gigabytes that boot allocations can break (BOOT_TAKES_GIB)."""
+    share = minimum_kib * node_mem_kib // total_kib
+    return max(0, min((node_mem_kib - share) // GIB_KIB, node_mem_kib // GIB_KIB - BOOT_TAKES_GIB))
+
+
 def node_capacity(facts: HostFacts, total_kib: int, minimum_kib: int) -> dict[int, int]:
-    """The most 1 GiB pages each memory node can hold while it keeps its share of the host's
-    minimum (prorated by its memory): what the planner's node_too_small refusal checks."""
+    """node_page_limit of each memory node: what the planner's node_too_small refusal checks."""
     return {
-        node.node_id: max(0, (node.mem_total_kib - minimum_kib * node.mem_total_kib // total_kib) // GIB_KIB)
+        node.node_id: node_page_limit(node.mem_total_kib, total_kib, minimum_kib)
         for node in facts.numa_nodes
         if node.mem_total_kib
     }

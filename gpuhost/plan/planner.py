@@ -659,27 +659,29 @@ def _hugepages(facts: HostFacts, settings: PlanSettings, selection: GpuSelection
 def _check_nodes(
     facts: HostFacts, pages: int, placement: hp.Placement, total: int, minimum: int, refuse: _Refuse
 ) -> None:
-    """Each node keeps its share of the host's minimum (prorated by its memory) after its pages."""
+    """Each node keeps its share of the host's minimum (prorated by its memory) after its pages,
+    and the gigabytes the kernel's boot allocations can break (hugepages.node_page_limit)."""
     nodes = {node.node_id: node for node in facts.numa_nodes}
     for node_id, node_pages in placement.per_node:
         node = nodes.get(node_id)
         if node is None or not node.mem_total_kib:
             continue
-        node_minimum = minimum * node.mem_total_kib // total
-        if node.mem_total_kib - node_pages * GIB_KIB < node_minimum:
+        most = hp.node_page_limit(node.mem_total_kib, total, minimum)
+        if node_pages > most:
             why = (
                 f"the plan puts {node_pages} of the {pages} pages on NUMA node {node_id} ({placement.how})"
                 if placement.node_form
                 else f"the kernel spreads hugepages={pages} evenly, {node_pages} on NUMA node {node_id}"
             )
-            most = max(0, (node.mem_total_kib - node_minimum) // GIB_KIB)
+            node_minimum = minimum * node.mem_total_kib // total
             refuse(
                 REFUSE_HUGEPAGES_NODE_TOO_SMALL,
                 f"NUMA node {node_id}",
-                f"{why}, which has only {node.mem_total_kib / GIB_KIB:.1f} GiB: the node would be left with less "
-                f"than {node_minimum / GIB_KIB:.1f} GiB.",
-                f"Lower gpuhost_hugepages so that NUMA node {node_id} gets at most {most} pages and every node keeps "
-                "its share of host memory.",
+                f"{why}, which has only {node.mem_total_kib / GIB_KIB:.1f} GiB: at most {most} fit, as the node keeps "
+                f"{node_minimum / GIB_KIB:.1f} GiB (its share of host memory) and {hp.BOOT_TAKES_GIB} gigabytes that "
+                "the kernel's own boot allocations can break (a 1 GiB page needs a whole aligned gigabyte).",
+                f"Lower gpuhost_hugepages so that NUMA node {node_id} gets at most {most} pages, or give the node "
+                "more memory.",
             )
 
 
