@@ -18,9 +18,13 @@ from sshd import Sshd, start_sshd
 from gpuhost.problems import Problem
 
 # .ci/run sets this to a file and prints its stage table from it: per test module, when its first
-# test started and its last one ended (wall clock), and the time its tests took in all.
+# test started and its last one ended (wall clock), the time its tests took in all, how many
+# passed, failed and were skipped, and the failed tests' ids (what .ci/run re-runs once, and
+# reports as flaky where the re-run passes).
 TIMINGS_ENV = "GPUHOST_TEST_TIMINGS"
 _module_spans: dict[str, list[float]] = {}
+_module_outcomes: dict[str, dict[str, int]] = {}
+_module_failures: dict[str, list[str]] = {}
 
 SshdFactory = Callable[[str], Sshd]
 
@@ -33,6 +37,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     module = report.nodeid.split("::", 1)[0]
     span = _module_spans.setdefault(module, [report.start, report.stop, 0.0])
     span[0], span[1], span[2] = min(span[0], report.start), max(span[1], report.stop), span[2] + report.duration
+    outcomes = _module_outcomes.setdefault(module, {"passed": 0, "failed": 0, "skipped": 0})
+    # A test fails in any phase (setup, call or teardown: a lab fixture's boot fails in setup); it
+    # passed only in its call phase; a skip is reported in setup (or call, for pytest.skip inside).
+    if report.failed:
+        outcomes["failed"] += 1
+        _module_failures.setdefault(module, []).append(report.nodeid.split("@", 1)[0])
+    elif report.skipped:
+        outcomes["skipped"] += 1
+    elif report.when == "call":
+        outcomes["passed"] += 1
 
 
 @pytest.fixture
@@ -107,7 +121,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     target = os.environ.get(TIMINGS_ENV)
     if target and _module_spans:
-        spans = {module: {"start": a, "stop": b, "seconds": total} for module, (a, b, total) in _module_spans.items()}
+        spans = {
+            module: {
+                "start": a,
+                "stop": b,
+                "seconds": total,
+                **_module_outcomes.get(module, {}),
+                "failures": _module_failures.get(module, []),
+            }
+            for module, (a, b, total) in _module_spans.items()
+        }
         Path(target).write_text(json.dumps(spans, indent=1, sort_keys=True) + "\n")
     codes_file = os.environ.get(PRODUCED_CODES_FILE_ENV)
     if codes_file:
