@@ -173,7 +173,7 @@ def _next_finished(finished: queue.SimpleQueue[tuple[int, HostAudit]]) -> tuple[
 
 
 def audit_to_json(audit: HostAudit) -> dict[str, Any]:
-    """The documented, stable JSON object of one host (schema gpuhost.audit/1, see README)."""
+    """The documented, stable JSON object of one host (schema gpuhost.audit/1, see docs/audit.md)."""
     facts = audit.facts
     data: dict[str, Any] = {
         "schema": JSON_SCHEMA,

@@ -2,8 +2,9 @@
 
 The audit's findings, the planner's refusals, render's conflicts, the playbook's verification and
 the smoke-test's findings are all `Problem`s. Every code is registered once, next to the code that
-produces it, with the stage that produces it and a one-line summary; README's tables are checked
-against this registry, and a test fails when a registered code is produced by no test.
+produces it, with the stage that produces it and a one-line summary; the tables of
+docs/reference/problem-codes.md are checked against this registry, and a test fails when a
+registered code is produced by no test.
 
 Registering is one line at module level:
 
@@ -37,7 +38,7 @@ _SEVERITY_RANK = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
 class Stage(str, enum.Enum):
-    """Which step of gpuhost produces a code (the README table it belongs to)."""
+    """Which step of gpuhost produces a code (the problem-code table it belongs to)."""
 
     AUDIT = "audit"  # gpuhost audit: a finding about a host or guest
     PLAN = "plan"  # gpuhost plan/apply: a refusal, nothing is written to that host

@@ -1,4 +1,4 @@
-"""Every registered problem code is produced by some test, and README's tables are the registry's.
+"""Every registered problem code is produced by some test, and the docs' code tables are the registry's.
 
 tests/conftest.py records the code of every `Problem` built during the session (in every
 pytest-xdist worker) and, at the end of a run of the whole fast suite (every tests/test_*.py
@@ -6,8 +6,9 @@ module, no -k or --deselect: the README's test command and CI), fails the sessio
 registered code that no test produced (`unproduced` below). A partial run has not built every
 module's problems, so it is not judged.
 
-README's tables of audit findings, planner refusals and render conflicts are generated from the
-registry: regenerate them with GPUHOST_REGEN_GOLDEN=1 after registering a code.
+The tables of docs/reference/problem-codes.md (audit findings, planner refusals, verification,
+render conflicts, smoke-test findings) are generated from the registry: regenerate them with
+GPUHOST_REGEN_GOLDEN=1 after registering a code.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ import gpuhost.render.domain  # noqa: F401  (registers render's conflicts)
 from gpuhost.problems import REGISTRY, Stage, codes_of
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+CODES_PAGE = ROOT / "docs" / "reference" / "problem-codes.md"
 REGENERATE = os.environ.get("GPUHOST_REGEN_GOLDEN") == "1"
 TABLE_STAGES = (Stage.AUDIT, Stage.PLAN, Stage.RENDER, Stage.VERIFY, Stage.SMOKE_TEST)
 
 
 def unproduced(produced: set[str]) -> list[str]:
-    """Registered codes of the stages with README tables that no test produced."""
+    """Registered codes of the stages with code tables that no test produced."""
     return sorted(code for code, entry in REGISTRY.items() if entry.stage in TABLE_STAGES and code not in produced)
 
 
@@ -56,17 +57,17 @@ def _marked(stage: Stage) -> re.Pattern[str]:
 
 
 @pytest.mark.parametrize("stage", TABLE_STAGES, ids=lambda stage: stage.value)
-def test_readme_table_is_the_registry(stage: Stage) -> None:
-    text = README.read_text()
+def test_problem_code_page_table_is_the_registry(stage: Stage) -> None:
+    text = CODES_PAGE.read_text()
     pattern = _marked(stage)
     match = pattern.search(text)
-    assert match, f"README.md has no <!-- problem-codes:{stage.value} --> table"
+    assert match, f"{CODES_PAGE} has no <!-- problem-codes:{stage.value} --> table"
     expected = markdown_table(stage) + "\n"
     if REGENERATE and match.group(2) != expected:
-        README.write_text(pattern.sub(lambda m: m.group(1) + expected + m.group(3), text))
+        CODES_PAGE.write_text(pattern.sub(lambda m: m.group(1) + expected + m.group(3), text))
         return
     readme_codes = re.findall(r"^\| `([^`]+)` \|", match.group(2), flags=re.M)
     assert readme_codes == [entry.code for entry in codes_of(stage)], "regenerate with GPUHOST_REGEN_GOLDEN=1"
     assert match.group(2) == expected, (
-        "README's table differs from the registry: regenerate with GPUHOST_REGEN_GOLDEN=1"
+        "the problem-code page's table differs from the registry: regenerate with GPUHOST_REGEN_GOLDEN=1"
     )
