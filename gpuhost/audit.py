@@ -224,6 +224,8 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
             }
             for node in facts.numa_nodes
         ],
+        # What can reset the host when a boot hangs (null: not gathered; an older snapshot).
+        "rescue": facts.rescue.to_json() if facts.rescue is not None else None,
     }
     for passthrough, cards in ((True, audit.selection.passthrough), (False, audit.selection.kept)):
         for card in cards:

@@ -151,6 +151,16 @@ def audit_metrics(results: Sequence[HostAudit], now: float) -> bytes:
     )
     timestamp = out.gauge("gpuhost_audit_timestamp_seconds", "When the audit ran (Unix time).", ("host",))
     duration = out.gauge("gpuhost_audit_duration_seconds", "How long the host's audit took.", ("host",))
+    watchdogs = out.gauge(
+        "gpuhost_audit_rescue_watchdogs",
+        "Hardware watchdog devices that can reset a hung boot (absent: not gathered).",
+        ("host",),
+    )
+    bmc = out.gauge(
+        "gpuhost_audit_rescue_bmc",
+        "1 if the host has a BMC interface (/dev/ipmi0), whose watchdog survives a reset (absent: not gathered).",
+        ("host",),
+    )
     for result in results:
         host = {"host": result.target.name}
         up.labels(**host).set(1 if result.error is None else 0)
@@ -158,6 +168,10 @@ def audit_metrics(results: Sequence[HostAudit], now: float) -> bytes:
         _count_problems(problems, host, result.findings)
         timestamp.labels(**host).set(now)
         duration.labels(**host).set(result.seconds)
+        rescue = result.facts.rescue if result.facts is not None else None
+        if rescue is not None:
+            watchdogs.labels(**host).set(len(rescue.watchdogs))
+            bmc.labels(**host).set(1 if rescue.ipmi_device else 0)
     return out.text()
 
 

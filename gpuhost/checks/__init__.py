@@ -11,6 +11,7 @@ from gpuhost.checks.guest import check_guest
 from gpuhost.checks.host_software import check_initramfs, check_modprobe, check_nvidia_driver
 from gpuhost.checks.memory import check_hugepages, check_hugepages_per_node
 from gpuhost.checks.platform import check_bootloader, check_command_line, check_cpu, check_iommu
+from gpuhost.checks.rescue import check_rescue
 from gpuhost.facts.model import VENDOR_NVIDIA, HostFacts
 from gpuhost.problems import Problem, Severity
 from gpuhost.selection import GpuSelection, gpu_cards, select_gpus
@@ -31,6 +32,7 @@ HOST_CHECKS: tuple[Check, ...] = (
     check_hugepages_per_node,
     check_bootloader,
     check_firmware,
+    check_rescue,
 )
 GUEST_CHECKS: tuple[Check, ...] = (check_guest,)
 

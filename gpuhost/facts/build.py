@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpuhost.facts import parsers as p
+from gpuhost.facts import rescue
 from gpuhost.facts.model import (
     ActiveLoader,
     Bootloader,
@@ -78,6 +79,7 @@ def build_facts(tree: Tree) -> HostFacts:
         dmi_product=_first_line(tree.read("/sys/class/dmi/id/product_name")),
         virtualization=_virtualization(packages),
         thread_siblings=_thread_siblings(tree),
+        rescue=_rescue(tree, exists, status),
     )
 
 
@@ -464,3 +466,54 @@ def _kernel_log(tree: Tree, status: dict[str, int]) -> KernelLog | None:
     if text is None or status.get("dmesg", 0) != 0:
         return None
     return KernelLog(tuple(text.splitlines()))
+
+
+def _systemd_conf_texts(tree: Tree) -> list[str] | None:
+    main = tree.read(rescue.SYSTEMD_CONF)
+    dropins: dict[str, str] = {}
+    for directory in rescue.SYSTEMD_CONF_DIRS:  # /etc after /usr/lib: a drop-in of the same name in /etc wins
+        for name in tree.list(directory):
+            text = tree.read(f"{directory}/{name}") if name.endswith(".conf") else None
+            if text is not None:
+                dropins[name] = text
+    if main is None and not dropins:
+        return None
+    return [main or "", *(dropins[name] for name in sorted(dropins))]
+
+
+def _rescue(tree: Tree, exists: frozenset[str] | None, command_status: dict[str, int]) -> rescue.RescueFacts | None:
+    """The rescue facts of a snapshot; None where its gather did not read them (a snapshot taken
+    before gather.sh listed the watchdogs, whose exit status is the mark)."""
+    if "watchdogs" not in command_status or exists is None:
+        return None
+    listing = tree.command("watchdogs") if command_status.get("watchdogs") == 0 else ""
+    watchdogs = tuple(
+        rescue.Watchdog(
+            name=name,
+            identity=(tree.read(f"{rescue.WATCHDOG_CLASS}/{name}/identity") or "").strip() or None,
+            timeout_s=rescue.parse_int(tree.read(f"{rescue.WATCHDOG_CLASS}/{name}/timeout")),
+            active=None
+            if (state := tree.read(f"{rescue.WATCHDOG_CLASS}/{name}/state")) is None
+            else state.strip() == "active",
+            nowayout=rescue.parse_flag(tree.read(f"{rescue.WATCHDOG_CLASS}/{name}/nowayout")),
+        )
+        for name in rescue.parse_watchdog_names(listing or "")
+    )
+    ipmi = next((device for device in rescue.IPMI_DEVICES if device in exists), None)
+    read = {name: tree.read(f"/proc/sys/kernel/{name}") for name in rescue.KERNEL_PANIC_SETTINGS}
+    kernel = rescue.KernelPanics(
+        panic_s=rescue.parse_int(read["panic"]),
+        panic_on_oops=rescue.parse_flag(read["panic_on_oops"]),
+        softlockup_panic=rescue.parse_flag(read["softlockup_panic"]),
+        hung_task_panic=rescue.parse_flag(read["hung_task_panic"]),
+        hardlockup_panic=rescue.parse_flag(read["hardlockup_panic"]),
+    )
+    texts = _systemd_conf_texts(tree)
+    systemd = None if texts is None else rescue.parse_systemd_watchdogs(texts)
+    return rescue.RescueFacts(
+        watchdogs=watchdogs,
+        ipmi_device=ipmi,
+        kernel=kernel,
+        systemd_runtime_watchdog_s=None if systemd is None else systemd["RuntimeWatchdogSec"],
+        systemd_reboot_watchdog_s=None if systemd is None else systemd["RebootWatchdogSec"],
+    )

@@ -87,7 +87,15 @@ copy_files \
     /sys/module/vfio_pci/parameters/ids /sys/module/nvidia/version \
     /sys/module/kvm_intel/parameters/nested /sys/module/kvm_amd/parameters/nested \
     /sys/module/vfio/initstate /sys/module/vfio_pci/initstate /sys/module/vfio_iommu_type1/initstate \
-    /sys/module/nvidia/initstate /sys/module/nouveau/initstate /sys/module/snd_hda_intel/initstate
+    /sys/module/nvidia/initstate /sys/module/nouveau/initstate /sys/module/snd_hda_intel/initstate \
+    /sys/class/watchdog/watchdog*/identity /sys/class/watchdog/watchdog*/timeout \
+    /sys/class/watchdog/watchdog*/state /sys/class/watchdog/watchdog*/nowayout \
+    /proc/sys/kernel/panic /proc/sys/kernel/panic_on_oops /proc/sys/kernel/softlockup_panic \
+    /proc/sys/kernel/hung_task_panic /proc/sys/kernel/hardlockup_panic \
+    /etc/systemd/system.conf /etc/systemd/system.conf.d/*.conf /usr/lib/systemd/system.conf.d/*.conf
+# The watchdog devices (what can reset a host whose boot hangs); its exit status marks that this
+# gather read them: an older snapshot has no such line, and its rescue facts are unknown.
+run_command watchdogs ls /sys/class/watchdog
 
 # --- PCI functions: attributes of every function, in one cp --------------------------------------
 set --
@@ -123,7 +131,8 @@ run_command pci-device-paths find /sys/bus/pci/devices/ -mindepth 1 -maxdepth 1 
         /var/log/nvidia-installer.log /usr/bin/nvidia-smi /boot/efi/EFI /boot/loader/entries \
         /boot/efi/loader/entries /efi/loader/entries /etc/kernel/proxmox-boot-uuids \
         /etc/kernel/install.conf /boot/initrd.img-"$KREL" /boot/initramfs-"$KREL".img \
-        /sys/module/vfio_pci /sys/module/vfio /sys/module/nvidia /sys/module/nouveau; do
+        /sys/module/vfio_pci /sys/module/vfio /sys/module/nvidia /sys/module/nouveau \
+        /dev/ipmi0 /dev/ipmi/0 /dev/ipmidev/0; do
         [ -e "$p" ] && printf '%s\n' "$p"
     done
 } > "$T/commands/exists.txt"

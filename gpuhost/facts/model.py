@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 
+from gpuhost.facts.rescue import RescueFacts
+
 # PCI class codes (base class and subclass, the upper 16 bits of the 24-bit class).
 CLASS_VGA = 0x0300
 CLASS_3D = 0x0302
@@ -572,6 +574,8 @@ class HostFacts:
     virtualization: VirtualizationSoftware | None = None  # None: no package database could be read
     # Logical CPU -> the logical CPUs of its core, itself included (SMT siblings); {}: not captured.
     thread_siblings: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # What can reset the host when a boot hangs (watchdogs, the BMC); None: not gathered.
+    rescue: RescueFacts | None = None
 
     def function(self, address: str) -> PciFunction | None:
         return self._functions_by_address.get(address)
