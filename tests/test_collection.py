@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -294,3 +295,31 @@ def _tracked_copy(destination: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(origin, target)
     return destination
+
+
+def _batches() -> Any:
+    sys.path.insert(0, str(COLLECTION.parents[2]))
+    try:
+        from ansible_collections.gpuhost.passthrough.plugins.filter.batches import batches
+    finally:
+        sys.path.remove(str(COLLECTION.parents[2]))
+    return batches
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [([1, "20%"], [1, "20%"]), ("1,20%", [1, "20%"]), (" 2 , 50% ", [2, "50%"]), ("5", [5]), (3, [3])],
+)
+def test_gpuhost_serial_reads_a_list_from_apply_and_text_from_a_survey(value: object, expected: list[object]) -> None:
+    assert _batches()(value) == expected
+    site = yaml.safe_load((COLLECTION / "playbooks/site.yml").read_text())
+    (configure,) = [play for play in site if str(play.get("name", "")).startswith("Configure for passthrough")]
+    assert "gpuhost.passthrough.batches" in configure["serial"]
+
+
+@pytest.mark.parametrize("value", ["", "1;20%", "0", "one", "20%%", [], True])
+def test_a_gpuhost_serial_that_is_no_batch_list_is_refused_with_the_fix(value: object) -> None:
+    from ansible.errors import AnsibleFilterError
+
+    with pytest.raises(AnsibleFilterError, match=r"comma-separated \(e\.g\. 1,20%\)"):
+        _batches()(value)
