@@ -64,7 +64,12 @@ def open_transport(target: Target) -> Transport:
     return SshTransport(target.ssh)
 
 
-def audit_target(target: Target) -> HostAudit:
+def audit_target(target: Target, transport: Transport | None = None) -> HostAudit:
+    """Gather, build facts and run the checks of one host; never raises (its error is the result's).
+
+    `transport`: a connection to the host that someone else opened (the Ansible collection's audit
+    action hands over the play's own connection); without it the target's is opened and closed here.
+    """
     started = time.monotonic()
     round_trips = 0
     try:
@@ -72,12 +77,13 @@ def audit_target(target: Target) -> HostAudit:
             assert target.snapshot is not None
             facts = build_facts(open_snapshot(target.snapshot))
         else:
-            transport = open_transport(target)
+            connection = transport if transport is not None else open_transport(target)
             try:
-                facts = build_facts(gather_tree(transport))
+                facts = build_facts(gather_tree(connection))
             finally:
-                round_trips = transport.round_trips
-                transport.close()
+                round_trips = connection.round_trips
+                if transport is None:
+                    connection.close()
     except TransportError as error:
         return _failed(target, str(error), error.kind, round_trips, started)
     except GatherFormatError as error:
@@ -108,6 +114,12 @@ def unexpected_error(host: str, error: BaseException) -> str:
     so the run goes on and the operator can report it (the host is not audited, never ready)."""
     detail = str(error)[:300] or "no detail"
     return f"{host}: unexpected {type(error).__name__} ({detail}); the host was not audited. Please report this."
+
+
+def not_audited(target: Target, message: str, kind: str) -> HostAudit:
+    """A host refused before anything connected (its inventory variables), as audit_target reports
+    a host it could not audit; `kind` is one of HostAudit.error_kind's."""
+    return _failed(target, message, kind, 0, time.monotonic())
 
 
 def _failed(target: Target, message: str, kind: str, round_trips: int, started: float) -> HostAudit:

@@ -14,6 +14,8 @@ from gpuhost.facts.snapshot import SnapshotTree
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SNAPSHOTS = FIXTURES / "snapshots"
+# The Ansible collection gpuhost.passthrough (its roles, playbooks and plugins) in the checkout.
+COLLECTION = Path(__file__).resolve().parents[1] / "playbooks/collections/ansible_collections/gpuhost/passthrough"
 
 
 def snapshot_facts(name: str) -> HostFacts:

@@ -32,7 +32,7 @@ from tests.test_smoke_test_cli import REPO, h100_bandwidth_doubled, run_cli
 H100 = SNAPSHOTS / "h100-guest"
 DEV_VM = SNAPSHOTS / "dev-vm"
 NODE_EXPORTER = Path("/usr/bin/prometheus-node-exporter")  # Debian's prometheus-node-exporter (.ci/setup)
-# The reboot task of playbooks/roles/gpuhost_verify/tasks/main.yml, as its events name it.
+# The reboot task of the collection's roles/gpuhost_verify/tasks/main.yml, as its events name it.
 REBOOT_TASK = "Reboot into the new kernel command line (only when /proc/cmdline differs from the plan)"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -21,12 +21,12 @@ from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.model import HostPlan
-from tests.helpers import SNAPSHOTS
+from tests.helpers import COLLECTION, SNAPSHOTS
 
 CAPTURE = SNAPSHOTS / "lab-uefi-secureboot-unsigned-module"
 MODULE = "/lib/modules/6.1.0-50-amd64/updates/dkms/nvidia-stand-in.ko"
 SIGNER = "DKMS module signing key"
-PLAYBOOK = Path(__file__).resolve().parents[1] / "playbooks/roles/gpuhost_driver_removal/tasks/main.yml"
+PLAYBOOK = COLLECTION / "roles/gpuhost_driver_removal/tasks/main.yml"
 
 
 def plan(root: Path, **variables: object) -> HostPlan:

@@ -18,9 +18,9 @@ from gpuhost.plan.model import (
 )
 from gpuhost.plan.verify import verify_rollback
 from gpuhost.rollout.engine import REMOVED_FILES
-from tests.helpers import SNAPSHOTS
+from tests.helpers import COLLECTION, SNAPSHOTS
 
-ROLE_DEFAULTS = Path(__file__).resolve().parents[1] / "playbooks/roles/gpuhost_rollback/defaults/main.yml"
+ROLE_DEFAULTS = COLLECTION / "roles/gpuhost_rollback/defaults/main.yml"
 
 
 def test_the_rollback_role_removes_what_the_planner_writes() -> None:

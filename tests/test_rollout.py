@@ -122,6 +122,7 @@ def test_interactive_apply_reads_the_inventory_once_and_reports_an_unreachable_h
     assert "vfio-pci <- 0000:" in out  # the plan was shown before the question
     assert len(inventory_reads) == 1, inventory_reads  # was 4: plan (2) and the checks before the run (2)
     (call,) = calls
+    assert call["playbook"] == "gpuhost.passthrough.site"  # the collection's playbook, as AWX runs it
     assert call["limit"] == "gpu01,localhost"
     # Issue 13.4: the known_hosts file the audit uses is the one ssh gets, after the host's own options.
     extra = json.loads(call["extra_sources"][0])
@@ -185,6 +186,7 @@ def test_interactive_rollback_reads_the_inventory_once_and_names_the_hosts_it_as
     assert prompts == ["Remove gpuhost's configuration from gpu01 and reboot it? [y/N] "]
     assert len(inventory_reads) == 1, inventory_reads  # was 3: the checks (2) and the read-back (1)
     (call,) = calls
+    assert call["playbook"] == "gpuhost.passthrough.rollback"
     assert call["limit"] == "~gpu0[1]" and call["extra_sources"]
     out = capsys.readouterr().out
     assert "unreachable" in out and "its SSH host key is not the one in known_hosts" in out

@@ -1,9 +1,9 @@
-"""Run site.yml (apply) or rollback.yml through ansible-runner; its events become typed outcomes.
+"""Run gpuhost.passthrough.site (apply) or .rollback through ansible-runner; its events become typed outcomes.
 
 The engine never prints: progress goes to a callback as TaskProgress, the result comes back as
 a RolloutReport (apply) or per-host HostOutcomes (rollback). The playbooks compute the same plan
 again on the hosts (gpuhost.passthrough.plan), so what runs is what
-`ansible-playbook -i INVENTORY playbooks/site.yml` would run.
+`ansible-playbook -i INVENTORY gpuhost.passthrough.site` (or an AWX job template) would run.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from gpuhost.plan.model import (
     TRIAL_SETTINGS_PATH,
 )
 from gpuhost.rollout.environment import (
+    ROLLBACK_PLAYBOOK,
+    SITE_PLAYBOOK,
     ansible_environment,
     inventory_sources,
     known_hosts_inventory,
-    playbook_path,
-    rollback_playbook_path,
 )
 from gpuhost.rollout.hostkeys import host_key_message
 from gpuhost.rollout.report import (
@@ -53,7 +53,7 @@ from gpuhost.rollout.report import (
 )
 from gpuhost.targets import Target
 
-# The name of site.yml's second play begins so: its tasks on a host mean that host's batch began.
+# The name of gpuhost.passthrough.site's second play begins so: its tasks on a host mean that host's batch began.
 CONFIGURE_PLAY_PREFIX = "Configure for passthrough"
 # Steps of apply worth a progress line even when nothing changed.
 APPLY_KEY_TASKS = ("planner", "Reboot", "Verify")
@@ -177,7 +177,7 @@ class EventTracker:
 
 
 def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) -> RolloutReport:
-    """Run site.yml on the hosts `targets` (the inventory read once, validated) and write the report."""
+    """Run gpuhost.passthrough.site on the hosts `targets` (the inventory read once, validated) and write the report."""
     # The playbook writes beside the report; the report itself is replaced, whole, only by a run
     # that was not canceled, so Ctrl-C never turns the last report into an empty one.
     final_report = request.report_path
@@ -193,7 +193,7 @@ def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) 
         # Only --no-trial is an extra var: without it, an inventory's own gpuhost_trial_boot holds.
         extravars["gpuhost_trial_boot"] = False
     stats, rc, status = run_playbook(
-        playbook_path(),
+        SITE_PLAYBOOK,
         request.inventory,
         # The report play runs on the controller: a --limit must not leave it out.
         f"{request.limit},localhost" if request.limit is not None else None,
@@ -246,7 +246,7 @@ def _recap_hosts(stats: Mapping[str, Any], reached: set[str]) -> dict[str, dict[
 
 
 def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Progress) -> dict[str, HostOutcome]:
-    """Run rollback.yml on `targets`; what stopped each host that failed (the others ran through)."""
+    """Run gpuhost.passthrough.rollback on `targets`; what stopped each host that failed (the others ran through)."""
     tracker = EventTracker(progress)
     extravars = {
         "gpuhost_rollback_removed_files": list(REMOVED_FILES),
@@ -256,7 +256,7 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
         "gpuhost_rollback_reboot_timeout": request.reboot_timeout,
     }
     _, _, status = run_playbook(
-        rollback_playbook_path(),
+        ROLLBACK_PLAYBOOK,
         request.inventory,
         request.limit,
         extravars,
@@ -271,7 +271,7 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
 
 
 def run_playbook(
-    playbook: Path,
+    playbook: str | Path,
     inventory: Path,
     limit: str | None,
     extravars: Mapping[str, Any],
@@ -280,8 +280,9 @@ def run_playbook(
     tracker: EventTracker,
     verbose: bool,
 ) -> tuple[dict[str, Any], int, str]:
-    """Run `playbook` on the hosts of `targets` with gpuhost's Ansible environment and their
-    known_hosts files; `tracker` sees every event. Ansible's recap (stats), return code, status."""
+    """Run `playbook` (a collection playbook's name, or a file) on the hosts of `targets` with
+    gpuhost's Ansible environment and their known_hosts files; `tracker` sees every event.
+    Ansible's recap (stats), return code, status."""
     try:
         import ansible_runner
     except ImportError as error:

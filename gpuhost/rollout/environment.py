@@ -15,15 +15,25 @@ from gpuhost.targets import ConnectionDefaults, Target, inventory_targets
 
 # A playbooks/ directory to run instead of the checkout's or the installed one.
 PLAYBOOKS_ENV = "GPUHOST_PLAYBOOKS"
+# The collection that holds the roles and playbooks; apply and rollback run its playbooks by name,
+# as AWX/AAP and `ansible-playbook gpuhost.passthrough.site` do.
+COLLECTION = "gpuhost.passthrough"
+SITE_PLAYBOOK = f"{COLLECTION}.site"
+ROLLBACK_PLAYBOOK = f"{COLLECTION}.rollback"
+AUDIT_PLAYBOOK = f"{COLLECTION}.audit"
 
 
 def playbook_path() -> Path:
-    """site.yml of the checkout's playbooks/, or of a wheel install's <prefix>/share/gpuhost/playbooks."""
+    """site.yml of the checkout's playbooks/, or of a wheel install's <prefix>/share/gpuhost/playbooks:
+    the file that imports gpuhost.passthrough.site, beside the collections/ that holds it."""
     return require_data_dir("playbooks", "site.yml", env_var=PLAYBOOKS_ENV) / "site.yml"
 
 
-def rollback_playbook_path() -> Path:
-    return playbook_path().parent / "rollback.yml"
+def collections_path() -> Path:
+    """The collections/ directory (ansible_collections/gpuhost/passthrough) beside the playbooks
+    this gpuhost ships: its collection is the one apply and rollback run, whatever other
+    gpuhost.passthrough Ansible could find."""
+    return playbook_path().parent / "collections"
 
 
 def ansible_environment() -> dict[str, str]:
@@ -34,6 +44,7 @@ def ansible_environment() -> dict[str, str]:
         "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_FORCE_COLOR": "False",
         "PYTHONPATH": _pythonpath(),
+        "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
         # ansible-playbook is installed beside this interpreter (a venv run as .venv/bin/gpuhost
         # without activating it has no ansible-playbook on PATH).
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),

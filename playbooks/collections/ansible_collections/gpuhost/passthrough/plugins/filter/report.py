@@ -1,8 +1,10 @@
-"""gpuhost.passthrough.report_entry: one host's entry of the apply report, from its host variables."""
+"""gpuhost.passthrough.report_entry: one host's entry of the apply report, from its host variables;
+gpuhost.passthrough.audit_lines: the audit playbook's report, as `gpuhost audit --json` prints it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -36,6 +38,36 @@ def report_entry(hostvars: Mapping[str, Any], check_mode: bool = False) -> dict[
     }
 
 
+def audit_lines(hosts: Sequence[str], hostvars: Mapping[str, Any]) -> str:
+    """One JSON object per host and line, in `hosts`' order: each host's gpuhost_audit fact, or, for a
+    host the play never audited (Ansible could not reach it before the audit task), the object
+    `gpuhost audit --json` prints for a host it could not reach."""
+    lines = []
+    for host in hosts:
+        audit = (hostvars.get(host) or {}).get("gpuhost_audit")
+        lines.append(json.dumps(dict(audit) if audit else _not_reached(str(host))) + "\n")
+    return "".join(lines)
+
+
+def _not_reached(host: str) -> dict[str, Any]:
+    from ansible.errors import AnsibleFilterError
+    from ansible_collections.gpuhost.passthrough.plugins.plugin_utils.host import HostReadError, require_gpuhost
+
+    try:
+        require_gpuhost()
+    except HostReadError as error:
+        raise AnsibleFilterError(str(error)) from error
+    from gpuhost.audit import audit_to_json, not_audited
+    from gpuhost.checks.base import AuditPolicy
+    from gpuhost.selection import GpuSelector
+    from gpuhost.targets import SSH, Target
+
+    where = f"inventory host {host}"
+    target = Target(name=host, kind=SSH, policy=AuditPolicy(gpus=GpuSelector.parse(None, where)))
+    message = f"{host}: Ansible did not reach the audit task on this host (unreachable, or a task before it failed)"
+    return audit_to_json(not_audited(target, message, "unreachable"))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"report_entry": report_entry}
+        return {"report_entry": report_entry, "audit_lines": audit_lines}

@@ -12,9 +12,12 @@ from typing import Any
 # status of the gather script (not of base64) is the command's, without pipefail (dash).
 _WRAPPED = "exec 3>&1; status=$( { { %s; echo $? >&4; } | base64 -w 0 >&3; } 4>&1 ); exit $status"
 
+# The one message of a collection installed where the gpuhost package is not (its first task says it).
 MISSING_GPUHOST = (
-    "gpuhost.passthrough needs the gpuhost Python package on the controller: pip install 'gpuhost[controller]' "
-    "(or run from the gpuhost repository with it on PYTHONPATH)."
+    "the gpuhost.passthrough collection needs the gpuhost Python package (with its controller extra) in the "
+    "Python that runs ansible-playbook: the controller, or the execution environment AWX/AAP runs the job in. "
+    "Install it there (pip install 'gpuhost[controller]' from a gpuhost checkout or its wheel), or build the "
+    "execution environment from gpuhost's execution-environment.yml, which installs it (docs/awx.md)."
 )
 
 
@@ -35,11 +38,17 @@ class AnsibleConnectionTransport:
         return self._round_trips
 
     def run(self, argv: list[str], stdin: bytes = b"", timeout: float = 120.0) -> Any:
-        from gpuhost.transport import CommandResult
+        from ansible.errors import AnsibleConnectionFailure
+
+        from gpuhost.transport import CommandResult, TransportError
 
         self._round_trips += 1
         command = _WRAPPED % shlex.join(argv)
-        result = self._action._low_level_execute_command(command, in_data=stdin, sudoable=True)
+        try:
+            result = self._action._low_level_execute_command(command, in_data=stdin, sudoable=True)
+        except AnsibleConnectionFailure as error:
+            # The audit reports it as the host's own error (as gpuhost audit does), not as a crash.
+            raise TransportError("unreachable", f"{self._host}: {error}") from error
         stdout = result.get("stdout", "") or ""
         try:
             data = base64.b64decode(stdout.strip(), validate=True) if stdout.strip() else b""

@@ -1,4 +1,4 @@
-"""What both action plugins do first: make gpuhost importable, validate the host's gpuhost_*
+"""What the action plugins do first: make gpuhost importable, validate the host's gpuhost_*
 variables and read its facts through the play's connection."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 from ansible_collections.gpuhost.passthrough.plugins.plugin_utils.gather import (
     MISSING_GPUHOST,
+    AnsibleConnectionTransport,
     gather_facts,
     gpuhost_variables,
 )
@@ -39,16 +40,50 @@ def import_gpuhost() -> None:
         sys.path.append(str(_CHECKOUT_ROOT))
 
 
+def require_gpuhost() -> None:
+    """gpuhost importable, or HostReadError with the one message that says how to install it."""
+    try:
+        import_gpuhost()
+        import gpuhost.audit
+        import gpuhost.plan  # noqa: F401
+    except ImportError as error:
+        raise HostReadError(f"{MISSING_GPUHOST} ({error})") from error
+
+
+def audit_host(action: Any, task_vars: dict[str, Any]) -> dict[str, Any]:
+    """`gpuhost audit --json`'s object for the play's host: the same gather (one command through the
+    play's connection) and the same checks (gpuhost.audit.audit_target). A host whose gpuhost_*
+    variables are invalid gets its error in the object, as one the audit could not reach does."""
+    require_gpuhost()
+    from ansible.errors import AnsibleError
+
+    from gpuhost.audit import audit_target, audit_to_json, not_audited
+    from gpuhost.checks.base import AuditPolicy
+    from gpuhost.errors import GpuhostError
+    from gpuhost.selection import GpuSelector
+    from gpuhost.targets import LOCAL, SSH, ConnectionDefaults, Target, host_config
+
+    host = str(task_vars.get("inventory_hostname", "host"))
+    kind = LOCAL if getattr(action._connection, "transport", "ssh") == "local" else SSH
+    where = f"inventory host {host}"
+    try:
+        variables = gpuhost_variables(action, task_vars)
+        config = host_config(variables, ConnectionDefaults(), where)
+    except (GpuhostError, AnsibleError) as error:  # AnsibleError: a variable that does not template
+        unconfigured = Target(name=host, kind=kind, policy=AuditPolicy(gpus=GpuSelector.parse(None, where)))
+        return audit_to_json(not_audited(unconfigured, str(error), "input"))
+    target = Target(name=host, kind=kind, policy=config.audit, variables=variables, config=config)
+    return audit_to_json(audit_target(target, AnsibleConnectionTransport(action, host)))
+
+
 def read_host(action: Any, task_vars: dict[str, Any]) -> HostReading:
     """The host's validated settings and its facts; HostReadError with the reason otherwise."""
     host = str(task_vars.get("inventory_hostname", "host"))
-    try:
-        import_gpuhost()
-        from gpuhost.errors import GpuhostError
-        from gpuhost.plan import PlanSettings
-        from gpuhost.transport import TransportError
-    except ImportError as error:
-        raise HostReadError(f"{MISSING_GPUHOST} ({error})") from error
+    require_gpuhost()
+    from gpuhost.errors import GpuhostError
+    from gpuhost.plan import PlanSettings
+    from gpuhost.transport import TransportError
+
     try:
         settings = PlanSettings.from_variables(gpuhost_variables(action, task_vars), f"inventory host {host}")
         facts = gather_facts(action, host)
