@@ -102,11 +102,18 @@ def test_an_intruder_in_a_gpu_group_is_named():
     assert intruder.severity == Severity.WARNING
 
 
-def test_two_gpus_in_one_group_cannot_be_split():
+def test_two_gpus_in_one_group_go_together_or_not_at_all():
+    """Both selected: the whole group goes to one guest, a warning (issue 27.2: it was an error, so the
+    verification after apply's trial boot reverted every such host). One of them kept: an error."""
     facts = _with_intruder(_guide_facts("five-gpu-host"), 42, "0000:02:00.0", 0x030000, 0x10DE, 0x2BB1)
     _, _, findings = run_checks("gpu07", facts, ALL_NVIDIA)
     shared = [f for f in findings if f.code == "gpu.group.shared"]
-    assert shared and all(f.severity == Severity.ERROR for f in shared)
+    assert len(shared) == 2 and all(f.severity == Severity.WARNING for f in shared)
+    keep_one = AuditPolicy(gpus=GpuSelector.parse(["0000:01:00.0"], "test"))
+    _, _, findings = run_checks("gpu07", facts, keep_one)
+    (shared_error,) = [f for f in findings if f.code == "gpu.group.shared"]
+    assert shared_error.severity == Severity.ERROR and "0000:02:00.0" in shared_error.message
+    assert "keeps" in shared_error.message and "ACS" in shared_error.remedy
 
 
 def test_vfio_ids_that_capture_a_kept_gpu():

@@ -6,6 +6,7 @@ import dataclasses
 
 from gpuhost.facts import parsers as p
 from gpuhost.facts.model import (
+    GPUHOST_GRUB_DROPIN,
     ActiveLoader,
     Bootloader,
     BootloaderKind,
@@ -147,16 +148,24 @@ def _iommu(tree: Tree, exists: frozenset[str] | None) -> Iommu:
     acpi_tables = None if acpi_text is None else set(acpi_text.split())
     groups: dict[int, tuple[str, ...]] = {}
     group_types: dict[int, str] = {}
+    malformed: list[str] = []
     for name in tree.list("/sys/kernel/iommu_groups"):
         group = p.parse_int(name)
         if group is None:
             continue
+        if not p.is_plain_number(name):
+            malformed.append(f"/sys/kernel/iommu_groups/{name}")
         groups[group] = tuple(
             member for member in tree.list(f"/sys/kernel/iommu_groups/{name}/devices") if p.is_pci_address(member)
         )
         group_type = _first_line(tree.read(f"/sys/kernel/iommu_groups/{name}/type"))
         if group_type:
             group_types[group] = group_type
+
+    for address in tree.list(PCI_DEVICES):
+        linked = p.parse_link_target_basename(tree.link(f"{PCI_DEVICES}/{address}/iommu_group"))
+        if p.is_pci_address(address) and linked is not None and not p.is_plain_number(linked):
+            malformed.append(f"{PCI_DEVICES}/{address}/iommu_group -> {linked}")
 
     def table(name: str) -> bool | None:
         if acpi_tables is not None:
@@ -171,6 +180,7 @@ def _iommu(tree: Tree, exists: frozenset[str] | None) -> Iommu:
         units=tuple(tree.list("/sys/class/iommu")),
         groups=dict(sorted(groups.items())),
         group_types=group_types,
+        malformed_names=tuple(malformed),
     )
 
 
@@ -270,12 +280,14 @@ def _grub(tree: Tree, status: dict[str, int]) -> GrubConfig:
     values = p.parse_key_value_lines(effective) if effective is not None and syntax_error is None else {}
     linux = values.get("GRUB_CMDLINE_LINUX")
     default = values.get("GRUB_CMDLINE_LINUX_DEFAULT")
+    ours = tree.read(GPUHOST_GRUB_DROPIN)
     return GrubConfig(
         present=present,
         syntax_error=syntax_error,
         cmdline_linux=None if linux is None else p.parse_cmdline(linux),
         cmdline_linux_default=None if default is None else p.parse_cmdline(default),
         dropins=dropins,
+        gpuhost_options=None if ours is None else p.parse_gpuhost_grub_dropin(ours),
     )
 
 

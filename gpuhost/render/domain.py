@@ -35,16 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import InputError
 from gpuhost.facts.model import GIB_KIB, VENDOR_NVIDIA, HostFacts, PciFunction
 from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
 from gpuhost.numa import declared_vm_pages, pages_by_node, vm_pages
+from gpuhost.passthrough import GpuCard, GroupListing, analyse_groups
 from gpuhost.problems import Problem, Severity, Stage, listed, register
 from gpuhost.render.spec import HostPolicy, VmSpec
 from gpuhost.selection import (
-    GpuCard,
     VmGpuMiss,
     card_numa_node,
     nvswitch_functions_to_bind,
@@ -537,11 +536,10 @@ class _Group:
 def _passthrough_groups(
     facts: HostFacts, cards: Sequence[GpuCard], policy: HostPolicy, conflicts: list[Problem]
 ) -> tuple[_Group, ...]:
-    chosen = {card.gpu.address for card in cards}
     groups: list[_Group] = []
     placed: set[str] = set()
-    for card in cards:
-        isolation = analyse_group(facts, card)
+    for isolation in analyse_groups(facts, cards):  # judged for this VM's GPUs: a GPU of the group left out splits it
+        card = isolation.card
         if isolation.listing is GroupListing.UNKNOWN:
             conflicts.append(
                 _conflict(
@@ -552,18 +550,17 @@ def _passthrough_groups(
                     "audit the host as root (gpuhost audit) and check the group's devices.",
                 )
             )
-        for other in isolation.other_cards:
-            if other.gpu.address not in chosen:
-                conflicts.append(
-                    _conflict(
-                        GROUP_SPLIT,
-                        card.gpu.address,
-                        f"GPU {card.gpu.address} shares IOMMU group {card.gpu.iommu_group} with GPU "
-                        f"{other.gpu.address}: both go to the same guest or neither does;",
-                        "add it to gpus.",
-                    )
+        for other in isolation.kept_cards:
+            conflicts.append(
+                _conflict(
+                    GROUP_SPLIT,
+                    card.gpu.address,
+                    f"GPU {card.gpu.address} shares IOMMU group {card.gpu.iommu_group} with GPU "
+                    f"{other.gpu.address}: both go to the same guest or neither does;",
+                    "add it to gpus.",
                 )
-        intruders = [f for f in isolation.intruders if not f.is_bridge]
+            )
+        intruders = isolation.intruders
         if intruders and card.gpu.address not in policy.allow_shared_group:
             conflicts.append(
                 _conflict(
@@ -574,7 +571,10 @@ def _passthrough_groups(
                     "accept that with gpuhost_allow_shared_group, or move the card.",
                 )
             )
-        functions = [f for f in (*card.functions, *intruders) if f.address not in placed]
+        # What vfio-pci owns for this card, laid out by slot: its functions and its group's intruders (other
+        # GPUs of the group are laid out with their own card).
+        mine = {f.address for f in (*card.functions, *intruders)}
+        functions = [f for f in isolation.to_bind if f.address in mine and f.address not in placed]
         placed.update(f.address for f in functions)
         by_slot: dict[str, list[PciFunction]] = {}
         for function in sorted(functions, key=lambda f: (f.slot != card.gpu.slot, f.address)):
