@@ -32,6 +32,7 @@ from gpuhost.facts.model import (
 from gpuhost.facts.snapshot import Tree
 
 PCI_DEVICES = "/sys/bus/pci/devices"
+XORG_CONF = "/etc/X11/xorg.conf"
 MODPROBE_DIRS = ("/etc/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
 ESP_MOUNTS = ("/boot/efi", "/efi", "/boot")
 SHIM_FILES = frozenset({"shimx64.efi", "shimaa64.efi", "mmx64.efi", "mmaa64.efi"})
@@ -79,6 +80,7 @@ def build_facts(tree: Tree) -> HostFacts:
         dmi_product=_first_line(tree.read("/sys/class/dmi/id/product_name")),
         virtualization=_virtualization(packages),
         thread_siblings=_thread_siblings(tree),
+        xorg_conf=_present(tree, exists, XORG_CONF),
     )
 
 
@@ -87,6 +89,14 @@ def _first_line(text: str | None) -> str | None:
         return None
     stripped = text.strip()
     return stripped.splitlines()[0] if stripped else None
+
+
+def _present(tree: Tree, exists: frozenset[str] | None, path: str) -> bool | None:
+    """Whether a file the gather copies exists: copied, or in the existence list; None where neither
+    tells (no existence list, as in snapshots taken before it listed the file)."""
+    if tree.read(path) is not None or (exists is not None and path in exists):
+        return True
+    return False if exists is not None else None
 
 
 def _exists_set(tree: Tree) -> frozenset[str] | None:

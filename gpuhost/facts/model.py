@@ -582,6 +582,7 @@ class HostFacts:
     virtualization: VirtualizationSoftware | None = None  # None: no package database could be read
     # Logical CPU -> the logical CPUs of its core, itself included (SMT siblings); {}: not captured.
     thread_siblings: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    xorg_conf: bool | None = None  # /etc/X11/xorg.conf exists (None: unknown)
 
     def function(self, address: str) -> PciFunction | None:
         return self._functions_by_address.get(address)

@@ -764,7 +764,7 @@ def _driver_removal(facts: HostFacts, settings: PlanSettings, selection: GpuSele
     files = sorted(
         {d.path for d in facts.modprobe if d.path.rsplit("/", 1)[-1].startswith("nvidia") and d.path.endswith(".conf")}
     )
-    if nvidia.installed:
+    if nvidia.installed and facts.xorg_conf is not False:  # never "delete" (and back up) a file that is not there
         files.insert(0, "/etc/X11/xorg.conf")
     kept_nvidia = [card.gpu.address for card in selection.kept if card.gpu.vendor == VENDOR_NVIDIA]
     dkms_modules = _nvidia_dkms_modules(facts)
