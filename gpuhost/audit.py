@@ -14,10 +14,11 @@ from gpuhost.checks import Role, run_checks
 from gpuhost.errors import GpuhostError, shortened
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.gather import gather_tree
-from gpuhost.facts.model import GIB_KIB, HostFacts, TextEnum
+from gpuhost.facts.model import GIB_KIB, HostFacts, PciFunction, TextEnum
 from gpuhost.facts.snapshot import GatherFormatError, open_snapshot
+from gpuhost.passthrough import analyse_group, group_members
 from gpuhost.problems import Problem, Severity
-from gpuhost.selection import GpuSelection, functions_to_bind, group_members
+from gpuhost.selection import GpuSelection
 from gpuhost.targets import LOCAL, SNAPSHOT, Target
 from gpuhost.transport import Transport, TransportError
 from gpuhost.transport.local import LocalTransport
@@ -239,10 +240,13 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
         # What can reset the host when a boot hangs (null: not gathered; an older snapshot).
         "rescue": facts.rescue.to_json() if facts.rescue is not None else None,
     }
+    selected = {card.gpu.address for card in audit.selection.passthrough}
     for passthrough, cards in ((True, audit.selection.passthrough), (False, audit.selection.kept)):
         for card in cards:
             gpu = card.gpu
-            bound = functions_to_bind(facts, card)
+            # The card's own functions; what else shares its group and is no GPU's is listed apart
+            # (issue 27.4: a SATA controller once showed as the card's function).
+            isolation = analyse_group(facts, card, selected)
             data["gpus"].append(
                 {
                     "address": gpu.address,
@@ -252,25 +256,8 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
                     "driver": gpu.driver,
                     "iommu_group": gpu.iommu_group,
                     "group_members": [member.address for member in group_members(facts, gpu)],
-                    "functions": [
-                        {
-                            "address": f.address,
-                            "vendor_device": f.vendor_device,
-                            "driver": f.driver,
-                            # Memory BARs only: their sizes are what the guest's address space must hold.
-                            "bars": [
-                                {
-                                    "index": bar.index,
-                                    "size": bar.size,
-                                    "is_64bit": bar.is_64bit,
-                                    "prefetchable": bar.is_prefetchable,
-                                }
-                                for bar in f.bars
-                                if bar.is_memory and bar.size
-                            ],
-                        }
-                        for f in bound
-                    ],
+                    "functions": [_function_json(f) for f in card.functions],
+                    "intruders": [_function_json(f) for f in isolation.intruders],
                     "link": {
                         "current_gen": gpu.link.current_generation,
                         "current_width": gpu.link.current_width,
@@ -283,3 +270,17 @@ def audit_to_json(audit: HostAudit) -> dict[str, Any]:
                 }
             )
     return data
+
+
+def _function_json(function: PciFunction) -> dict[str, Any]:
+    return {
+        "address": function.address,
+        "vendor_device": function.vendor_device,
+        "driver": function.driver,
+        # Memory BARs only: their sizes are what the guest's address space must hold.
+        "bars": [
+            {"index": bar.index, "size": bar.size, "is_64bit": bar.is_64bit, "prefetchable": bar.is_prefetchable}
+            for bar in function.bars
+            if bar.is_memory and bar.size
+        ],
+    }

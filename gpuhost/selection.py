@@ -1,6 +1,7 @@
 """Which GPUs of a host are to be passed through, and which functions go with each.
 
-One place for this logic: the audit's checks and the planner (apply) both call it.
+One place for this logic: the audit's checks and the planner (apply) both call it. What vfio-pci
+must own for the selected GPUs, and whether their IOMMU groups are usable: gpuhost.passthrough.
 """
 
 from __future__ import annotations
@@ -11,14 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost.errors import InputError
-from gpuhost.facts.model import (
-    GPU_COMPANION_CLASSES,
-    LONE_GPU_CLASSES,
-    VENDOR_NVIDIA,
-    HostFacts,
-    PciFunction,
-    TextEnum,
-)
+from gpuhost.facts.model import VENDOR_NVIDIA, HostFacts, PciFunction, TextEnum
+from gpuhost.passthrough import GpuCard, function_group_to_bind, gpu_cards
 
 _ADDRESS = re.compile(r"^(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _VENDOR_DEVICE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
@@ -81,18 +76,6 @@ class GpuSelector:
 
 
 @dataclass(frozen=True)
-class GpuCard:
-    """A GPU's display function with the other functions of the same card (audio, USB, ...)."""
-
-    gpu: PciFunction
-    companions: tuple[PciFunction, ...]
-
-    @property
-    def functions(self) -> tuple[PciFunction, ...]:
-        return (self.gpu, *self.companions)
-
-
-@dataclass(frozen=True)
 class GpuSelection:
     passthrough: tuple[GpuCard, ...]
     kept: tuple[GpuCard, ...]  # GPUs the host keeps: its console, or GPUs not selected
@@ -129,23 +112,6 @@ class NvSwitchModel(TextEnum):
     BARE_METAL = "bare metal"  # no NVIDIA GPU passed: the host keeps them, the NVSwitches and its Fabric Manager
     FULL_PASSTHROUGH = "full passthrough"
     SHARED = "shared NVSwitch"  # some GPUs passed, some kept: refused
-
-
-def gpu_cards(facts: HostFacts) -> tuple[GpuCard, ...]:
-    by_slot: dict[str, list[PciFunction]] = {}
-    for function in facts.pci:
-        by_slot.setdefault(function.slot, []).append(function)
-    cards = []
-    for function in facts.pci:
-        slot = by_slot[function.slot]
-        leads = function.is_gpu or (function.base_class in LONE_GPU_CLASSES and not any(other.is_gpu for other in slot))
-        if not leads:
-            continue
-        companions = tuple(
-            other for other in slot if other.address != function.address and other.base_class in GPU_COMPANION_CLASSES
-        )
-        cards.append(GpuCard(gpu=function, companions=companions))
-    return tuple(cards)
 
 
 def select_gpus(facts: HostFacts, selector: GpuSelector) -> GpuSelection:
@@ -221,15 +187,14 @@ def vm_gpus(facts: HostFacts, selector: GpuSelector, names: Sequence[str]) -> Vm
 
 
 def nvswitch_functions_to_bind(facts: HostFacts, selection: GpuSelection) -> tuple[PciFunction, ...]:
-    """What vfio-pci must own for the full passthrough model: every non-bridge function of each
-    NVSwitch's IOMMU group (the NVSwitch itself; anything else there is an intruder the checks name)."""
+    """What vfio-pci must own for the full passthrough model: each NVSwitch's IOMMU group but its
+    bridges (gpuhost.passthrough's rule) (the NVSwitch itself; anything else there is an intruder the checks name)."""
     if selection.nvswitch_model is not NvSwitchModel.FULL_PASSTHROUGH:
         return ()
     found: dict[str, PciFunction] = {}
     for nvswitch in selection.nvswitches:
-        for member in group_members(facts, nvswitch):
-            if not member.is_bridge:
-                found.setdefault(member.address, member)
+        for member in function_group_to_bind(facts, nvswitch):
+            found.setdefault(member.address, member)
     return tuple(found.values())
 
 
@@ -237,35 +202,6 @@ def nvswitch_group_intruders(facts: HostFacts, selection: GpuSelection) -> tuple
     """Functions sharing an NVSwitch's IOMMU group that are neither NVSwitches nor bridges: binding
     the group to vfio-pci would take them from the host (the planner and render refuse that)."""
     return tuple(f for f in nvswitch_functions_to_bind(facts, selection) if not f.is_nvswitch)
-
-
-def group_listed(facts: HostFacts, function: PciFunction) -> bool:
-    """Whether `function`'s IOMMU group listing was read and names the function itself: without
-    that (no group, a listing missing, empty or unreadable) the group's members are unknown."""
-    if function.iommu_group is None:
-        return False
-    return function.address in facts.iommu.groups.get(function.iommu_group, ())
-
-
-def group_members(facts: HostFacts, function: PciFunction) -> tuple[PciFunction, ...]:
-    """Every function in `function`'s IOMMU group (itself included; only itself where the group's
-    listing is not known, see group_listed)."""
-    if not group_listed(facts, function):
-        return (function,)
-    assert function.iommu_group is not None  # group_listed
-    members = [facts.function(address) for address in facts.iommu.groups[function.iommu_group]]
-    return tuple(member for member in members if member is not None)
-
-
-def functions_to_bind(facts: HostFacts, card: GpuCard) -> tuple[PciFunction, ...]:
-    """What vfio-pci must own for this card to be passed through: every non-bridge function of
-    its IOMMU group (the card's own functions; an intruder too, which the checks refuse). Where the
-    group's listing is not known, the card's own functions: never nothing, so their drivers are
-    still judged and shown (issue 13.2: an empty listing once left an nvidia-bound GPU 'ready')."""
-    if not group_listed(facts, card.gpu):
-        return tuple(function for function in card.functions if not function.is_bridge)
-    members = group_members(facts, card.gpu)
-    return tuple(member for member in members if not member.is_bridge)
 
 
 def allowed_shared_groups(variables: Mapping[str, Any], where: str) -> tuple[str, ...]:

@@ -102,11 +102,18 @@ def test_an_intruder_in_a_gpu_group_is_named():
     assert intruder.severity == Severity.WARNING
 
 
-def test_two_gpus_in_one_group_cannot_be_split():
+def test_two_gpus_in_one_group_go_together_or_not_at_all():
+    """Both selected: the whole group goes to one guest, a warning (issue 27.2: it was an error, so the
+    verification after apply's trial boot reverted every such host). One of them kept: an error."""
     facts = _with_intruder(_guide_facts("five-gpu-host"), 42, "0000:02:00.0", 0x030000, 0x10DE, 0x2BB1)
     _, _, findings = run_checks("gpu07", facts, ALL_NVIDIA)
     shared = [f for f in findings if f.code == "gpu.group.shared"]
-    assert shared and all(f.severity == Severity.ERROR for f in shared)
+    assert len(shared) == 2 and all(f.severity == Severity.WARNING for f in shared)
+    keep_one = AuditPolicy(gpus=GpuSelector.parse(["0000:01:00.0"], "test"))
+    _, _, findings = run_checks("gpu07", facts, keep_one)
+    (shared_error,) = [f for f in findings if f.code == "gpu.group.shared"]
+    assert shared_error.severity == Severity.ERROR and "0000:02:00.0" in shared_error.message
+    assert "keeps" in shared_error.message and "ACS" in shared_error.remedy
 
 
 def test_vfio_ids_that_capture_a_kept_gpu():
@@ -134,3 +141,46 @@ def test_hugepage_allocation_below_the_request_is_an_error():
     _, _, findings = run_checks("gpu07", facts, ALL_NVIDIA)
     (allocation,) = [f for f in findings if f.code == "hugepages.allocation"]
     assert allocation.severity == Severity.ERROR and "576" in allocation.message
+
+
+def test_an_intruder_is_never_proposed_for_vfio_pci():
+    """Issue 27.4: a consumer board's GPU group holding the chipset's SATA controller (the root file
+    system): the audit names it as an intruder with ACS and another slot as the fix, and never asks
+    to add its ID to vfio-pci.ids or to bind it."""
+    facts = _with_intruder(_guide_facts("five-gpu-host"), 42, "0000:02:00.0", 0x010601, 0x8086, 0x2922)
+    _, _, findings = run_checks("gpu07", facts, ALL_NVIDIA)
+    (intruder,) = [f for f in findings if f.code == "gpu.group.intruder"]
+    assert "ACS" in intruder.remedy and "another slot" in intruder.remedy
+    about_sata = [f for f in findings if f.subject == "0000:02:00.0" or "8086:2922" in f.remedy]
+    assert about_sata == [], about_sata
+
+
+def test_amd_iommu_off_is_removed_not_answered_with_amd_iommu_on():
+    """Issue 27.5: an AMD host booted with iommu=off."""
+    from tests.switch_host import epyc_switch_host
+
+    facts = epyc_switch_host(acs=True)
+    assert facts.cmdline is not None
+    pci = tuple(dataclasses.replace(f, iommu_group=None) for f in facts.pci)
+    off = dataclasses.replace(
+        facts,
+        pci=pci,
+        iommu=dataclasses.replace(facts.iommu, groups={}),
+        cmdline=dataclasses.replace(facts.cmdline, tokens=(*facts.cmdline.tokens, "iommu=off")),
+    )
+    as_host = dataclasses.replace(ALL_NVIDIA, role="host")
+    _, _, findings = run_checks("epyc", off, as_host)
+    (inactive,) = [f for f in findings if f.code == "iommu.active"]
+    assert "remove iommu=off" in inactive.remedy and "amd_iommu=on" not in inactive.remedy
+    without_off = dataclasses.replace(off, cmdline=facts.cmdline)
+    (inactive,) = [f for f in run_checks("epyc", without_off, as_host)[2] if f.code == "iommu.active"]
+    assert "amd_iommu=on" not in inactive.remedy
+
+
+def test_gpu_driver_warnings_do_not_ask_for_vfio_pci_ids_already_set():
+    """Issue 27.5: the IDs on the command line, the functions unbound: the fix is vfio-pci at boot."""
+    facts = _guide_facts("five-gpu-host")
+    unbound = tuple(dataclasses.replace(f, driver=None) if f.vendor == 0x10DE else f for f in facts.pci)
+    _, _, findings = run_checks("gpu07", dataclasses.replace(facts, pci=unbound), ALL_NVIDIA)
+    drivers = [f for f in findings if f.code == "gpu.driver"]
+    assert drivers and all("already names" in f.remedy and "Bind it" not in f.remedy for f in drivers)

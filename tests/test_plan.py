@@ -254,7 +254,10 @@ def test_driver_removal_from_facts():
     result = plan(dataclasses.replace(facts, nvidia=nvidia))
     removal = result.driver_removal
     assert removal.packages == ("nvidia-driver-lab",) and removal.runfile and removal.pin
-    assert "/etc/X11/xorg.conf" in removal.files and removal.needed
+    assert "/etc/X11/xorg.conf" not in removal.files and removal.needed  # the lab host has none (issue 27.6)
+    with_xorg = plan(dataclasses.replace(facts, nvidia=nvidia, xorg_conf=True)).driver_removal
+    assert with_xorg.files[0] == "/etc/X11/xorg.conf"
+    assert "/etc/X11/xorg.conf" in plan(dataclasses.replace(facts, nvidia=nvidia, xorg_conf=None)).driver_removal.files
     kept = plan(dataclasses.replace(facts, nvidia=nvidia), gpuhost_remove_nvidia_driver=False)
     assert not kept.driver_removal.needed and not kept.driver_removal.pin
 

@@ -26,6 +26,7 @@ from gpuhost.facts.model import (
     PciFunction,
     VirtualizationSoftware,
 )
+from gpuhost.passthrough import gpu_cards
 from gpuhost.render.domain import (
     GuestAddressWidth,
     RenderRefused,
@@ -38,7 +39,7 @@ from gpuhost.render.domain import (
 )
 from gpuhost.render.spec import HostPolicy, parse_vm, parse_vms
 from gpuhost.render.validate import validate_domain_xml, validator_available
-from gpuhost.selection import GpuSelector, gpu_cards
+from gpuhost.selection import GpuSelector
 from tests.helpers import FIXTURES, snapshot_facts
 
 GOLDEN = FIXTURES / "render"
@@ -714,8 +715,8 @@ def test_vcpus_go_to_whole_cores_and_the_guest_is_told_threads_2():
 
 
 def test_emulator_threads_never_share_a_core_with_a_pinned_vcpu():
-    """An odd vCPU count is pinned one vCPU per CPU (threads=1); the emulator threads still avoid
-    the siblings of every pinned vCPU, this VM's and the others'."""
+    """An odd vCPU count is pinned on whole cores too (threads=1): the last core's idle thread is
+    the VM's; the emulator threads avoid every core a VM holds, this VM's and the others'."""
     host = with_smt_siblings(eight_gpu_two_socket_host())
     odd = parse_vms(
         [
@@ -728,13 +729,32 @@ def test_emulator_threads_never_share_a_core_with_a_pinned_vcpu():
     a, b = (allocation.of(spec) for spec in odd)
     assert a.threads == b.threads == 1
     pinned = {cpu for share in (a, b) for _, cpu in share.vcpu_pins}
-    assert pinned == {34, 35, 36, 37, 38, 39, 40, 41}
-    siblings = {host.thread_siblings[cpu][1] for cpu in pinned}  # 98-105: idle threads of those cores
+    assert a.vcpu_pins == ((0, 34), (1, 98), (2, 35))  # core 35/99: vCPU 2 alone on it
+    assert b.vcpu_pins == ((0, 36), (1, 100), (2, 37), (3, 101), (4, 38))  # not 99: odd-a's core
+    siblings = {host.thread_siblings[cpu][1] for cpu in pinned}  # 99 and 102: the odd vCPUs' idle threads
     for share in (a, b):
         emulator = set(parse_cpulist(share.emulator_cpus))
         assert emulator and not emulator & (pinned | siblings) and not emulator & {32, 33}  # reserved
     plan = plan_domain(host, odd[0], HGX_POLICY, host="hgx", host_vms=odd)
     assert (plan.cores, plan.threads) == (3, 1)
+
+
+def test_two_vms_never_share_a_core_with_adjacent_siblings():
+    """Issue 27.3: siblings numbered 2k, 2k+1 (as some firmware numbers them). A 3-vCPU VM took
+    34, 35, 36 and left 37, its core's other thread, to the next VM. Now each VM holds whole cores."""
+    host = eight_gpu_two_socket_host()
+    host = dataclasses.replace(host, thread_siblings={cpu: (cpu - cpu % 2, cpu - cpu % 2 + 1) for cpu in range(128)})
+    vms = parse_vms(
+        [
+            {"name": "odd-a", "vcpus": 3, "memory": "8G", "gpus": ["gpu4"]},
+            {"name": "odd-b", "vcpus": 3, "memory": "8G", "gpus": ["gpu5"]},
+        ],
+        "test",
+    )
+    allocation = allocate_cpus(host, HGX_POLICY, vms)
+    cores = [{host.thread_siblings[cpu] for _, cpu in allocation.of(spec).vcpu_pins} for spec in vms]
+    assert cores[0] and cores[1] and not cores[0] & cores[1]
+    assert [cpu for _, cpu in allocation.of(vms[1]).vcpu_pins] == [38, 39, 40]  # 37 is odd-a's idle thread
 
 
 def test_without_known_siblings_pinning_is_as_before():

@@ -13,8 +13,9 @@ from gpuhost.checks.memory import check_hugepages, check_hugepages_per_node
 from gpuhost.checks.platform import check_bootloader, check_command_line, check_cpu, check_iommu
 from gpuhost.checks.rescue import check_rescue
 from gpuhost.facts.model import VENDOR_NVIDIA, HostFacts
+from gpuhost.passthrough import gpu_cards
 from gpuhost.problems import Problem, Severity
-from gpuhost.selection import GpuSelection, gpu_cards, select_gpus
+from gpuhost.selection import GpuSelection, select_gpus
 
 Check = Callable[[CheckContext], Iterable[Problem]]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext, class_name, describe_function
-from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.facts.model import GIB_BYTES, GIB_KIB, MIB_BYTES, PciFunction
+from gpuhost.passthrough import GpuCard, GroupListing, analyse_group
 from gpuhost.problems import Problem, Severity, Stage, listed, register
-from gpuhost.selection import GpuCard, NvSwitchModel, functions_to_bind, nvswitch_functions_to_bind
+from gpuhost.selection import NvSwitchModel, nvswitch_functions_to_bind
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
@@ -53,7 +53,13 @@ GPU_GROUP_INTRUDER = register(
     None,
     "a device in the GPU's IOMMU group is neither its function nor a bridge (warning if gpuhost_allow_shared_group)",
 )
-GPU_GROUP_SHARED = register("gpu.group.shared", Stage.AUDIT, Severity.ERROR, "several GPUs in one IOMMU group")
+GPU_GROUP_SHARED = register(
+    "gpu.group.shared",
+    Stage.AUDIT,
+    None,
+    "several GPUs in one IOMMU group: a warning when all of them are selected (the whole group goes to one "
+    "guest), an error when the host keeps one of them",
+)
 GPU_GROUP_CLEAN = register(
     "gpu.group.clean", Stage.AUDIT, Severity.INFO, "the GPU's IOMMU group holds only its functions and bridges"
 )
@@ -225,7 +231,7 @@ def _check_group(ctx: CheckContext, card: GpuCard) -> Iterator[Problem]:
     gpu = card.gpu
     if not ctx.facts.iommu.active:
         return  # check_iommu already says there are no groups at all
-    isolation = analyse_group(ctx.facts, card)
+    isolation = analyse_group(ctx.facts, card, {selected.gpu.address for selected in ctx.selection.passthrough})
     if isolation.listing is GroupListing.NO_GROUP:
         yield ctx.finding(
             GPU_GROUP_MISSING,
@@ -254,19 +260,32 @@ def _check_group(ctx: CheckContext, card: GpuCard) -> Iterator[Problem]:
             f"GPU {gpu.describe()} shares IOMMU group {gpu.iommu_group} with {describe_function(intruder)}, "
             "which is neither one of the card's functions nor a bridge: the whole group goes to the guest together"
             + (" (allowed by gpuhost_allow_shared_group)" if allowed else ""),
-            "Move the card to a slot behind its own PCIe root port (or another CPU root complex); "
-            "list the GPU in gpuhost_allow_shared_group only if giving the guest that device too is acceptable.",
+            "Never bind that device to vfio-pci for this: the group is shared because a PCIe port above the "
+            "card lacks ACS (Access Control Services). Move the card to another slot, behind a root port with ACS "
+            "(or another CPU root complex), or enable ACS in the firmware; list the GPU in "
+            "gpuhost_allow_shared_group only if giving the guest that device too is acceptable.",
         )
-    if isolation.other_cards:
-        names = listed(other.gpu.describe() for other in isolation.other_cards)
-        count = len(isolation.other_cards)
+    if isolation.kept_cards:
+        names = listed(other.gpu.describe() for other in isolation.kept_cards)
         yield ctx.finding(
             GPU_GROUP_SHARED,
             ERROR,
             gpu.address,
-            f"GPU {gpu.describe()} shares IOMMU group {gpu.iommu_group} with {count} other GPU(s) {names}: "
-            "they can only be passed through together, to one guest",
-            "Place the GPUs behind separate PCIe root ports (check ACS support of the switch/root port).",
+            f"GPU {gpu.describe()} shares IOMMU group {gpu.iommu_group} with the GPU(s) {names}, which the host "
+            "keeps: a group goes to one guest whole, so this GPU cannot be passed without them",
+            "Select the whole group (add those GPUs to gpuhost_gpus), or place the GPUs behind separate PCIe "
+            "ports with ACS (check the switch's and root port's ACS support in the firmware).",
+        )
+    elif isolation.other_cards:
+        names = listed(other.gpu.describe() for other in isolation.other_cards)
+        count = len(isolation.other_cards)
+        yield ctx.finding(
+            GPU_GROUP_SHARED,
+            WARNING,
+            gpu.address,
+            f"GPU {gpu.describe()} shares IOMMU group {gpu.iommu_group} with {count} other GPU(s) {names}, "
+            "all selected: render refuses to split the group, they are passed through together, to one guest",
+            "Declare them in one VM; to give them to different guests, place the GPUs behind PCIe ports with ACS.",
         )
     if isolation.isolated:
         names = ", ".join(f.address for f in isolation.members)
@@ -292,10 +311,16 @@ def _check_binding(ctx: CheckContext, card: GpuCard, checked: set[str]) -> Itera
         for item in word[4:].split(",")
         if item
     }
-    for function in functions_to_bind(facts, card):
-        if function.address in checked:
+    isolation = analyse_group(facts, card, {selected.gpu.address for selected in ctx.selection.passthrough})
+    # An intruder (no GPU card's function) is never proposed for vfio-pci: it may hold the host's root file
+    # system (issue 27.4); gpu.group.intruder names it with its fix. Only where the operator gave it away
+    # (gpuhost_allow_shared_group) does the plan bind it, and its binding is judged.
+    intruders = set() if card.gpu.address in ctx.policy.allow_shared_group else {f.address for f in isolation.intruders}
+    for function in isolation.to_bind:
+        if function.address in checked or function.address in intruders:
             continue
         checked.add(function.address)
+        listed_already = function.vendor_device in cmdline_ids
         if function.driver == VFIO_DRIVER:
             pass
         elif function.driver is None:
@@ -304,7 +329,10 @@ def _check_binding(ctx: CheckContext, card: GpuCard, checked: set[str]) -> Itera
                 WARNING,
                 function.address,
                 f"{describe_function(function)} has no driver bound: vfio-pci has not claimed it",
-                "Bind it to vfio-pci early: vfio-pci.ids on the kernel command line (gpuhost apply does this).",
+                f"vfio-pci.ids on the kernel command line already names {function.vendor_device}: check that "
+                "vfio-pci is loaded at boot (the initramfs's vfio modules; gpuhost apply adds them)."
+                if listed_already
+                else "Bind it to vfio-pci early: vfio-pci.ids on the kernel command line (gpuhost apply does this).",
             )
         else:
             yield ctx.finding(
@@ -313,7 +341,11 @@ def _check_binding(ctx: CheckContext, card: GpuCard, checked: set[str]) -> Itera
                 function.address,
                 f"{describe_function(function)} is bound to the host driver {function.driver}, not vfio-pci: "
                 "it is not ready for passthrough",
-                "Bind it to vfio-pci at boot: vfio-pci.ids on the kernel command line, vfio modules in the "
+                f"vfio-pci.ids on the kernel command line already names {function.vendor_device}, but "
+                f"{function.driver} claimed it first: load vfio-pci from the initramfs before it and blacklist "
+                "the host driver (gpuhost apply does both)."
+                if listed_already
+                else "Bind it to vfio-pci at boot: vfio-pci.ids on the kernel command line, vfio modules in the "
                 "initramfs, the host driver blacklisted (gpuhost apply).",
             )
         covered_by_override = function.driver_override == VFIO_DRIVER

@@ -27,7 +27,7 @@ IOMMU_ACTIVE = register(
     "iommu.active",
     Stage.AUDIT,
     None,
-    "IOMMU active (info), or no IOMMU groups (error; fix: intel_iommu=on/amd_iommu=on if the firmware has one)",
+    "IOMMU active (info), or no IOMMU groups (error; fix: remove iommu=off, or intel_iommu=on on Intel)",
 )
 IOMMU_INTERRUPT_REMAPPING = register(
     "iommu.interrupt_remapping", Stage.AUDIT, Severity.WARNING, "the kernel log shows no interrupt remapping"
@@ -123,15 +123,30 @@ def check_iommu(ctx: CheckContext) -> Iterator[Problem]:
         )
     else:
         cmdline = facts.cmdline
-        flag = "amd_iommu=on" if vendor == "AuthenticAMD" else "intel_iommu=on"
-        if iommu.firmware_present and cmdline is not None and not cmdline.has(flag.split("=")[0]):
+        amd = vendor == "AuthenticAMD"
+        # What turns the IOMMU off on the command line, checked first: the fix is to remove it. AMD-Vi is
+        # on by default and amd_iommu= documents no 'on' value; Intel's VT-d needs intel_iommu=on.
+        offs = [
+            f"{key}={value}"
+            for key in ("iommu", "amd_iommu" if amd else "intel_iommu")
+            for value in (cmdline.values(key) if cmdline is not None else [])
+            if value == "off"
+        ]
+        if offs:
+            remedy = f"The kernel command line turns the IOMMU off ({' '.join(offs)}): remove {' and '.join(offs)}."
+        elif amd:
             remedy = (
-                f"The firmware has an IOMMU but the kernel did not enable it: add {flag} to the kernel command line."
+                "AMD-Vi is on by default wherever the firmware has it: enable IOMMU (AMD-Vi) and SVM in the "
+                "BIOS/UEFI setup, and check the kernel log for AMD-Vi errors."
             )
-        elif cmdline is not None and any(v == "off" for v in cmdline.values(flag.split("=")[0])):
-            remedy = f"The kernel command line turns the IOMMU off ({flag.split('=')[0]}=off): remove that option."
+        elif iommu.firmware_present and cmdline is not None and not cmdline.has("intel_iommu"):
+            remedy = (
+                "The firmware has an IOMMU but the kernel did not enable it: add intel_iommu=on to the kernel "
+                "command line."
+            )
         else:
-            remedy = f"Enable {firmware_name.split(' ')[0]} in the firmware, then {flag} if the kernel still does not."
+            enable = firmware_name.split(" ")[0]
+            remedy = f"Enable {enable} in the firmware, then intel_iommu=on if the kernel still does not."
         yield ctx.finding(
             IOMMU_ACTIVE,
             ERROR,

@@ -20,8 +20,8 @@ from gpuhost.cli.text import make_console, untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, MissingDependencyError
 from gpuhost.facts.model import PciFunction
 from gpuhost.metrics import audit_metrics, check_textfile_path, write_textfile
+from gpuhost.passthrough import functions_to_bind
 from gpuhost.problems import listed
-from gpuhost.selection import functions_to_bind
 from gpuhost.targets import Target
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def headline(result: HostAudit) -> str:
     parts = ["passthrough guest" if result.role is Role.GUEST else "passthrough host"]
     if cards:
         gpu = cards[0].gpu
-        drivers = sorted({f.driver or "no driver" for card in cards for f in functions_to_bind(facts, card)})
+        drivers = sorted({f.driver or "no driver" for card in cards for f in functions_to_bind(facts, [card])})
         parts.append(
             f"{len(cards)} GPU{'s' if len(cards) > 1 else ''} [{gpu.vendor_device}]"
             f" on {gpu.link.describe()}, driver {', '.join(drivers)}"
@@ -154,7 +154,7 @@ def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
         crowded: dict[int, tuple[str, ...]] = {}  # groups too big for a cell: named once, below the table
         for selected, card in cards:
             gpu = card.gpu
-            bound = functions_to_bind(facts, card)
+            bound = functions_to_bind(facts, [card])
             not_ready = any(function.address in with_errors for function in bound)
             verdict = "[red]not ready[/]" if not_ready else "[green]ready[/]" if selected else "kept by host"
             functions = _functions_cell(card.functions, bound, gpu.iommu_group)

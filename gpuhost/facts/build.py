@@ -7,6 +7,7 @@ import dataclasses
 from gpuhost.facts import parsers as p
 from gpuhost.facts import rescue
 from gpuhost.facts.model import (
+    GPUHOST_GRUB_DROPIN,
     ActiveLoader,
     Bootloader,
     BootloaderKind,
@@ -32,6 +33,7 @@ from gpuhost.facts.model import (
 from gpuhost.facts.snapshot import Tree
 
 PCI_DEVICES = "/sys/bus/pci/devices"
+XORG_CONF = "/etc/X11/xorg.conf"
 MODPROBE_DIRS = ("/etc/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
 ESP_MOUNTS = ("/boot/efi", "/efi", "/boot")
 SHIM_FILES = frozenset({"shimx64.efi", "shimaa64.efi", "mmx64.efi", "mmaa64.efi"})
@@ -80,6 +82,7 @@ def build_facts(tree: Tree) -> HostFacts:
         virtualization=_virtualization(packages),
         thread_siblings=_thread_siblings(tree),
         rescue=_rescue(tree, exists, status),
+        xorg_conf=_present(tree, exists, XORG_CONF),
     )
 
 
@@ -88,6 +91,14 @@ def _first_line(text: str | None) -> str | None:
         return None
     stripped = text.strip()
     return stripped.splitlines()[0] if stripped else None
+
+
+def _present(tree: Tree, exists: frozenset[str] | None, path: str) -> bool | None:
+    """Whether a file the gather copies exists: copied, or in the existence list; None where neither
+    tells (no existence list, as in snapshots taken before it listed the file)."""
+    if tree.read(path) is not None or (exists is not None and path in exists):
+        return True
+    return False if exists is not None else None
 
 
 def _exists_set(tree: Tree) -> frozenset[str] | None:
@@ -149,16 +160,24 @@ def _iommu(tree: Tree, exists: frozenset[str] | None) -> Iommu:
     acpi_tables = None if acpi_text is None else set(acpi_text.split())
     groups: dict[int, tuple[str, ...]] = {}
     group_types: dict[int, str] = {}
+    malformed: list[str] = []
     for name in tree.list("/sys/kernel/iommu_groups"):
         group = p.parse_int(name)
         if group is None:
             continue
+        if not p.is_plain_number(name):
+            malformed.append(f"/sys/kernel/iommu_groups/{name}")
         groups[group] = tuple(
             member for member in tree.list(f"/sys/kernel/iommu_groups/{name}/devices") if p.is_pci_address(member)
         )
         group_type = _first_line(tree.read(f"/sys/kernel/iommu_groups/{name}/type"))
         if group_type:
             group_types[group] = group_type
+
+    for address in tree.list(PCI_DEVICES):
+        linked = p.parse_link_target_basename(tree.link(f"{PCI_DEVICES}/{address}/iommu_group"))
+        if p.is_pci_address(address) and linked is not None and not p.is_plain_number(linked):
+            malformed.append(f"{PCI_DEVICES}/{address}/iommu_group -> {linked}")
 
     def table(name: str) -> bool | None:
         if acpi_tables is not None:
@@ -173,6 +192,7 @@ def _iommu(tree: Tree, exists: frozenset[str] | None) -> Iommu:
         units=tuple(tree.list("/sys/class/iommu")),
         groups=dict(sorted(groups.items())),
         group_types=group_types,
+        malformed_names=tuple(malformed),
     )
 
 
@@ -272,12 +292,14 @@ def _grub(tree: Tree, status: dict[str, int]) -> GrubConfig:
     values = p.parse_key_value_lines(effective) if effective is not None and syntax_error is None else {}
     linux = values.get("GRUB_CMDLINE_LINUX")
     default = values.get("GRUB_CMDLINE_LINUX_DEFAULT")
+    ours = tree.read(GPUHOST_GRUB_DROPIN)
     return GrubConfig(
         present=present,
         syntax_error=syntax_error,
         cmdline_linux=None if linux is None else p.parse_cmdline(linux),
         cmdline_linux_default=None if default is None else p.parse_cmdline(default),
         dropins=dropins,
+        gpuhost_options=None if ours is None else p.parse_gpuhost_grub_dropin(ours),
     )
 
 

@@ -131,7 +131,7 @@ run_command pci-device-paths find /sys/bus/pci/devices/ -mindepth 1 -maxdepth 1 
         /var/log/nvidia-installer.log /usr/bin/nvidia-smi /boot/efi/EFI /boot/loader/entries \
         /boot/efi/loader/entries /efi/loader/entries /etc/kernel/proxmox-boot-uuids \
         /etc/kernel/install.conf /boot/initrd.img-"$KREL" /boot/initramfs-"$KREL".img \
-        /sys/module/vfio_pci /sys/module/vfio /sys/module/nvidia /sys/module/nouveau \
+        /sys/module/vfio_pci /sys/module/vfio /sys/module/nvidia /sys/module/nouveau /etc/X11/xorg.conf \
         /dev/ipmi0 /dev/ipmi/0 /dev/ipmidev/0; do
         [ -e "$p" ] && printf '%s\n' "$p"
     done

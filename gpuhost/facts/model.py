@@ -281,6 +281,10 @@ class ModprobeDirective:
     arguments: str
 
 
+# gpuhost's own GRUB drop-in (written by apply): the plan reads back the options it set there.
+GPUHOST_GRUB_DROPIN = "/etc/default/grub.d/gpuhost.cfg"
+
+
 @dataclass(frozen=True)
 class GrubConfig:
     """GRUB's configuration as grub-mkconfig sees it (files sourced on the host by sh)."""
@@ -290,6 +294,9 @@ class GrubConfig:
     cmdline_linux: KernelCommandLine | None
     cmdline_linux_default: KernelCommandLine | None
     dropins: tuple[str, ...]  # /etc/default/grub.d/*.cfg, in the order they are sourced
+    # The options gpuhost's drop-in (GPUHOST_GRUB_DROPIN) appends, as the last apply wrote them;
+    # None where there is no such drop-in (or it is not in gpuhost's form).
+    gpuhost_options: KernelCommandLine | None = None
 
     @property
     def effective(self) -> KernelCommandLine | None:
@@ -502,6 +509,9 @@ class Iommu:
     units: tuple[str, ...]  # /sys/class/iommu entries (dmar0, ivhd0, ...)
     groups: dict[int, tuple[str, ...]]  # group -> member addresses
     group_types: dict[int, str]  # DMA, DMA-FQ, identity, ...
+    # Group names (a /sys/kernel/iommu_groups directory, or a function's iommu_group link) that are
+    # not plain ASCII digits ('+6', '٦'): the kernel never writes them, so every group is unknown.
+    malformed_names: tuple[str, ...] = ()
 
     @property
     def firmware_present(self) -> bool | None:
@@ -576,6 +586,7 @@ class HostFacts:
     thread_siblings: dict[int, tuple[int, ...]] = field(default_factory=dict)
     # What can reset the host when a boot hangs (watchdogs, the BMC); None: not gathered.
     rescue: RescueFacts | None = None
+    xorg_conf: bool | None = None  # /etc/X11/xorg.conf exists (None: unknown)
 
     def function(self, address: str) -> PciFunction | None:
         return self._functions_by_address.get(address)

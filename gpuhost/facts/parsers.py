@@ -42,6 +42,11 @@ def parse_int(text: str | None, base: int = 10) -> int | None:
         return None
 
 
+def is_plain_number(text: str) -> bool:
+    """ASCII decimal digits only: how the kernel names IOMMU groups (int() also takes '+6', ' 6', '٦')."""
+    return bool(text) and text.isascii() and text.isdigit()
+
+
 def parse_hex(text: str | None) -> int | None:
     return parse_int(text, 16)
 
@@ -426,6 +431,18 @@ def parse_out_of_tree_modules(text: str) -> tuple[OutOfTreeModule, ...]:
         if path.startswith("/") and ".ko" in path:
             modules.append(OutOfTreeModule(path=path, signer=signer.strip() or None))
     return tuple(modules)
+
+
+_GPUHOST_DROPIN_OPTIONS = re.compile(
+    r'^GRUB_CMDLINE_LINUX_DEFAULT="\$\{gpuhost_kept:\+\$gpuhost_kept \}([^"]*)"$', re.MULTILINE
+)
+
+
+def parse_gpuhost_grub_dropin(text: str) -> KernelCommandLine | None:
+    """The options gpuhost's GRUB drop-in (templates/grub/gpuhost.cfg.j2) appends to
+    GRUB_CMDLINE_LINUX_DEFAULT; None when the text has no such line."""
+    match = _GPUHOST_DROPIN_OPTIONS.search(text)
+    return None if match is None else parse_cmdline(match.group(1))
 
 
 def parse_link_target_basename(text: str | None) -> str | None:

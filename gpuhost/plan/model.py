@@ -11,10 +11,10 @@ from enum import Enum
 from typing import Any
 
 from gpuhost.errors import GpuhostError
-from gpuhost.facts.model import TextEnum
+from gpuhost.facts.model import GPUHOST_GRUB_DROPIN, TextEnum
 from gpuhost.problems import Problem
 
-GRUB_DROPIN_PATH = "/etc/default/grub.d/gpuhost.cfg"
+GRUB_DROPIN_PATH = GPUHOST_GRUB_DROPIN
 INITRAMFS_MODULES_PATH = "/etc/initramfs-tools/modules"
 INITRAMFS_SCRIPT_PATH = "/etc/initramfs-tools/scripts/init-top/gpuhost-vfio"
 APT_PIN_PATH = "/etc/apt/preferences.d/gpuhost-no-nvidia-driver"

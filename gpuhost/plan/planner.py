@@ -1,6 +1,7 @@
 """(HostFacts, settings) -> HostPlan. Pure: reads facts, writes nothing, prints nothing.
 
-Selection of the GPUs and of the functions to bind is gpuhost.selection's, as for the audit.
+Selection of the GPUs is gpuhost.selection's and the functions to bind gpuhost.passthrough's, as
+for the audit, render and the verification.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from collections import Counter
 from collections.abc import Callable
 from functools import cache
 
-from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.facts.model import (
     GIB_KIB,
     HOST_DRIVER_MODULES,
@@ -26,6 +26,7 @@ from gpuhost.facts.model import (
 )
 from gpuhost.facts.parsers import parse_modprobe_options
 from gpuhost.numa import declared_vm_pages, pages_by_node
+from gpuhost.passthrough import GroupListing, analyse_groups
 from gpuhost.plan import hugepages as hp
 from gpuhost.plan.model import (
     KERNEL_CMDLINE_PATH,
@@ -238,7 +239,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     options.append(f"modprobe.blacklist={blacklist}")
     owned_tokens.append(f"modprobe.blacklist={blacklist}")
     options.append("iommu=pt")
-    vendor_flag = _vendor_flag(facts)
+    vendor_flag = _vendor_flag(facts, _previous_options(facts))
     if vendor_flag:
         options.append(vendor_flag)
         owned_keys.append(vendor_flag.split("=")[0])
@@ -254,8 +255,10 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
             owned_tokens.append(token)
 
     current_grub = facts.grub.effective or KernelCommandLine(())
+    # The line the files will give once this plan's drop-in replaces the last one: the host's own
+    # options (the effective line without what gpuhost's drop-in appended), then this plan's.
     linux = _without_owned(facts.grub.cmdline_linux, owned_keys, owned_tokens)
-    default = _without_owned(facts.grub.cmdline_linux_default, owned_keys, owned_tokens)
+    default = _without_owned(_without_gpuhost_dropin(facts), owned_keys, owned_tokens)
     desired = KernelCommandLine(linux + default + tuple(options))
     writer = KernelCmdlineWriter.UPDATE_GRUB
     kernel_cmdline_file = facts.firmware.kernel_cmdline_file
@@ -439,10 +442,9 @@ def _check_platform(facts: HostFacts, refuse: _Refuse) -> None:
 def _functions(
     facts: HostFacts, selection: GpuSelection, settings: PlanSettings, refuse: _Refuse
 ) -> tuple[BoundFunction, ...]:
-    kept_gpus = {card.gpu.address for card in selection.kept}
     bound: list[BoundFunction] = []
-    for card in selection.passthrough:
-        isolation = analyse_group(facts, card)
+    for isolation in analyse_groups(facts, selection.passthrough):
+        card = isolation.card
         if isolation.listing is GroupListing.NO_GROUP and facts.iommu.active:
             refuse(
                 REFUSE_GROUP_MISSING,
@@ -466,16 +468,12 @@ def _functions(
                 card.gpu.address,
                 f"GPU {card.gpu.describe()} shares IOMMU group {card.gpu.iommu_group} with {names}, which is not "
                 "one of its functions or a bridge: binding the group to vfio-pci would take that device from the host.",
-                "Move the GPU to a slot with its own IOMMU group, or, if the device may go to the guest too, "
+                "Never bind that device for this: the group is shared because a PCIe port above the GPU lacks ACS. "
+                "Move the GPU to another slot with its own IOMMU group (behind a root port with ACS), or enable ACS "
+                "in the firmware; if the device may go to the guest too, "
                 f"name the GPU in gpuhost_allow_shared_group: [{card.gpu.address}].",
             )
-        kept_in_group = [
-            member
-            for other in isolation.other_cards
-            if other.gpu.address in kept_gpus
-            for member in isolation.members
-            if member in other.functions
-        ]
+        kept_in_group = [member for other in isolation.kept_cards for member in other.functions]
         if kept_in_group:
             refuse(
                 REFUSE_GROUP_KEPT_GPU,
@@ -485,11 +483,10 @@ def _functions(
                 "Pass the whole group through (add those GPUs to gpuhost_gpus) or move the cards apart.",
             )
         # Without a listing (no group, or unknown: refused above) the card's own functions are what is bound.
-        members = isolation.to_bind if isolation.listing is GroupListing.LISTED else card.functions
         seen = {b.address for b in bound}
         bound.extend(
             BoundFunction(m.address, m.vendor_device, card.gpu.address, m.driver)
-            for m in members
+            for m in isolation.to_bind
             if m.address not in seen
         )
     return tuple(bound)
@@ -574,15 +571,42 @@ def _binding(
     return BindBy.IDS, ids, ()
 
 
-def _vendor_flag(facts: HostFacts) -> str | None:
-    """intel_iommu=on / amd_iommu=on only where the kernel did not turn the IOMMU on by itself."""
-    if facts.iommu.active:
-        return None
-    if facts.iommu.dmar_table:
+# The options that turn a vendor's IOMMU on, where the kernel does not by itself (Intel's VT-d is off
+# by default in many distribution kernels; AMD-Vi is on wherever the firmware has an IVRS table:
+# amd_iommu= documents no "on", only off and tuning values, so nothing is added for AMD).
+IOMMU_ON_OPTIONS = ("intel_iommu=on",)
+
+
+def _previous_options(facts: HostFacts) -> tuple[str, ...]:
+    """What gpuhost's own files put on the command line at the last apply: the options of its GRUB
+    drop-in, or (systemd-boot) /etc/kernel/cmdline, which apply rewrote."""
+    if facts.bootloader.kind is BootloaderKind.SYSTEMD_BOOT:
+        line = facts.firmware.kernel_cmdline_file
+    else:
+        line = facts.grub.gpuhost_options
+    return line.tokens if line is not None else ()
+
+
+def _vendor_flag(facts: HostFacts, previous: tuple[str, ...]) -> str | None:
+    """intel_iommu=on where the kernel did not turn the IOMMU on by itself, and where an earlier apply
+    added it: the IOMMU is on now because of it, and the next boot needs it as much (issue 27.1: a
+    second apply dropped it and said no reboot; the next reboot came up without an IOMMU)."""
+    kept = next((option for option in IOMMU_ON_OPTIONS if option in previous), None)
+    if kept is not None:
+        return kept
+    if not facts.iommu.active and facts.iommu.dmar_table:
         return "intel_iommu=on"
-    if facts.iommu.ivrs_table:
-        return "amd_iommu=on"
     return None
+
+
+def _without_gpuhost_dropin(facts: HostFacts) -> KernelCommandLine | None:
+    """GRUB_CMDLINE_LINUX_DEFAULT as the host's own files set it: the effective value without the
+    options gpuhost's drop-in appended (read back from the drop-in itself)."""
+    default = facts.grub.cmdline_linux_default
+    ours = facts.grub.gpuhost_options
+    if default is None or ours is None:
+        return default
+    return KernelCommandLine(tuple(token for token in default.tokens if token not in ours.tokens))
 
 
 def _hugepages(facts: HostFacts, settings: PlanSettings, selection: GpuSelection, refuse: _Refuse) -> HugePagePlan:
@@ -742,7 +766,7 @@ def _driver_removal(facts: HostFacts, settings: PlanSettings, selection: GpuSele
     files = sorted(
         {d.path for d in facts.modprobe if d.path.rsplit("/", 1)[-1].startswith("nvidia") and d.path.endswith(".conf")}
     )
-    if nvidia.installed:
+    if nvidia.installed and facts.xorg_conf is not False:  # never "delete" (and back up) a file that is not there
         files.insert(0, "/etc/X11/xorg.conf")
     kept_nvidia = [card.gpu.address for card in selection.kept if card.gpu.vendor == VENDOR_NVIDIA]
     dkms_modules = _nvidia_dkms_modules(facts)

@@ -14,10 +14,12 @@ from gpuhost.audit import AuditStatus
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.checks.base import Role
 from gpuhost.facts.model import GIB_KIB, BootloaderKind, HostFacts
+from gpuhost.passthrough import analyse_groups
 from gpuhost.plan.model import GRUB_DROPIN_PATH, TRIAL_MARKER
 from gpuhost.plan.planner import forbidden_loaded_modules
 from gpuhost.plan.settings import PlanSettings
 from gpuhost.problems import Problem, Severity, Stage, errors, register
+from gpuhost.selection import select_gpus
 
 CMDLINE_MISSING = register(
     "verify.cmdline.missing", Stage.VERIFY, Severity.ERROR, "a planned kernel option is not in /proc/cmdline"
@@ -131,7 +133,19 @@ def verify_host(host: str, facts: HostFacts, settings: PlanSettings, plan: Mappi
         "kernel command line",
         "Check that the host booted GRUB's default entry (update-grub ran), then apply again.",
     )
-    for function in plan["functions"]:
+    # What the plan bound, and what the rebooted host's groups now say vfio-pci must own for the same GPUs
+    # (gpuhost.passthrough, the audit's and the planner's answer): a GPU function that joined a selected
+    # group since is checked too. An intruder is the audit's gpu.group.intruder, never a vfio-pci proposal.
+    planned = [function["address"] for function in plan["functions"]]
+    now = [
+        function.address
+        for isolation in analyse_groups(facts, select_gpus(facts, settings.gpus).passthrough)
+        for function in isolation.to_bind
+        if function.address not in planned
+        and (function not in isolation.intruders or isolation.card.gpu.address in settings.allow_shared_group)
+    ]
+    for address in dict.fromkeys([*planned, *now]):
+        function = {"address": address}
         found = facts.function(function["address"])
         driver = found.driver if found else None
         check(

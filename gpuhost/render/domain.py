@@ -35,16 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gpuhost.checks.isolation import GroupListing, analyse_group
 from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import InputError
 from gpuhost.facts.model import GIB_KIB, VENDOR_NVIDIA, HostFacts, PciFunction
 from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
 from gpuhost.numa import declared_vm_pages, pages_by_node, vm_pages
+from gpuhost.passthrough import GpuCard, GroupListing, analyse_groups
 from gpuhost.problems import Problem, Severity, Stage, listed, register
 from gpuhost.render.spec import HostPolicy, VmSpec
 from gpuhost.selection import (
-    GpuCard,
     VmGpuMiss,
     card_numa_node,
     nvswitch_functions_to_bind,
@@ -537,11 +536,10 @@ class _Group:
 def _passthrough_groups(
     facts: HostFacts, cards: Sequence[GpuCard], policy: HostPolicy, conflicts: list[Problem]
 ) -> tuple[_Group, ...]:
-    chosen = {card.gpu.address for card in cards}
     groups: list[_Group] = []
     placed: set[str] = set()
-    for card in cards:
-        isolation = analyse_group(facts, card)
+    for isolation in analyse_groups(facts, cards):  # judged for this VM's GPUs: a GPU of the group left out splits it
+        card = isolation.card
         if isolation.listing is GroupListing.UNKNOWN:
             conflicts.append(
                 _conflict(
@@ -552,18 +550,17 @@ def _passthrough_groups(
                     "audit the host as root (gpuhost audit) and check the group's devices.",
                 )
             )
-        for other in isolation.other_cards:
-            if other.gpu.address not in chosen:
-                conflicts.append(
-                    _conflict(
-                        GROUP_SPLIT,
-                        card.gpu.address,
-                        f"GPU {card.gpu.address} shares IOMMU group {card.gpu.iommu_group} with GPU "
-                        f"{other.gpu.address}: both go to the same guest or neither does;",
-                        "add it to gpus.",
-                    )
+        for other in isolation.kept_cards:
+            conflicts.append(
+                _conflict(
+                    GROUP_SPLIT,
+                    card.gpu.address,
+                    f"GPU {card.gpu.address} shares IOMMU group {card.gpu.iommu_group} with GPU "
+                    f"{other.gpu.address}: both go to the same guest or neither does;",
+                    "add it to gpus.",
                 )
-        intruders = [f for f in isolation.intruders if not f.is_bridge]
+            )
+        intruders = isolation.intruders
         if intruders and card.gpu.address not in policy.allow_shared_group:
             conflicts.append(
                 _conflict(
@@ -574,7 +571,10 @@ def _passthrough_groups(
                     "accept that with gpuhost_allow_shared_group, or move the card.",
                 )
             )
-        functions = [f for f in (*card.functions, *intruders) if f.address not in placed]
+        # What vfio-pci owns for this card, laid out by slot: its functions and its group's intruders (other
+        # GPUs of the group are laid out with their own card).
+        mine = {f.address for f in (*card.functions, *intruders)}
+        functions = [f for f in isolation.to_bind if f.address in mine and f.address not in placed]
         placed.update(f.address for f in functions)
         by_slot: dict[str, list[PciFunction]] = {}
         for function in sorted(functions, key=lambda f: (f.slot != card.gpu.slot, f.address)):
@@ -720,11 +720,12 @@ def allocate_cpus(
     own vCPUs (never on another VM's). A VM without GPUs, or whose GPUs have no NUMA node, is
     not pinned.
 
-    SMT: where the host's thread siblings are known, every core of the VM's nodes has two threads
-    and the VM's vCPUs per node are even, the VM takes whole cores (both threads free and not
-    reserved), vCPUs 2k and 2k+1 on one core's two threads, and its guest topology says
-    threads=2; otherwise one vCPU per CPU, threads=1. Emulator threads never go on a sibling of
-    any pinned vCPU (which would share its core).
+    SMT: a VM takes whole physical cores (every thread free and not reserved; where the siblings
+    are unknown each CPU is its own core), in core order, its vCPUs on the cores' threads in turn;
+    with an odd vCPU count per node the last core's idle thread is the VM's too, so no two VMs
+    ever share a core (issue 27.3). Where every core of its nodes has two threads and its vCPUs
+    per node are even, its guest topology says threads=2 (vCPUs 2k and 2k+1 on one core), else
+    threads=1. Emulator threads never go on a sibling of any pinned vCPU (which would share its core).
     """
     reserved = frozenset(parse_cpulist(policy.reserved_cpus))
     holders = _CpuHolders(cpus_taken or {})
@@ -733,10 +734,11 @@ def allocate_cpus(
         nodes, settled = _vcpu_nodes(facts, spec, policy)
         conflicts: list[Problem] = []
         threads = _threads_per_core(facts, spec, nodes)
-        pins = _pin_vcpus(facts, spec, nodes, reserved, holders, conflicts, threads)
+        pins, held = _pin_vcpus(facts, spec, nodes, reserved, holders, conflicts)
         if not settled or conflicts:
-            pins = ()  # not placed: its CPUs stay free for the VMs after it
-        holders.vms.update((cpu, spec.name) for _, cpu in pins)
+            pins, held = (), ()  # not placed: its CPUs stay free for the VMs after it
+        # The VM holds the whole cores it is pinned to: the idle thread of an odd vCPU's core too.
+        holders.vms.update((cpu, spec.name) for cpu in held)
         pinned.append((VmCpus(spec.name, pins, None, tuple(conflicts), threads if pins else 1), nodes))
     # Emulator threads once every VM's vCPUs are known: a VM declared later is no less another VM.
     shares: list[VmCpus] = []
@@ -820,14 +822,14 @@ def _pin_vcpus(
     reserved: frozenset[int],
     holders: _CpuHolders,
     conflicts: list[Problem],
-    threads: int = 1,
-) -> tuple[tuple[int, int], ...]:
-    """One VM's vCPUs, one to one, on the free CPUs of its nodes (one guest cell per node); with
-    threads=2 on free whole cores, in core order, a core's two threads to consecutive vCPUs."""
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """One VM's vCPUs on free whole cores of its nodes (one guest cell per node), in core order, a
+    core's threads to consecutive vCPUs; and every thread of those cores (what the VM holds)."""
     if not nodes:
-        return ()
+        return (), ()
     per_cell = spec.vcpus // len(nodes) if spec.vcpus % len(nodes) == 0 else spec.vcpus
     pins: list[tuple[int, int]] = []
+    held: list[int] = []
     for cell, node_id in enumerate(nodes):
         node_cpus = _node_cpus(facts, node_id)
         if node_cpus is None:
@@ -839,9 +841,8 @@ def _pin_vcpus(
                 )
             )
             continue
-        usable = [cpu for cpu in node_cpus if cpu not in reserved]
-        if threads == 2:  # whole cores only: both threads usable, listed core by core
-            usable = [cpu for core in _whole_cores(facts, usable) for cpu in core]
+        # Whole cores only: every thread usable, listed core by core (threads=2 needs two-thread cores).
+        usable = [cpu for core in _whole_cores(facts, [c for c in node_cpus if c not in reserved]) for cpu in core]
         cpulist = format_cpulist(node_cpus)
         if per_cell > len(usable):
             kept = f" ({len(reserved)} reserved by gpuhost_reserved_cpus)" if reserved else ""
@@ -850,19 +851,23 @@ def _pin_vcpus(
                     VCPUS_NODE_TOO_SMALL,
                     f"NUMA node {node_id}",
                     f"{per_cell} vCPUs to pin on NUMA node {node_id} (CPUs {cpulist}{kept}), which has "
-                    f"{len(usable)} usable CPUs;",
+                    f"{len(usable)} usable CPUs on whole cores;",
                     "ask for fewer vCPUs.",
                 )
             )
             continue
-        free = [cpu for cpu in usable if holders.holder(cpu, spec.name) is None]
-        if threads == 2:
-            free = [cpu for core in _whole_cores(facts, free) for cpu in core]
-        if per_cell > len(free):
+        free_cores = _whole_cores(facts, [cpu for cpu in usable if holders.holder(cpu, spec.name) is None])
+        taken: list[int] = []
+        for core in free_cores:
+            if len(taken) >= per_cell:
+                break
+            taken.extend(core)
+        if per_cell > len(taken):
             conflicts.append(_node_full(spec, node_id, per_cell, usable, holders))
             continue
-        pins.extend((cell * per_cell + i, cpu) for i, cpu in enumerate(free[:per_cell]))
-    return tuple(pins)
+        pins.extend((cell * per_cell + i, cpu) for i, cpu in enumerate(taken[:per_cell]))
+        held.extend(taken)
+    return tuple(pins), tuple(held)
 
 
 def _whole_cores(facts: HostFacts, cpus: Sequence[int]) -> list[tuple[int, ...]]:
@@ -887,7 +892,7 @@ def _node_full(spec: VmSpec, node_id: int, wanted: int, usable: Sequence[int], h
         f"NUMA node {node_id}",
         f"{wanted} vCPUs to pin on NUMA node {node_id}, which has {len(usable)} usable CPUs: "
         f"{', '.join(f'{holder} ({counts[holder]})' for holder in named)} hold {held} of them, "
-        f"{len(usable) - held} are left;",
+        f"{len(usable) - held} are left (a VM takes whole cores: no two VMs share one);",
         "ask for fewer vCPUs, put the VM's GPUs on another node, or remove a VM declared before it "
         "(VMs take CPUs in gpuhost_vms order).",
     )
