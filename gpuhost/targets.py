@@ -242,11 +242,40 @@ def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:
     return Target(name=spec, kind=SSH, policy=config.audit, ssh=options, config=config)
 
 
+@dataclass(frozen=True)
+class InventorySelection:
+    """The hosts a command selected from an inventory, and what Ansible must be told to act on them
+    alone: `limit` holds one exact-name pattern per host (exact_host_pattern), checked with Ansible's
+    own pattern matching against this inventory to select these hosts and no other."""
+
+    targets: tuple[Target, ...]
+    limit: tuple[str, ...]
+    # The inventory names a host `localhost` itself (not Ansible's implicit one): a play on
+    # `localhost` runs on that host, and naming it in a limit selects it for every play.
+    lists_localhost: bool
+
+
+def exact_host_pattern(name: str) -> str:
+    """An Ansible host pattern that matches the host called `name` and nothing else: a name as a
+    pattern is a glob (`gpu[1]`), a subscript or an exclusion, so it is an anchored regex instead."""
+    return f"~^{re.escape(name)}\\Z"
+
+
 def inventory_targets(path: Path, limit: str | None, defaults: ConnectionDefaults) -> list[Target]:
     """Hosts of an Ansible inventory, read through Ansible itself (groups, group_vars, patterns), each
     with its configuration validated. The one place a command reads the inventory: read it once."""
-    host_variables = load_inventory(path, limit)
-    return [_inventory_target(name, variables, defaults) for name, variables in host_variables]
+    return list(inventory_selection(path, limit, defaults).targets)
+
+
+def inventory_selection(path: Path, limit: str | None, defaults: ConnectionDefaults) -> InventorySelection:
+    """inventory_targets, with the exact Ansible limit of the hosts it selected."""
+    host_variables, lists_localhost = _read_inventory(path, limit)
+    targets = tuple(_inventory_target(name, variables, defaults) for name, variables in host_variables)
+    return InventorySelection(
+        targets=targets,
+        limit=tuple(exact_host_pattern(target.name) for target in targets),
+        lists_localhost=lists_localhost,
+    )
 
 
 def _inventory_target(name: str, variables: Mapping[str, Any], defaults: ConnectionDefaults) -> Target:
@@ -279,6 +308,11 @@ def _first_set(*values: object) -> object:
 
 
 def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, Any]]]:
+    return _read_inventory(path, limit)[0]
+
+
+def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
+    """Each selected host's ansible_* and gpuhost_* variables; whether the inventory lists `localhost`."""
     if not path.exists():
         raise InputError(f"inventory {path} does not exist. See inventory.example.yml for the format.")
     # An inventory Ansible cannot parse must be an error, not an empty fleet.
@@ -307,9 +341,35 @@ def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, A
                 if key.startswith(("ansible_", "gpuhost_")) and key != "ansible_play_hosts_all"
             }
             result.append((host.name, resolved))
-        return result
+        _check_exact_limit(inventory, path, [host.name for host in hosts])
+        return result, "localhost" in inventory.hosts
     except AnsibleError as error:
         raise InputError(f"inventory {path}: {error.message}") from error
+
+
+def _check_exact_limit(inventory: Any, path: Path, names: list[str]) -> None:
+    """The exact-name limit of `names`, read by Ansible as ansible-playbook reads a limit file
+    (`--limit @FILE`), plus the implicit `localhost` that apply's report play needs, must select
+    `names` and no other host. A host whose name is also a group's is refused here: any pattern
+    naming it would select the group's hosts too."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpuhost-limit-") as directory:
+        limit_file = Path(directory) / "limit"
+        lines = [exact_host_pattern(name) for name in names]
+        # No trailing newline: Ansible reads every line of the file, an empty last one too.
+        limit_file.write_text("\n".join([*lines, *(() if "localhost" in inventory.hosts else ("localhost",))]))
+        inventory.subset(f"@{limit_file}")
+        selected = [host.name for host in inventory.get_hosts(pattern="all")]
+    inventory.subset(None)
+    extra = sorted(set(selected) - set(names))
+    if extra or len(selected) != len(names):
+        groups = sorted(set(names) & set(inventory.groups))
+        reason = f"{', '.join(groups)} also name a group" if groups else "Ansible reads them as patterns"
+        raise InputError(
+            f"inventory {path}: the hosts {', '.join(names)} cannot be named to Ansible alone ({reason}; "
+            f"naming them would also select {', '.join(extra) or 'other hosts'}). Rename the host or the group."
+        )
 
 
 def select_hosts(inventory: Any, path: Path, limit: str | None) -> list[Any]:

@@ -18,7 +18,7 @@ from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.metrics import apply_metrics, check_textfile_path, write_textfile
 from gpuhost.rollout.engine import ApplyRequest, parse_serial
-from gpuhost.rollout.environment import rollout_targets
+from gpuhost.rollout.environment import ansible_limit, rollout_targets
 from gpuhost.rollout.report import RolloutReport
 from gpuhost.targets import ConnectionDefaults, Target
 
@@ -80,14 +80,16 @@ def run(args: argparse.Namespace) -> int:
     if interactive and not sys.stdin.isatty():
         raise InputError("gpuhost apply asks before changing hosts; pass --yes to run unattended.")
     # Every host's connection and gpuhost_* values, checked before anything connects.
-    targets = rollout_targets(args.inventory, args.limit, ConnectionDefaults(role="host"))
+    selection = rollout_targets(args.inventory, args.limit, ConnectionDefaults(role="host"))
+    targets = list(selection.targets)
+    limit = ansible_limit(selection, controller_play=True)
     if interactive:
         declined = _ask(targets, args.serial, console)
         if declined is not None:
             return declined
     request = ApplyRequest(
         inventory=args.inventory.resolve(),
-        limit=args.limit,
+        limit=limit,
         check=args.check,
         serial=serial,
         max_fail_percentage=args.max_fail_percentage,

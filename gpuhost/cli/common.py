@@ -125,6 +125,8 @@ def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, Hos
         raise InputError(f"gpuhost {verb} takes the host as --host NAME (an inventory host), not as an argument.")
     host = validate_name(args.host, "--host")
     vm_name = validate_name(args.vm, "--vm")
+    if args.limit is not None:  # --host is the selection: a --limit beside it was silently replaced
+        raise InputError(f"gpuhost {verb} selects its host with --host {host}; drop --limit {args.limit}.")
     args.limit = host
     try:
         matches = [target for target in resolve_targets(args) if target.name == host]

@@ -79,7 +79,7 @@ Progress = Callable[[TaskProgress], None]
 @dataclass(frozen=True)
 class ApplyRequest:
     inventory: Path
-    limit: str | None
+    limit: tuple[str, ...]  # ansible_limit(): exact host patterns, one per line of a limit file
     check: bool
     serial: tuple[int | str, ...]
     max_fail_percentage: int
@@ -91,7 +91,7 @@ class ApplyRequest:
 @dataclass(frozen=True)
 class RollbackRequest:
     inventory: Path
-    limit: str
+    limit: tuple[str, ...]  # ansible_limit()
     reboot_timeout: int
     verbose: bool = False
 
@@ -195,8 +195,7 @@ def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) 
     stats, rc, status = run_playbook(
         playbook_path(),
         request.inventory,
-        # The report play runs on the controller: a --limit must not leave it out.
-        f"{request.limit},localhost" if request.limit is not None else None,
+        request.limit,
         extravars,
         "--check --diff" if request.check else "--diff",
         targets,
@@ -273,7 +272,7 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
 def run_playbook(
     playbook: Path,
     inventory: Path,
-    limit: str | None,
+    limit: Sequence[str],
     extravars: Mapping[str, Any],
     cmdline: str,
     targets: Sequence[Target],
@@ -286,12 +285,17 @@ def run_playbook(
         import ansible_runner
     except ImportError as error:
         raise MissingDependencyError("ansible-runner", "controller", "Running the playbooks") from error
+    if not limit:  # an empty limit is no limit to Ansible: every host
+        raise InputError("no hosts selected: nothing to run the playbook on.")
     with tempfile.TemporaryDirectory(prefix="gpuhost-rollout-") as private, _ctrl_c_cancels(tracker) as cancel:
+        # A limit file: its lines are read as they are, not split at ',' or ':' as a --limit argument is.
+        limit_file = Path(private) / "limit"
+        limit_file.write_text("\n".join(limit))
         runner = ansible_runner.run(
             private_data_dir=private,
             playbook=str(playbook),
             inventory=inventory_sources(inventory.resolve(), known_hosts_inventory(targets), Path(private)),
-            limit=limit,
+            limit=f"@{limit_file}",
             extravars=dict(extravars),
             cmdline=cmdline,
             envvars=ansible_environment(),

@@ -1,0 +1,86 @@
+"""Issue 28, hostile and broken input round two: the sections of tests/hostile/cases.yml it added,
+and its classes whose inputs are real files, FIFOs and devices rather than one line of YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.test_hostile_corpus import assert_clean, cases, run
+
+pytestmark = pytest.mark.hostile
+
+LIMIT_INVENTORIES = {
+    "plain": "[rack1]\ngpu01\ngpu02\n[other]\ngpu03\n",
+    "listed": "localhost ansible_connection=local\n[rack1]\ngpu01\ngpu02\n[other]\ngpu03\n",
+}
+
+
+def _ansible_reads_limit(inventory: Path, limit: str) -> dict[str, list[str]]:
+    """The hosts of site.yml's plays (`all`; the report play's `localhost`) under `limit`, as
+    ansible-playbook reads them: Ansible's own InventoryManager, the limit as given to --limit."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
+    manager.subset(limit)
+    return {pattern: sorted(h.name for h in manager.get_hosts(pattern=pattern)) for pattern in ("all", "localhost")}
+
+
+@pytest.mark.parametrize("verb", ["apply", "rollback"])
+@pytest.mark.parametrize("case", cases("limits"))
+def test_ansible_acts_on_the_selected_hosts_alone(
+    case: dict[str, Any], verb: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28.1: `--limit <yours>,localhost` planned an inventory's own localhost and changed the
+    meaning of `a:b`, `a:` and `!a`. The limit handed to ansible-runner is read back by Ansible."""
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(LIMIT_INVENTORIES[case["inventory"]])
+    seen: list[dict[str, list[str]]] = []
+
+    def ansible_run(**kwargs: Any) -> SimpleNamespace:
+        seen.append(_ansible_reads_limit(inventory, kwargs["limit"]))
+        return SimpleNamespace(stats={}, rc=0, status="successful")
+
+    monkeypatch.setattr("ansible_runner.run", ansible_run)
+    monkeypatch.setattr("gpuhost.cli.rollback._check_hosts", lambda *args: 0)  # no read-back of real hosts
+    extra = ["--report", str(tmp_path / "report.json")] if verb == "apply" else []
+    status, out, err = run(capsys, [verb, "-i", str(inventory), "--limit", case["limit"], "--yes", *extra])
+    assert_clean(out, err)
+    if verb == "apply" and "apply_refused" in case:
+        assert status == 2 and case["apply_refused"] in err and seen == [], err
+        return
+    (hosts,) = seen
+    assert hosts["all"] == sorted(case["hosts"]), hosts
+    # The report play runs on the controller: apply names localhost for it, rollback has no such play.
+    if "localhost" in case["hosts"]:
+        assert hosts["localhost"] == ["localhost"]
+    else:
+        assert hosts["localhost"] == (["localhost"] if verb == "apply" else []), hosts
+
+
+def test_render_refuses_a_limit_beside_its_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28.1: `render --host X --limit Y` rendered X and dropped --limit without a word."""
+    from tests.test_render_cli import INVENTORY, LAB_FRESH
+
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(INVENTORY)
+    argv = ["render", "-i", str(inventory), "--host", "lab-1", "--vm", "nested-proof", "--no-validate"]
+    status, out, err = run(capsys, [*argv, "--limit", "gpu99", "--from-snapshot", str(LAB_FRESH)])
+    assert_clean(out, err)
+    assert status == 2 and "--limit gpu99" in err and out == "", err
+
+
+def test_a_host_named_like_a_group_cannot_be_named_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A host whose name is also a group's: any pattern naming it selects the group's hosts too."""
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        yaml.safe_dump({"all": {"children": {"gpu01": {"hosts": {"gpu02": {}}}}, "hosts": {"gpu01": {}}}})
+    )
+    status, out, err = run(capsys, ["rollback", "-i", str(inventory), "--limit", "gpu01", "--yes"])
+    assert_clean(out, err)
+    assert status == 2 and "also name a group" in err, err
