@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_hostile_corpus import assert_clean, cases, run
+import tests.test_hostile_corpus as corpus
+from tests.test_hostile_corpus import Listener, assert_clean, cases, listener, run
+
+__all__ = ["listener"]  # the loopback listener fixture, shared with the corpus
 
 pytestmark = pytest.mark.hostile
 
@@ -84,3 +87,11 @@ def test_a_host_named_like_a_group_cannot_be_named_alone(tmp_path: Path, capsys:
     status, out, err = run(capsys, ["rollback", "-i", str(inventory), "--limit", "gpu01", "--yes"])
     assert_clean(out, err)
     assert status == 2 and "also name a group" in err, err
+
+
+@pytest.mark.parametrize("case", cases("arguments_round2"))
+def test_hostile_arguments_round_two(
+    case: dict[str, Any], tmp_path: Path, listener: Listener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28.2 (rollout options) and 28.5/28.6 (output paths): refused before any connection."""
+    corpus.test_hostile_arguments(case, tmp_path, listener, capsys)

@@ -17,7 +17,7 @@ from gpuhost.cli.common import progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.metrics import apply_metrics, check_textfile_path, write_textfile
-from gpuhost.rollout.engine import ApplyRequest, parse_serial
+from gpuhost.rollout.engine import ApplyRequest, rollout_options
 from gpuhost.rollout.environment import ansible_limit, rollout_targets
 from gpuhost.rollout.report import RolloutReport
 from gpuhost.targets import ConnectionDefaults, Target
@@ -73,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
     console = rollout_console()
     if args.prometheus is not None:
         check_textfile_path(args.prometheus)
-    serial = parse_serial(args.serial)
-    if not 0 <= args.max_fail_percentage <= 100:
-        raise InputError("--max-fail-percentage must be from 0 to 100.")
+    serial, max_fail_percentage = rollout_options(args.serial, args.max_fail_percentage)
     interactive = not (args.yes or args.check)
     if interactive and not sys.stdin.isatty():
         raise InputError("gpuhost apply asks before changing hosts; pass --yes to run unattended.")
@@ -92,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         limit=limit,
         check=args.check,
         serial=serial,
-        max_fail_percentage=args.max_fail_percentage,
+        max_fail_percentage=max_fail_percentage,
         report_path=args.report.resolve(),
         trial=not args.no_trial,
         verbose=args.verbose,

@@ -71,7 +71,7 @@ REMOVED_FILES = (
 CANCEL_CHECK_SECONDS = 0.5
 # After Ctrl-C, how long ansible-playbook has to stop its workers before its process group is killed.
 CANCEL_GRACE_SECONDS = 3.0
-_SERIAL = re.compile(r"^(?:\d{1,4}%?)(?:,\d{1,4}%?)*$")
+_SERIAL = re.compile(r"[0-9]{1,4}%?(?:,[0-9]{1,4}%?)*")
 
 Progress = Callable[[TaskProgress], None]
 
@@ -97,10 +97,28 @@ class RollbackRequest:
 
 
 def parse_serial(text: str) -> tuple[int | str, ...]:
-    """--serial '1,20%' -> (1, '20%'), Ansible's serial."""
-    if not _SERIAL.match(text):
-        raise InputError(f"--serial {text!r}: give batch sizes as N or N%, comma-separated (e.g. 1,20%).")
-    return tuple(item if item.endswith("%") else int(item) for item in text.split(","))
+    """--serial '1,20%' -> (1, '20%'), Ansible's serial. Ansible reads a batch of 0 (or 0%) as every
+    remaining host at once, which is no rolling at all: each batch is at least one host, at most 100%."""
+    fix = "give batch sizes as N or N%, comma-separated, each at least 1 host and at most 100% (e.g. 1,20%)"
+    if not _SERIAL.fullmatch(text):
+        raise InputError(f"--serial {text!r}: {fix}.")
+    batches = tuple(item if item.endswith("%") else int(item) for item in text.split(","))
+    for batch in batches:
+        size = int(batch[:-1]) if isinstance(batch, str) else batch
+        if size < 1 or (isinstance(batch, str) and size > 100):
+            raise InputError(
+                f"--serial {text!r}: a batch of {batch} {'is no host' if size < 1 else 'is over 100%'}; {fix}."
+            )
+    return batches
+
+
+def rollout_options(serial: str, max_fail_percentage: int) -> tuple[tuple[int | str, ...], int]:
+    """apply's rollout options, validated together before anything connects: Ansible's serial
+    (parse_serial) and max_fail_percentage."""
+    batches = parse_serial(serial)
+    if not 0 <= max_fail_percentage <= 100:
+        raise InputError(f"--max-fail-percentage {max_fail_percentage}: give a percentage from 0 to 100.")
+    return batches, max_fail_percentage
 
 
 def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome:
