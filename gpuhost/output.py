@@ -12,9 +12,13 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpuhost.errors import InputError
+
+# (option, path as typed): an output or input path of one command; None where the option was not given.
+NamedPath = tuple[str, str | Path | None]
 
 
 def check_output_path(path: str | Path, option: str) -> None:
@@ -32,6 +36,48 @@ def check_output_path(path: str | Path, option: str) -> None:
     if target.exists() and not target.is_file():
         # A device or FIFO (/dev/full, a pipe): renaming over it would replace the node itself.
         raise InputError(f"{option} {path}: is not a regular file. Name a regular file, or leave {option} out.")
+    # write_output creates a temporary file beside the target: try that very step. Permission bits
+    # do not tell it all (root, a read-only mount, an immutable directory).
+    try:
+        handle, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    except OSError as error:
+        raise InputError(
+            f"{option} {path}: cannot create a file in {parent}: {error.strerror or error}. Fix its permissions, "
+            "or choose another path."
+        ) from error
+    os.close(handle)
+    Path(probe).unlink()
+
+
+def check_outputs(outputs: Sequence[NamedPath], inputs: Sequence[NamedPath] = ()) -> None:
+    """Every file one command will write, checked before it connects to or reads anything: each one
+    writable (check_output_path), none of them a file the command reads (writing the report over the
+    inventory, or --json over the --replay recording), none the same file as another output (one of
+    the two would be lost)."""
+    checked: list[tuple[str, str | Path]] = []
+    for option, path in outputs:
+        if path is None:
+            continue
+        check_output_path(path, option)
+        for other_option, other in [*((o, p) for o, p in inputs if p is not None), *checked]:
+            if _same_file(path, other):
+                role = "is also" if (other_option, other) in checked else "is the file of"
+                raise InputError(
+                    f"{option} {path}: {role} {other_option} {other}; writing it would "
+                    f"{'lose one of the two' if role == 'is also' else 'overwrite what this command reads'}. "
+                    "Name another file."
+                )
+        checked.append((option, path))
+
+
+def _same_file(first: str | Path, second: str | Path) -> bool:
+    a, b = Path(first).expanduser(), Path(second).expanduser()
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.samefile(b)  # a hard link, or the same file by another mount
+    except OSError:
+        return False
 
 
 def write_output(path: str | Path, content: str | bytes, option: str) -> None:

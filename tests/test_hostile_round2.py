@@ -3,6 +3,7 @@ and its classes whose inputs are real files, FIFOs and devices rather than one l
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -95,3 +96,28 @@ def test_hostile_arguments_round_two(
 ) -> None:
     """Issue 28.2 (rollout options) and 28.5/28.6 (output paths): refused before any connection."""
     corpus.test_hostile_arguments(case, tmp_path, listener, capsys)
+
+
+@pytest.mark.parametrize("output", ["same path", "hard link", "symlink", "json and metrics"])
+def test_smoke_test_outputs_never_overwrite_an_input_or_each_other(
+    output: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28.6: `--replay X --json X` overwrote the recording; two outputs on one path lost one."""
+    recording = tmp_path / "run.json"
+    shutil.copyfile(corpus.RECORDED_RUN, recording)
+    if output == "hard link":
+        (tmp_path / "hard.json").hardlink_to(recording)
+    if output == "symlink":
+        (tmp_path / "soft.json").symlink_to(recording)
+    extra = {
+        "same path": ["--json", str(recording)],
+        "hard link": ["--json", str(tmp_path / "hard.json")],
+        "symlink": ["--json", str(tmp_path / "soft.json")],
+        "json and metrics": ["--json", str(tmp_path / "o.prom"), "--prometheus", str(tmp_path / "o.prom")],
+    }[output]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    status, out, err = run(capsys, ["smoke-test", "--replay", str(recording), *extra])
+    assert_clean(out, err)
+    assert status == 2 and out == "" and ("--replay" in err or "is also --json" in err), err
+    assert recording.read_bytes() == corpus.RECORDED_RUN.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -17,6 +17,7 @@ from gpuhost.cli.common import progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.metrics import apply_metrics, check_textfile_path, write_textfile
+from gpuhost.output import check_outputs
 from gpuhost.rollout.engine import ApplyRequest, rollout_options
 from gpuhost.rollout.environment import ansible_limit, rollout_targets
 from gpuhost.rollout.report import RolloutReport
@@ -46,8 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--report",
-        type=Path,
-        default=Path("gpuhost-apply-report.json"),
+        default="gpuhost-apply-report.json",
         help="JSON report path (default: ./%(default)s)",
     )
     parser.add_argument(
@@ -59,7 +59,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prometheus",
-        type=Path,
         metavar="FILE",
         help="also write each host's outcome as Prometheus metrics to FILE (*.prom, atomically, for "
         "node_exporter's textfile collector; kept as it was when the rollout is interrupted, like --report)",
@@ -73,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     console = rollout_console()
     if args.prometheus is not None:
         check_textfile_path(args.prometheus)
+    check_outputs([("--report", args.report), ("--prometheus", args.prometheus)], [("-i", args.inventory)])
     serial, max_fail_percentage = rollout_options(args.serial, args.max_fail_percentage)
     interactive = not (args.yes or args.check)
     if interactive and not sys.stdin.isatty():
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         check=args.check,
         serial=serial,
         max_fail_percentage=max_fail_percentage,
-        report_path=args.report.resolve(),
+        report_path=Path(args.report).expanduser().resolve(),
         trial=not args.no_trial,
         verbose=args.verbose,
     )

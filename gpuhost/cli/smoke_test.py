@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError
 from gpuhost.metrics import check_textfile_path, smoke_test_failure_metrics, smoke_test_metrics, write_textfile
-from gpuhost.output import write_output
+from gpuhost.output import check_outputs, write_output
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
 
@@ -46,12 +46,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the full results as JSON to FILE")
     parser.add_argument(
         "--prometheus",
-        type=Path,
         metavar="FILE",
         help="write the results as Prometheus metrics to FILE (*.prom, atomically, for node_exporter's textfile "
         "collector; needs gpuhost[metrics]); a run that cannot start writes gpuhost_smoke_up 0",
     )
-    parser.add_argument("--plot", type=Path, metavar="FILE", help="draw the roofline with the measured points (PNG)")
+    parser.add_argument("--plot", metavar="FILE", help="draw the roofline with the measured points (PNG)")
     parser.add_argument(
         "--baseline", type=Path, metavar="FILE", help="compare with an earlier --json output (e.g. from bare metal)"
     )
@@ -107,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.prometheus is not None:
         check_textfile_path(args.prometheus)
+    check_outputs(
+        [("--json", args.json), ("--prometheus", args.prometheus), ("--plot", args.plot)],
+        [("--replay", args.replay), ("--baseline", args.baseline), ("--gpu-table", args.gpu_table)],
+    )
     options = SmokeOptions(
         quick=args.quick,
         device=args.device,
@@ -163,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from gpuhost.bench.plot import draw_roofline
 
-        draw_roofline(outcome.run, outcome.verdict.model, args.plot)
+        draw_roofline(outcome.run, outcome.verdict.model, Path(args.plot))
         print(f"roofline written to {args.plot}")
     sys.stdout.flush()
     if not outcome.verdict.representative and not args.allow_busy:
