@@ -12,10 +12,11 @@ import contextlib
 import os
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
-from gpuhost.errors import InputError
+from gpuhost.errors import GpuhostError, InputError
 
 # (option, path as typed): an output or input path of one command; None where the option was not given.
 NamedPath = tuple[str, str | Path | None]
@@ -115,3 +116,53 @@ def _mode_for(target: Path) -> int:
     umask = os.umask(0o022)  # the only way to read the umask: set it, then put it back
     os.umask(umask)
     return 0o666 & ~umask
+
+
+class OutputLost(GpuhostError):
+    """What a verb printed did not reach its standard output (a full disk, a closed pipe, a closed
+    descriptor): the report is lost, so the command failed (exit 2), whatever it found."""
+
+
+class _GuardedStream:
+    """A text stream whose failed write or flush is an OutputLost naming the stream, not an OSError
+    in the middle of a verb (or at exit, after the verb returned 0)."""
+
+    def __init__(self, stream: TextIO, name: str) -> None:
+        self._stream = stream
+        self._name = name
+
+    def _lost(self, error: OSError) -> OutputLost:
+        return OutputLost(f"could not write to {self._name}: {error.strerror or error}; the output is lost.")
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as error:
+            raise self._lost(error) from error
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as error:
+            raise self._lost(error) from error
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding ... as the stream has them
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def guarded_stdout(stdout: TextIO | None) -> Iterator[TextIO]:
+    """The standard output a verb writes to, flushed when it is done: every failed write is an
+    OutputLost (exit 2). A closed one (`>&-`, which Python turns into None) is refused at once."""
+    if stdout is None:
+        raise OutputLost("standard output is closed: nothing could be printed. Redirect it to a file instead.")
+    guarded = _GuardedStream(stdout, "standard output")
+    try:
+        yield guarded  # type: ignore[misc]  # a TextIO in all that the verbs use
+        guarded.flush()
+    except OutputLost:
+        # The unwritten text stays in the stream's buffer, and the interpreter's flush at exit would
+        # fail again (a second message, exit 120): what is lost is dropped instead.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+        raise

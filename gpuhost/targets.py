@@ -94,13 +94,13 @@ def validate_host(value: object, where: str, fix: str = "ansible_host") -> str:
         address = None
     if address is not None and text.lower() in _canonical_spellings(address, where, fix):
         return text
-    if isinstance(value, bool | int | float) or address is not None or not _HOSTNAME.match(text):
+    if isinstance(value, bool | int | float) or address is not None or not _HOSTNAME.fullmatch(text):
         reason = "is not in canonical form" if address is not None else "is not a valid host name or IP address"
         raise InputError(
             f"{where}: {value!r} {reason}. Write a host name or a dotted address like 10.0.0.5 "
             f"(quoted in YAML). Fix {fix}."
         )
-    if _NUMERIC_LABEL.match(text.rstrip(".").rsplit(".", 1)[-1]):
+    if _NUMERIC_LABEL.fullmatch(text.rstrip(".").rsplit(".", 1)[-1]):
         raise InputError(
             f"{where}: {value!r} is a number that resolvers read as an IP address, not a host name. "
             f"Write the address as four dotted decimals, e.g. 10.0.0.5 (quoted in YAML). Fix {fix}."
@@ -117,7 +117,7 @@ def _canonical_spellings(
     scope = address.scope_id if isinstance(address, ipaddress.IPv6Address) else None
     if scope is None:
         return (str(address), address.exploded)
-    if not _ZONE.match(scope):
+    if not _ZONE.fullmatch(scope):
         raise InputError(f"{where}: the zone {scope!r} of {str(address)!r} is not an interface name. Fix {fix}.")
     bare = ipaddress.IPv6Address(str(address).split("%", 1)[0])
     return (str(address).lower(), f"{bare.exploded}%{scope}".lower())
@@ -126,7 +126,7 @@ def _canonical_spellings(
 def validate_user(value: object, where: str, fix: str = "ansible_user") -> str:
     text = str(value)
     # A YAML number (ansible_user: 0) is no login name; str() of it would be '0', and 0 is falsy.
-    if not isinstance(value, str) or not _USER.match(text):
+    if not isinstance(value, str) or not _USER.fullmatch(text):
         raise InputError(
             f"{where}: user {value!r} is not a valid login name (letters, digits, '_', '.', '-'; starting with "
             f"a letter or '_'). Fix {fix}."
@@ -218,7 +218,7 @@ def snapshot_target(directory: Path, defaults: ConnectionDefaults) -> Target:
 
 def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:
     """'root@10.0.0.5', 'admin@gpu02:2222', 'gpu03', '[::1]:2222'."""
-    match = _ADHOC.match(spec.strip())
+    match = _ADHOC.fullmatch(spec.strip())
     where = f"host {spec!r}"
     if not match:
         raise InputError(f"{where}: write hosts as [user@]host[:port], e.g. root@10.0.0.5 or admin@gpu02:2222.")
@@ -280,7 +280,7 @@ def inventory_selection(path: Path, limit: str | None, defaults: ConnectionDefau
 
 def _inventory_target(name: str, variables: Mapping[str, Any], defaults: ConnectionDefaults) -> Target:
     where = f"inventory host {name}"
-    if not _INVENTORY_NAME.match(name):
+    if not _INVENTORY_NAME.fullmatch(name):
         raise InputError(f"{where}: the host name contains characters gpuhost does not accept.")
     connection = str(variables.get("ansible_connection", "ssh"))
     config = host_config(variables, defaults, where)

@@ -3,7 +3,11 @@ and its classes whose inputs are real files, FIFOs and devices rather than one l
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -121,3 +125,79 @@ def test_smoke_test_outputs_never_overwrite_an_input_or_each_other(
     assert status == 2 and out == "" and ("--replay" in err or "is also --json" in err), err
     assert recording.read_bytes() == corpus.RECORDED_RUN.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("case", cases("inventories_round2"))
+def test_hostile_inventory_value_round_two(
+    case: dict[str, Any], tmp_path: Path, listener: Listener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28.8 (full match) and 28.7 (`vcpus: '²'`): refused by name before any connection."""
+    corpus.test_hostile_inventory_value(case, tmp_path, listener, capsys)
+
+
+# --- 28.7: tracebacks, and output lost without a failing exit ----------------------------------------
+
+
+def _gpuhost_in_shell(redirections: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """gpuhost as a user runs it, its descriptors set up by a real shell (`> /dev/full`, `>&-`)."""
+    command = " ".join(shlex.quote(arg) for arg in [sys.executable, "-m", "gpuhost", *argv])
+    return subprocess.run(
+        ["sh", "-c", f"exec {command} {redirections}"], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("redirections", "json_lines", "says"),
+    [
+        ("> /dev/full", True, "could not write to standard output: No space left on device"),
+        ("> /dev/full", False, "could not write to standard output: No space left on device"),
+        (">&-", True, "standard output is closed"),
+        (">&- 2>&-", False, ""),
+    ],
+    ids=["json-to-full-disk", "table-to-full-disk", "json-stdout-closed", "both-closed"],
+)
+def test_output_lost_is_a_failure_not_a_traceback(redirections: str, json_lines: bool, says: str) -> None:
+    """`audit --json > /dev/full` ended in an OSError traceback, `audit >&-` in an AttributeError,
+    and output lost when Python flushed at exit could still leave exit 0."""
+    argv = ["audit", *(["--json"] if json_lines else []), "--from-snapshot", str(corpus.H100)]
+    result = _gpuhost_in_shell(redirections, *argv)
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
+
+
+def test_a_deeply_nested_snapshot_json_is_no_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """snapshot.json only names the host: nested 100000 deep (RecursionError, a traceback) it names
+    none, and the capture is named by its path and audited like any other."""
+    snapshot = tmp_path / "deep"
+    shutil.copytree(corpus.H100, snapshot)
+    (snapshot / "snapshot.json").write_text("[" * 100_000 + "]" * 100_000)
+    for extra in ([], ["--json"]):
+        status, out, err = run(capsys, ["audit", *extra, "--from-snapshot", str(snapshot)])
+        assert_clean(out, err)
+        assert status == 0 and str(snapshot) in out, out + err
+
+
+def test_a_recording_that_is_no_regular_file_is_refused_unread(tmp_path: Path) -> None:
+    """`smoke-test --replay /dev/zero` read until memory ran out; a FIFO blocked at open for ever."""
+    fifo = tmp_path / "recording.fifo"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        result = subprocess.run(
+            [sys.executable, "-m", "gpuhost", "smoke-test", "--replay", path],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 2 and "is not a regular file" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_a_recording_larger_than_any_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as stream:  # sparse: 65 MiB of NUL bytes that take no disk
+        stream.truncate(65 << 20)
+    status, out, err = run(capsys, ["smoke-test", "--replay", str(huge)])
+    assert_clean(out, err)
+    assert status == 2 and "larger than 64 MiB" in err, err
