@@ -201,3 +201,45 @@ def test_a_recording_larger_than_any_run_is_refused(tmp_path: Path, capsys: pyte
     status, out, err = run(capsys, ["smoke-test", "--replay", str(huge)])
     assert_clean(out, err)
     assert status == 2 and "larger than 64 MiB" in err, err
+
+
+# --- 28.9: one escape on every path to the terminal ----------------------------------------------------
+
+
+@pytest.mark.parametrize("case", cases("recorded_round2"))
+def test_names_from_a_recording_are_escaped(
+    case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus.test_hostile_recorded_file(case, tmp_path, capsys)
+
+
+def test_argparse_echoes_a_bad_argument_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        corpus.main(["audit", "--from-snapshot", str(corpus.H100), "--no-such-option=\x1b]0;pwned\x07\x1b[2J"])
+    captured = capsys.readouterr()
+    assert_clean(captured.out, captured.err)
+    assert exit_.value.code == 2 and "\\x1b]0;pwned\\x07" in captured.err, captured.err
+
+
+def test_apply_verbose_prints_ansibles_output_escaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`apply -v` handed Ansible's output to the terminal raw: it quotes inventory values and host
+    output. A real ansible-playbook run on the controller's local connection, its site.yml a stand-in."""
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    (playbooks / "site.yml").write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Echo the note\n      ansible.builtin.debug:\n        msg: noted\n"
+        # A loop item's label is printed as it is, unlike a message (JSON-escaped).
+        "      loop: ['{{ gpuhost_note }}']\n"
+    )
+    monkeypatch.setenv("GPUHOST_PLAYBOOKS", str(playbooks))
+    inventory = tmp_path / "inventory.yml"
+    note = "rack 7\x1b]0;pwned\x07\x1b[2J\rREADY"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "gpuhost_note": note}
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": local}}}))
+    argv = ["apply", "-i", str(inventory), "--limit", "localhost", "--yes", "-v", "--report", str(tmp_path / "r.json")]
+    _, out, err = run(capsys, argv)
+    assert_clean(out, err)
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\rREADY" in out, out

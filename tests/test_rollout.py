@@ -223,7 +223,7 @@ def test_ansible_verifies_host_keys_against_gpuhost_known_hosts_file(
     tracker = engine.EventTracker(lambda line: None)
 
     limit = [exact_host_pattern("gpu01")]
-    _, rc, _ = engine.run_playbook(playbook, inventory, limit, {}, "", targets, tracker, verbose=False)
+    _, rc, _ = engine.run_playbook(playbook, inventory, limit, {}, "", targets, tracker)
 
     if key_matches:
         assert rc == 0 and tracker.stopped == {}, tracker.stopped

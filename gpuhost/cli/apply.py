@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import progress_printer, rollout_console
+from gpuhost.cli.common import ansible_printer, progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.metrics import apply_metrics, check_textfile_path, write_textfile
@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
         max_fail_percentage=max_fail_percentage,
         report_path=Path(args.report).expanduser().resolve(),
         trial=not args.no_trial,
-        verbose=args.verbose,
     )
-    report = engine.apply(request, targets, progress_printer(console, verbose=args.verbose, timed=True))
+    progress = progress_printer(console, verbose=args.verbose, timed=True)
+    report = engine.apply(request, targets, progress, ansible_printer() if args.verbose else None)
     print_report(report, console)
     if args.prometheus is not None and not report.canceled:
         write_textfile(args.prometheus, apply_metrics(report, time.time()))

@@ -143,6 +143,16 @@ def rollout_console() -> Console:
     return make_console(soft_wrap=True)
 
 
+def ansible_printer() -> Callable[[str], None]:
+    """-v: Ansible's own output, each event's text as it comes, escaped (it quotes inventory and host bytes)."""
+
+    def echo(text: str) -> None:
+        # ansible-runner reads Ansible through a pty, which ends lines with CR LF.
+        print(printable(text.replace("\r\n", "\n")), flush=True)
+
+    return echo
+
+
 def progress_printer(console: Console, *, verbose: bool, timed: bool) -> Callable[[TaskProgress], None]:
     """One line per progress event (nothing with -v: Ansible's own output is on screen)."""
 

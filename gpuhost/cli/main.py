@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, cast
+from typing import NoReturn, Protocol, cast
 
 from gpuhost import __version__
 from gpuhost.cli.text import printable
@@ -49,8 +49,16 @@ def _load(verb: str) -> VerbModule:
     return cast(VerbModule, importlib.import_module(VERBS[verb][0]))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse quotes a bad argument in its error (`unrecognized arguments: ...` raw): escaped."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_UNUSABLE, f"{printable(self.prog)}: error: {printable(message)}\n")
+
+
 def build_parser(verb: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpuhost",
         description="Audit, configure and prove GPU passthrough hosts.",
     )

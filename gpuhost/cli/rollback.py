@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import progress_printer, rollout_console
+from gpuhost.cli.common import ansible_printer, progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.rollout.engine import RollbackRequest
@@ -56,10 +56,9 @@ def run(args: argparse.Namespace) -> int:
             console.print("nothing changed")
             return EXIT_OK
     started = time.monotonic()
-    request = RollbackRequest(
-        inventory=args.inventory.resolve(), limit=limit, reboot_timeout=args.reboot_timeout, verbose=args.verbose
-    )
-    failures = engine.rollback(request, targets, progress_printer(console, verbose=args.verbose, timed=False))
+    request = RollbackRequest(inventory=args.inventory.resolve(), limit=limit, reboot_timeout=args.reboot_timeout)
+    progress = progress_printer(console, verbose=args.verbose, timed=False)
+    failures = engine.rollback(request, targets, progress, ansible_printer() if args.verbose else None)
     return _check_hosts(targets, failures, time.monotonic() - started, console)
 
 

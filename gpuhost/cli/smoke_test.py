@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpuhost.cli.text import printable
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError
 from gpuhost.metrics import check_textfile_path, smoke_test_failure_metrics, smoke_test_metrics, write_textfile
 from gpuhost.output import check_outputs, write_output
@@ -135,17 +136,16 @@ def run(args: argparse.Namespace) -> int:
             environment = found[-1] if found else None
             write_textfile(args.prometheus, smoke_test_failure_metrics(environment, args.device, time.time()))
         raise
-    print(
-        report.render(
-            outcome.verdict,
-            outcome.run,
-            timings=outcome.timings,
-            model_table=outcome.model_table,
-            with_baseline=outcome.with_baseline,
-            verbose=args.verbose,
-        ),
-        end="",
+    text = report.render(
+        outcome.verdict,
+        outcome.run,
+        timings=outcome.timings,
+        model_table=outcome.model_table,
+        with_baseline=outcome.with_baseline,
+        verbose=args.verbose,
     )
+    # GPU and model names come from NVML, a recording or a --gpu-table: data, escaped like a host's.
+    print(printable(text), end="")
     if args.json is not None:
         document = jsonout.build_document(
             verdict=outcome.verdict,
@@ -159,15 +159,15 @@ def run(args: argparse.Namespace) -> int:
             health=outcome.health,
         )
         write_output(args.json, jsonout.dumps(document), "--json")
-        print(f"JSON written to {args.json}")
+        print(f"JSON written to {printable(args.json)}")
     if args.prometheus is not None:
         write_textfile(args.prometheus, smoke_test_metrics(outcome.verdict, outcome.run, time.time()))
-        print(f"metrics written to {args.prometheus}")
+        print(f"metrics written to {printable(args.prometheus)}")
     if args.plot is not None:
         from gpuhost.bench.plot import draw_roofline
 
         draw_roofline(outcome.run, outcome.verdict.model, Path(args.plot))
-        print(f"roofline written to {args.plot}")
+        print(f"roofline written to {printable(args.plot)}")
     sys.stdout.flush()
     if not outcome.verdict.representative and not args.allow_busy:
         return EXIT_UNUSABLE

@@ -85,7 +85,6 @@ class ApplyRequest:
     max_fail_percentage: int
     report_path: Path
     trial: bool = True  # False: --no-trial
-    verbose: bool = False  # Ansible's own output on stdout
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,6 @@ class RollbackRequest:
     inventory: Path
     limit: tuple[str, ...]  # ansible_limit()
     reboot_timeout: int
-    verbose: bool = False
 
 
 def parse_serial(text: str) -> tuple[int | str, ...]:
@@ -141,8 +139,13 @@ class EventTracker:
     """ansible-runner's events of one run -> what stopped each host, which hosts it reached and
     rebooted, and progress lines (failures, changes, and `key_tasks` even when unchanged)."""
 
-    def __init__(self, progress: Progress, key_tasks: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, progress: Progress, key_tasks: tuple[str, ...] = (), echo: Callable[[str], None] | None = None
+    ) -> None:
         self.progress = progress
+        # -v: each event's own text (Ansible's output), for the CLI to escape and print. Not
+        # ansible-runner's printing: that passed the inventory's and the hosts' bytes on raw.
+        self.echo = echo
         self.key_tasks = key_tasks
         self.started = time.monotonic()
         self.task = ""
@@ -155,6 +158,8 @@ class EventTracker:
     def __call__(self, event: Mapping[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data", {})
+        if self.echo is not None and event.get("stdout"):
+            self.echo(str(event["stdout"]))
         if kind == "playbook_on_start" and isinstance(event.get("pid"), int):
             self.playbook_pid = event["pid"]
         if kind == "playbook_on_task_start":
@@ -194,13 +199,15 @@ class EventTracker:
         return TaskProgress(time.monotonic() - self.started, host, outcome, task, detail, diff)
 
 
-def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) -> RolloutReport:
+def apply(
+    request: ApplyRequest, targets: Sequence[Target], progress: Progress, echo: Callable[[str], None] | None = None
+) -> RolloutReport:
     """Run site.yml on the hosts `targets` (the inventory read once, validated) and write the report."""
     # The playbook writes beside the report; the report itself is replaced, whole, only by a run
     # that was not canceled, so Ctrl-C never turns the last report into an empty one.
     final_report = request.report_path
     report = final_report.with_name(f".{final_report.name}.partial")
-    tracker = EventTracker(progress, APPLY_KEY_TASKS)
+    tracker = EventTracker(progress, APPLY_KEY_TASKS, echo)
     report.unlink(missing_ok=True)
     extravars: dict[str, Any] = {
         "gpuhost_serial": list(request.serial),
@@ -218,7 +225,6 @@ def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) 
         "--check --diff" if request.check else "--diff",
         targets,
         tracker,
-        request.verbose,
     )
     data: dict[str, Any] = {"schema": REPORT_SCHEMA, "hosts": {}}
     if report.is_file():
@@ -262,9 +268,11 @@ def _recap_hosts(stats: Mapping[str, Any], reached: set[str]) -> dict[str, dict[
     return hosts
 
 
-def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Progress) -> dict[str, HostOutcome]:
+def rollback(
+    request: RollbackRequest, targets: Sequence[Target], progress: Progress, echo: Callable[[str], None] | None = None
+) -> dict[str, HostOutcome]:
     """Run rollback.yml on `targets`; what stopped each host that failed (the others ran through)."""
-    tracker = EventTracker(progress)
+    tracker = EventTracker(progress, echo=echo)
     extravars = {
         "gpuhost_rollback_removed_files": list(REMOVED_FILES),
         "gpuhost_rollback_initramfs_modules": INITRAMFS_MODULES_PATH,
@@ -280,7 +288,6 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
         "--diff",
         targets,
         tracker,
-        request.verbose,
     )
     if status == CANCELED:  # Ctrl-C: no host may be read back and called rolled back
         raise KeyboardInterrupt
@@ -295,7 +302,6 @@ def run_playbook(
     cmdline: str,
     targets: Sequence[Target],
     tracker: EventTracker,
-    verbose: bool,
 ) -> tuple[dict[str, Any], int, str]:
     """Run `playbook` on the hosts of `targets` with gpuhost's Ansible environment and their
     known_hosts files; `tracker` sees every event. Ansible's recap (stats), return code, status."""
@@ -318,7 +324,7 @@ def run_playbook(
             cmdline=cmdline,
             envvars=ansible_environment(),
             event_handler=tracker,
-            quiet=not verbose,
+            quiet=True,  # -v: the tracker's echo prints Ansible's output, escaped
             suppress_env_files=True,
             cancel_callback=cancel,
             settings={"pexpect_timeout": CANCEL_CHECK_SECONDS},  # how often `cancel` is asked

@@ -33,6 +33,7 @@ def ansible_environment() -> dict[str, str]:
         # ansible-runner turns host key checking off unless told otherwise: gpuhost never does.
         "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_FORCE_COLOR": "False",
+        "ANSIBLE_NOCOLOR": "True",  # -v prints Ansible's output escaped: colour codes would show as \x1b[...
         "PYTHONPATH": _pythonpath(),
         # ansible-playbook is installed beside this interpreter (a venv run as .venv/bin/gpuhost
         # without activating it has no ansible-playbook on PATH).
