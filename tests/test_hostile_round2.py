@@ -243,3 +243,11 @@ def test_apply_verbose_prints_ansibles_output_escaped(
     _, out, err = run(capsys, argv)
     assert_clean(out, err)
     assert "\\x1b]0;pwned\\x07\\x1b[2J\\rREADY" in out, out
+
+
+@pytest.mark.parametrize("case", cases("recorded_round2_refused"))
+def test_a_recording_must_list_the_gpu_it_measured(
+    case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28.11: refused by name (exit 2), never a PASS without the datasheet comparison."""
+    corpus.test_hostile_recorded_file(case, tmp_path, capsys)
