@@ -17,7 +17,7 @@ from typing import Any
 from gpuhost.checks.base import ROLES, AuditPolicy
 from gpuhost.errors import InputError, MissingDependencyError, NoHostsSelected
 from gpuhost.facts.snapshot import SnapshotTree
-from gpuhost.plan.settings import PlanSettings
+from gpuhost.plan.settings import PlanSettings, gpus_variable
 from gpuhost.render.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
 from gpuhost.selection import GpuSelector, allowed_shared_groups
 from gpuhost.transport.ssh import SshOptions
@@ -182,7 +182,7 @@ def validate_known_hosts(value: object, where: str, fix: str = "gpuhost_known_ho
 def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, where: str) -> HostConfig:
     """Every `gpuhost_*` value of a host, validated (InputError naming `where`, the variable and the fix)."""
     from_command_line = defaults.gpus is not None
-    gpus_value = defaults.gpus if from_command_line else variables.get("gpuhost_gpus")
+    gpus_value = defaults.gpus if from_command_line else gpus_variable(variables, where)
     role = str(variables.get("gpuhost_role", defaults.role))
     if role not in ROLES:
         raise InputError(f"{where}: gpuhost_role {role!r} is not one of {', '.join(ROLES)}.")

@@ -127,7 +127,7 @@ def test_smoke_test_outputs_never_overwrite_an_input_or_each_other(
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-@pytest.mark.parametrize("case", cases("inventories_round2"))
+@pytest.mark.parametrize("case", [*cases("inventories_round2"), *cases("inventories_round2_gpus")])
 def test_hostile_inventory_value_round_two(
     case: dict[str, Any], tmp_path: Path, listener: Listener, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -53,6 +53,18 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def gpus_variable(variables: Mapping[str, Any], where: str) -> object:
+    """A host's gpuhost_gpus as GpuSelector.parse takes it. Left out, it means every NVIDIA GPU; set
+    to null (`gpuhost_gpus:` with its list forgotten, or emptied by a template) it is refused as `[]`
+    is, never read as every GPU."""
+    if "gpuhost_gpus" in variables and variables["gpuhost_gpus"] is None:
+        raise InputError(
+            f"{where}: gpuhost_gpus is set but empty (null). List the GPUs to pass through, or leave "
+            "gpuhost_gpus out for every NVIDIA GPU."
+        )
+    return variables.get("gpuhost_gpus")
+
+
 @dataclass(frozen=True)
 class PlanSettings:
     gpus: GpuSelector
@@ -102,7 +114,7 @@ class PlanSettings:
             )
         _check_reboot_variables(variables, where)
         return cls(
-            gpus=GpuSelector.parse(gpus if gpus is not None else variables.get("gpuhost_gpus"), where),
+            gpus=GpuSelector.parse(gpus if gpus is not None else gpus_variable(variables, where), where),
             allow_shared_group=allowed,
             hugepages=hugepages,
             hugetlbfs_mount=mount or None,
