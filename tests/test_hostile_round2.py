@@ -3,6 +3,7 @@ and its classes whose inputs are real files, FIFOs and devices rather than one l
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -251,3 +252,40 @@ def test_a_recording_must_list_the_gpu_it_measured(
 ) -> None:
     """Issue 28.11: refused by name (exit 2), never a PASS without the datasheet comparison."""
     corpus.test_hostile_recorded_file(case, tmp_path, capsys)
+
+
+# --- 28.10: errors blamed on the right thing (a real sshd, tests/sshd.py) -------------------------------
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("hashed", ["|1|not*base64|AAAA", "|1|AAAA|AAAA"], ids=["not-base64", "short-salt"])
+def test_a_hashed_known_hosts_name_with_a_bad_salt_blames_known_hosts(
+    hashed: str, tmp_path: Path, sshd_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The salt is decoded when the host's key is looked up, mid-handshake: not base64, its ValueError
+    read as an unusable private key; 3 bytes, paramiko's assert was a traceback."""
+    known_hosts = tmp_path / "known_hosts"
+    real = sshd_server.write_known_hosts(tmp_path / "real").read_text()
+    known_hosts.write_text(f"{hashed} {' '.join(real.split()[1:])}\n")
+    argv = ["audit", "--json", "--known-hosts", str(known_hosts), "--private-key", str(sshd_server.client_key)]
+    status, out, err = run(capsys, [*argv, sshd_server.target])
+    assert_clean(out, err)
+    (result,) = (json.loads(line) for line in out.splitlines())
+    assert status == 2 and result["error_kind"] == "input", result
+    assert str(known_hosts) in result["error"] and hashed in result["error"], result
+    assert "private key" not in result["error"]
+
+
+@pytest.mark.ssh
+def test_a_known_hosts_file_that_cannot_be_written_is_not_the_hosts_fault(
+    tmp_path: Path, sshd_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--accept-new-host-keys with a known_hosts under a regular file: 'unreachable: File exists'."""
+    (tmp_path / "a-file").write_text("")
+    known_hosts = tmp_path / "a-file" / "known_hosts"
+    argv = ["audit", "--json", "--accept-new-host-keys", "--known-hosts", str(known_hosts)]
+    status, out, err = run(capsys, [*argv, "--private-key", str(sshd_server.client_key), sshd_server.target])
+    assert_clean(out, err)
+    (result,) = (json.loads(line) for line in out.splitlines())
+    assert status == 2 and result["error_kind"] == "input", result
+    assert f"cannot record its new host key in {known_hosts}" in result["error"], result
