@@ -80,18 +80,20 @@ def pci_address(bus_id: str) -> str:
     return f"{int(match[1], 16):04x}:{match[2].lower()}" if match else bus_id
 
 
-def check_textfile_path(path: Path) -> None:
+def check_textfile_path(given: str | Path) -> None:
     """Refuse a --prometheus path before any work is done for it: node_exporter would ignore a
-    file not ending in .prom, and an unwritable path should not wait for a rollout to fail."""
+    file not ending in .prom, and an unwritable path should not wait for a rollout to fail.
+    Give the path as typed: 'x.prom/' names a directory, which Path() would drop the '/' of."""
+    path = Path(given)
     if not path.name.endswith(TEXTFILE_SUFFIX) or path.name == TEXTFILE_SUFFIX:
         raise InputError(
             f"{OPTION} {path}: node_exporter's textfile collector reads only files named *{TEXTFILE_SUFFIX}; "
             f"name it e.g. {path.with_name('gpuhost.prom')}."
         )
-    check_output_path(path, OPTION)
+    check_output_path(given, OPTION)
 
 
-def write_textfile(path: Path, content: bytes) -> None:
+def write_textfile(path: str | Path, content: bytes) -> None:
     """Write metrics atomically (a temporary file in the same directory, renamed over `path`), so the
     collector never reads half a file; the temporary name ends in .tmp, which it ignores."""
     check_textfile_path(path)

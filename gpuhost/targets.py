@@ -17,7 +17,7 @@ from typing import Any
 from gpuhost.checks.base import ROLES, AuditPolicy
 from gpuhost.errors import InputError, MissingDependencyError, NoHostsSelected
 from gpuhost.facts.snapshot import SnapshotTree
-from gpuhost.plan.settings import PlanSettings
+from gpuhost.plan.settings import PlanSettings, gpus_variable
 from gpuhost.render.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
 from gpuhost.selection import GpuSelector, allowed_shared_groups
 from gpuhost.transport.ssh import SshOptions
@@ -94,13 +94,13 @@ def validate_host(value: object, where: str, fix: str = "ansible_host") -> str:
         address = None
     if address is not None and text.lower() in _canonical_spellings(address, where, fix):
         return text
-    if isinstance(value, bool | int | float) or address is not None or not _HOSTNAME.match(text):
+    if isinstance(value, bool | int | float) or address is not None or not _HOSTNAME.fullmatch(text):
         reason = "is not in canonical form" if address is not None else "is not a valid host name or IP address"
         raise InputError(
             f"{where}: {value!r} {reason}. Write a host name or a dotted address like 10.0.0.5 "
             f"(quoted in YAML). Fix {fix}."
         )
-    if _NUMERIC_LABEL.match(text.rstrip(".").rsplit(".", 1)[-1]):
+    if _NUMERIC_LABEL.fullmatch(text.rstrip(".").rsplit(".", 1)[-1]):
         raise InputError(
             f"{where}: {value!r} is a number that resolvers read as an IP address, not a host name. "
             f"Write the address as four dotted decimals, e.g. 10.0.0.5 (quoted in YAML). Fix {fix}."
@@ -117,7 +117,7 @@ def _canonical_spellings(
     scope = address.scope_id if isinstance(address, ipaddress.IPv6Address) else None
     if scope is None:
         return (str(address), address.exploded)
-    if not _ZONE.match(scope):
+    if not _ZONE.fullmatch(scope):
         raise InputError(f"{where}: the zone {scope!r} of {str(address)!r} is not an interface name. Fix {fix}.")
     bare = ipaddress.IPv6Address(str(address).split("%", 1)[0])
     return (str(address).lower(), f"{bare.exploded}%{scope}".lower())
@@ -126,7 +126,7 @@ def _canonical_spellings(
 def validate_user(value: object, where: str, fix: str = "ansible_user") -> str:
     text = str(value)
     # A YAML number (ansible_user: 0) is no login name; str() of it would be '0', and 0 is falsy.
-    if not isinstance(value, str) or not _USER.match(text):
+    if not isinstance(value, str) or not _USER.fullmatch(text):
         raise InputError(
             f"{where}: user {value!r} is not a valid login name (letters, digits, '_', '.', '-'; starting with "
             f"a letter or '_'). Fix {fix}."
@@ -182,7 +182,7 @@ def validate_known_hosts(value: object, where: str, fix: str = "gpuhost_known_ho
 def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, where: str) -> HostConfig:
     """Every `gpuhost_*` value of a host, validated (InputError naming `where`, the variable and the fix)."""
     from_command_line = defaults.gpus is not None
-    gpus_value = defaults.gpus if from_command_line else variables.get("gpuhost_gpus")
+    gpus_value = defaults.gpus if from_command_line else gpus_variable(variables, where)
     role = str(variables.get("gpuhost_role", defaults.role))
     if role not in ROLES:
         raise InputError(f"{where}: gpuhost_role {role!r} is not one of {', '.join(ROLES)}.")
@@ -218,7 +218,7 @@ def snapshot_target(directory: Path, defaults: ConnectionDefaults) -> Target:
 
 def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:
     """'root@10.0.0.5', 'admin@gpu02:2222', 'gpu03', '[::1]:2222'."""
-    match = _ADHOC.match(spec.strip())
+    match = _ADHOC.fullmatch(spec.strip())
     where = f"host {spec!r}"
     if not match:
         raise InputError(f"{where}: write hosts as [user@]host[:port], e.g. root@10.0.0.5 or admin@gpu02:2222.")
@@ -242,16 +242,45 @@ def adhoc_target(spec: str, defaults: ConnectionDefaults) -> Target:
     return Target(name=spec, kind=SSH, policy=config.audit, ssh=options, config=config)
 
 
+@dataclass(frozen=True)
+class InventorySelection:
+    """The hosts a command selected from an inventory, and what Ansible must be told to act on them
+    alone: `limit` holds one exact-name pattern per host (exact_host_pattern), checked with Ansible's
+    own pattern matching against this inventory to select these hosts and no other."""
+
+    targets: tuple[Target, ...]
+    limit: tuple[str, ...]
+    # The inventory names a host `localhost` itself (not Ansible's implicit one): a play on
+    # `localhost` runs on that host, and naming it in a limit selects it for every play.
+    lists_localhost: bool
+
+
+def exact_host_pattern(name: str) -> str:
+    """An Ansible host pattern that matches the host called `name` and nothing else: a name as a
+    pattern is a glob (`gpu[1]`), a subscript or an exclusion, so it is an anchored regex instead."""
+    return f"~^{re.escape(name)}\\Z"
+
+
 def inventory_targets(path: Path, limit: str | None, defaults: ConnectionDefaults) -> list[Target]:
     """Hosts of an Ansible inventory, read through Ansible itself (groups, group_vars, patterns), each
     with its configuration validated. The one place a command reads the inventory: read it once."""
-    host_variables = load_inventory(path, limit)
-    return [_inventory_target(name, variables, defaults) for name, variables in host_variables]
+    return list(inventory_selection(path, limit, defaults).targets)
+
+
+def inventory_selection(path: Path, limit: str | None, defaults: ConnectionDefaults) -> InventorySelection:
+    """inventory_targets, with the exact Ansible limit of the hosts it selected."""
+    host_variables, lists_localhost = _read_inventory(path, limit)
+    targets = tuple(_inventory_target(name, variables, defaults) for name, variables in host_variables)
+    return InventorySelection(
+        targets=targets,
+        limit=tuple(exact_host_pattern(target.name) for target in targets),
+        lists_localhost=lists_localhost,
+    )
 
 
 def _inventory_target(name: str, variables: Mapping[str, Any], defaults: ConnectionDefaults) -> Target:
     where = f"inventory host {name}"
-    if not _INVENTORY_NAME.match(name):
+    if not _INVENTORY_NAME.fullmatch(name):
         raise InputError(f"{where}: the host name contains characters gpuhost does not accept.")
     connection = str(variables.get("ansible_connection", "ssh"))
     config = host_config(variables, defaults, where)
@@ -279,6 +308,11 @@ def _first_set(*values: object) -> object:
 
 
 def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, Any]]]:
+    return _read_inventory(path, limit)[0]
+
+
+def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
+    """Each selected host's ansible_* and gpuhost_* variables; whether the inventory lists `localhost`."""
     if not path.exists():
         raise InputError(f"inventory {path} does not exist. See inventory.example.yml for the format.")
     # An inventory Ansible cannot parse must be an error, not an empty fleet.
@@ -307,9 +341,35 @@ def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, A
                 if key.startswith(("ansible_", "gpuhost_")) and key != "ansible_play_hosts_all"
             }
             result.append((host.name, resolved))
-        return result
+        _check_exact_limit(inventory, path, [host.name for host in hosts])
+        return result, "localhost" in inventory.hosts
     except AnsibleError as error:
         raise InputError(f"inventory {path}: {error.message}") from error
+
+
+def _check_exact_limit(inventory: Any, path: Path, names: list[str]) -> None:
+    """The exact-name limit of `names`, read by Ansible as ansible-playbook reads a limit file
+    (`--limit @FILE`), plus the implicit `localhost` that apply's report play needs, must select
+    `names` and no other host. A host whose name is also a group's is refused here: any pattern
+    naming it would select the group's hosts too."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpuhost-limit-") as directory:
+        limit_file = Path(directory) / "limit"
+        lines = [exact_host_pattern(name) for name in names]
+        # No trailing newline: Ansible reads every line of the file, an empty last one too.
+        limit_file.write_text("\n".join([*lines, *(() if "localhost" in inventory.hosts else ("localhost",))]))
+        inventory.subset(f"@{limit_file}")
+        selected = [host.name for host in inventory.get_hosts(pattern="all")]
+    inventory.subset(None)
+    extra = sorted(set(selected) - set(names))
+    if extra or len(selected) != len(names):
+        groups = sorted(set(names) & set(inventory.groups))
+        reason = f"{', '.join(groups)} also name a group" if groups else "Ansible reads them as patterns"
+        raise InputError(
+            f"inventory {path}: the hosts {', '.join(names)} cannot be named to Ansible alone ({reason}; "
+            f"naming them would also select {', '.join(extra) or 'other hosts'}). Rename the host or the group."
+        )
 
 
 def select_hosts(inventory: Any, path: Path, limit: str | None) -> list[Any]:

@@ -32,5 +32,5 @@ def test_the_collections_playbooks_resolve_by_name_in_the_rollouts_environment(p
     inventory = tmp_path / "inventory.yml"
     inventory.write_text("all:\n  hosts:\n    gpu01:\n      ansible_host: 127.0.0.1\n")
     tracker = engine.EventTracker(lambda line: None)
-    _, rc, status = engine.run_playbook(playbook, inventory, None, {}, "--syntax-check", [], tracker, verbose=False)
+    _, rc, status = engine.run_playbook(playbook, inventory, ["gpu01"], {}, "--syntax-check", [], tracker)
     assert (rc, status) == (0, "successful"), f"{playbook}: ansible-playbook --syntax-check rc {rc} ({status})"

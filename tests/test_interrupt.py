@@ -185,7 +185,7 @@ from pathlib import Path
 from gpuhost.rollout import engine
 
 tracker = engine.EventTracker(lambda line: None)
-_, rc, status = engine.run_playbook(Path(sys.argv[1]), Path(sys.argv[2]), None, {}, "", [], tracker, False)
+_, rc, status = engine.run_playbook(Path(sys.argv[1]), Path(sys.argv[2]), ["localhost"], {}, "", [], tracker)
 print(status, rc)
 """
 

@@ -76,7 +76,8 @@ def _recorder(
     def run(**kwargs: Any) -> SimpleNamespace:
         sources = kwargs["inventory"]
         extra = [Path(p).read_text() for p in sources[1:]] if isinstance(sources, list) else []
-        calls.append({**kwargs, "extra_sources": extra})
+        limit = kwargs["limit"]  # '@FILE': the file goes with the run's private directory
+        calls.append({**kwargs, "extra_sources": extra, "limit_lines": Path(limit[1:]).read_text().split("\n")})
         for event in events:
             kwargs["event_handler"](event)
         return SimpleNamespace(stats=stats, rc=rc, status="failed" if rc else "successful")
@@ -123,7 +124,7 @@ def test_interactive_apply_reads_the_inventory_once_and_reports_an_unreachable_h
     assert len(inventory_reads) == 1, inventory_reads  # was 4: plan (2) and the checks before the run (2)
     (call,) = calls
     assert call["playbook"] == "gpuhost.passthrough.site"  # the collection's playbook, as AWX runs it
-    assert call["limit"] == "gpu01,localhost"
+    assert call["limit_lines"] == ["~^gpu01\\Z", "localhost"]
     # Issue 13.4: the known_hosts file the audit uses is the one ssh gets, after the host's own options.
     extra = json.loads(call["extra_sources"][0])
     known_hosts = shlex.quote(str(tmp_path / "lab known_hosts"))
@@ -187,7 +188,7 @@ def test_interactive_rollback_reads_the_inventory_once_and_names_the_hosts_it_as
     assert len(inventory_reads) == 1, inventory_reads  # was 3: the checks (2) and the read-back (1)
     (call,) = calls
     assert call["playbook"] == "gpuhost.passthrough.rollback"
-    assert call["limit"] == "~gpu0[1]" and call["extra_sources"]
+    assert call["limit_lines"] == ["~^gpu01\\Z"] and call["extra_sources"]
     out = capsys.readouterr().out
     assert "unreachable" in out and "its SSH host key is not the one in known_hosts" in out
     assert code == 2
@@ -202,7 +203,7 @@ def test_ansible_verifies_host_keys_against_gpuhost_known_hosts_file(
     """Issue 13.4 against a real sshd: without the file handed to ssh, Ansible read ~/.ssh/known_hosts,
     found no key, and reported what reads as a possible interception."""
     from gpuhost.rollout import engine
-    from gpuhost.targets import ConnectionDefaults, inventory_targets
+    from gpuhost.targets import ConnectionDefaults, exact_host_pattern, inventory_targets
 
     write = sshd_server.write_known_hosts if key_matches else sshd_server.write_wrong_known_hosts
     known_hosts = write(tmp_path / "known_hosts")
@@ -223,7 +224,8 @@ def test_ansible_verifies_host_keys_against_gpuhost_known_hosts_file(
     targets = inventory_targets(inventory, None, ConnectionDefaults())
     tracker = engine.EventTracker(lambda line: None)
 
-    _, rc, _ = engine.run_playbook(playbook, inventory, None, {}, "", targets, tracker, verbose=False)
+    limit = [exact_host_pattern("gpu01")]
+    _, rc, _ = engine.run_playbook(playbook, inventory, limit, {}, "", targets, tracker)
 
     if key_matches:
         assert rc == 0 and tracker.stopped == {}, tracker.stopped

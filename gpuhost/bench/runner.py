@@ -312,6 +312,14 @@ def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
     baseline = load_baseline(options.baseline) if options.baseline else None
     recorded = load_recorded(recorded_path)
     models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in recorded.environment.gpus}
+    measured = recorded.run.device.index
+    if measured not in models:
+        # Judged without its GPU, the run had no model and no datasheet figure to fall short of: PASS.
+        raise InputError(
+            f"the recorded run {recorded_path}: its measured device {measured} is not among the GPUs its "
+            f"environment lists ({', '.join(str(index) for index in sorted(models)) or 'none'}); the file is not "
+            "one run's --json: pass the file gpuhost wrote"
+        )
     checks = [*judge_environment(recorded.environment, recorded.samples, models), *judge_health(recorded.health)]
     verdict = judge(
         recorded.run,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from gpuhost.errors import InputError
 
 # The largest integer any of our documents holds is a byte count or a seed: 64 bits.
 MAX_DIGITS = 20
+# A full run's --json is well under 1 MiB; a file past this is not one (and /dev/zero never ends).
+MAX_FILE_BYTES = 64 << 20
 
 
 class StrictJsonError(ValueError):
@@ -55,9 +58,16 @@ def read_json_file(path: Path, what: str) -> Any:
     """The document in `path`; any reason it cannot be read or is not strict JSON is an InputError
     that names `what` (e.g. 'the baseline') and the file."""
     try:
-        data = path.read_bytes()
+        # A device or FIFO is no recording: /dev/zero would be read until memory ran out, and
+        # opening a FIFO blocks until someone writes to it. Stat first: that opens nothing.
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise InputError(f"{what} {path} is not a regular file: pass the --json file gpuhost wrote")
+        with path.open("rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
     except OSError as error:
         raise InputError(f"cannot read {what} {path}: {error.strerror}") from error
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"{what} {path} is larger than {MAX_FILE_BYTES >> 20} MiB: pass the --json file gpuhost wrote")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import progress_printer, rollout_console
+from gpuhost.cli.common import ansible_printer, progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.metrics import apply_metrics, check_textfile_path, write_textfile
-from gpuhost.rollout.engine import ApplyRequest, parse_serial
-from gpuhost.rollout.environment import rollout_targets
+from gpuhost.output import check_outputs
+from gpuhost.rollout.engine import ApplyRequest, rollout_options
+from gpuhost.rollout.environment import ansible_limit, rollout_targets
 from gpuhost.rollout.report import RolloutReport
 from gpuhost.targets import ConnectionDefaults, Target
 
@@ -46,8 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--report",
-        type=Path,
-        default=Path("gpuhost-apply-report.json"),
+        default="gpuhost-apply-report.json",
         help="JSON report path (default: ./%(default)s)",
     )
     parser.add_argument(
@@ -59,7 +59,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prometheus",
-        type=Path,
         metavar="FILE",
         help="also write each host's outcome as Prometheus metrics to FILE (*.prom, atomically, for "
         "node_exporter's textfile collector; kept as it was when the rollout is interrupted, like --report)",
@@ -73,29 +72,30 @@ def run(args: argparse.Namespace) -> int:
     console = rollout_console()
     if args.prometheus is not None:
         check_textfile_path(args.prometheus)
-    serial = parse_serial(args.serial)
-    if not 0 <= args.max_fail_percentage <= 100:
-        raise InputError("--max-fail-percentage must be from 0 to 100.")
+    check_outputs([("--report", args.report), ("--prometheus", args.prometheus)], [("-i", args.inventory)])
+    serial, max_fail_percentage = rollout_options(args.serial, args.max_fail_percentage)
     interactive = not (args.yes or args.check)
     if interactive and not sys.stdin.isatty():
         raise InputError("gpuhost apply asks before changing hosts; pass --yes to run unattended.")
     # Every host's connection and gpuhost_* values, checked before anything connects.
-    targets = rollout_targets(args.inventory, args.limit, ConnectionDefaults(role="host"))
+    selection = rollout_targets(args.inventory, args.limit, ConnectionDefaults(role="host"))
+    targets = list(selection.targets)
+    limit = ansible_limit(selection, controller_play=True)
     if interactive:
         declined = _ask(targets, args.serial, console)
         if declined is not None:
             return declined
     request = ApplyRequest(
         inventory=args.inventory.resolve(),
-        limit=args.limit,
+        limit=limit,
         check=args.check,
         serial=serial,
-        max_fail_percentage=args.max_fail_percentage,
-        report_path=args.report.resolve(),
+        max_fail_percentage=max_fail_percentage,
+        report_path=Path(args.report).expanduser().resolve(),
         trial=not args.no_trial,
-        verbose=args.verbose,
     )
-    report = engine.apply(request, targets, progress_printer(console, verbose=args.verbose, timed=True))
+    progress = progress_printer(console, verbose=args.verbose, timed=True)
+    report = engine.apply(request, targets, progress, ansible_printer() if args.verbose else None)
     print_report(report, console)
     if args.prometheus is not None and not report.canceled:
         write_textfile(args.prometheus, apply_metrics(report, time.time()))

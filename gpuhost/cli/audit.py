@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuhost.audit import AuditStatus, HostAudit, audit_fleet, audit_to_json
@@ -20,6 +19,7 @@ from gpuhost.cli.text import make_console, untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, MissingDependencyError
 from gpuhost.facts.model import PciFunction
 from gpuhost.metrics import audit_metrics, check_textfile_path, write_textfile
+from gpuhost.output import check_outputs
 from gpuhost.passthrough import functions_to_bind
 from gpuhost.problems import listed
 from gpuhost.targets import Target
@@ -38,7 +38,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="show info findings too")
     parser.add_argument(
         "--prometheus",
-        type=Path,
         metavar="FILE",
         help="also write each host's readiness and findings as Prometheus metrics to FILE (*.prom, atomically, "
         "for node_exporter's textfile collector)",
@@ -48,6 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.prometheus is not None:
         check_textfile_path(args.prometheus)
+    check_outputs([("--prometheus", args.prometheus)], [("-i", args.inventory)])
     targets = resolve_targets(args)
     if args.json:
         results = audit_fleet(targets, args.forks)

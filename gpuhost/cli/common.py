@@ -125,6 +125,8 @@ def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, Hos
         raise InputError(f"gpuhost {verb} takes the host as --host NAME (an inventory host), not as an argument.")
     host = validate_name(args.host, "--host")
     vm_name = validate_name(args.vm, "--vm")
+    if args.limit is not None:  # --host is the selection: a --limit beside it was silently replaced
+        raise InputError(f"gpuhost {verb} selects its host with --host {host}; drop --limit {args.limit}.")
     args.limit = host
     try:
         matches = [target for target in resolve_targets(args) if target.name == host]
@@ -139,6 +141,16 @@ def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, Hos
 
 def rollout_console() -> Console:
     return make_console(soft_wrap=True)
+
+
+def ansible_printer() -> Callable[[str], None]:
+    """-v: Ansible's own output, each event's text as it comes, escaped (it quotes inventory and host bytes)."""
+
+    def echo(text: str) -> None:
+        # ansible-runner reads Ansible through a pty, which ends lines with CR LF.
+        print(printable(text.replace("\r\n", "\n")), flush=True)
+
+    return echo
 
 
 def progress_printer(console: Console, *, verbose: bool, timed: bool) -> Callable[[TaskProgress], None]:

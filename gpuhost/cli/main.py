@@ -8,14 +8,18 @@ Verb modules are imported only when their verb is used, so that the guest-side v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
-from typing import Protocol, cast
+from pathlib import Path
+from typing import NoReturn, Protocol, cast
 
 from gpuhost import __version__
 from gpuhost.cli.text import printable
 from gpuhost.errors import EXIT_UNUSABLE, GpuhostError, shortened
+from gpuhost.output import OutputLost, guarded_stdout
 from gpuhost.transport import TransportError
 
 # verb -> (module, one-line help)
@@ -45,8 +49,16 @@ def _load(verb: str) -> VerbModule:
     return cast(VerbModule, importlib.import_module(VERBS[verb][0]))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse quotes a bad argument in its error (`unrecognized arguments: ...` raw): escaped."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_UNUSABLE, f"{printable(self.prog)}: error: {printable(message)}\n")
+
+
 def build_parser(verb: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpuhost",
         description="Audit, configure and prove GPU passthrough hosts.",
     )
@@ -61,7 +73,28 @@ def build_parser(verb: str | None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stderr is None:  # `2>&-`: print(file=None) would write the errors to stdout
+        sys.stderr = Path(os.devnull).open("w")  # noqa: SIM115 - for the life of the process
     arguments = list(sys.argv[1:] if argv is None else argv)
+    stdout = sys.stdout
+    try:
+        with guarded_stdout(stdout) as sys.stdout:
+            status = _main(arguments)
+    except OutputLost as error:
+        _print_error(next((a for a in arguments if a in VERBS), None), error)
+        return error.exit_code
+    finally:
+        sys.stdout = stdout
+    return status
+
+
+def _print_error(verb: str | None, error: BaseException) -> None:
+    """The CLI's one error line on stderr; a stderr that cannot be written to loses it quietly."""
+    with contextlib.suppress(OSError):
+        print(f"gpuhost{f' {verb}' if verb else ''}: error: {printable(shortened(str(error)))}", file=sys.stderr)
+
+
+def _main(arguments: list[str]) -> int:
     verb = next((a for a in arguments if not a.startswith("-")), None)
     parser = build_parser(verb if verb in VERBS else None)
     args = parser.parse_args(arguments)
@@ -70,11 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNUSABLE
     try:
         return _load(args.verb).run(args)
+    except OutputLost:
+        raise  # main's: the stream is dealt with there
     except GpuhostError as error:
-        print(f"gpuhost {args.verb}: error: {printable(shortened(str(error)))}", file=sys.stderr)
+        _print_error(args.verb, error)
         return error.exit_code
     except TransportError as error:  # a verb's one host could not be reached (guest logs, ...)
-        print(f"gpuhost {args.verb}: error: {printable(shortened(str(error)))}", file=sys.stderr)
+        _print_error(args.verb, error)
         return EXIT_UNUSABLE
     except KeyboardInterrupt:
         print(f"gpuhost {args.verb}: interrupted", file=sys.stderr)

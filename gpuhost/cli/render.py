@@ -20,7 +20,7 @@ from gpuhost.errors import EXIT_OK, GpuhostError, InputError
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import HostFacts
 from gpuhost.facts.snapshot import open_snapshot
-from gpuhost.output import write_output
+from gpuhost.output import check_outputs, write_output
 from gpuhost.render.domain import parse_cpulist, render_domain
 from gpuhost.render.spec import validate_cpulist, validate_name
 from gpuhost.render.validate import validate_domain_xml
@@ -58,6 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs([("-o", args.output)], [("-i", args.inventory)])
     target, spec, policy = resolve_vm(args, "render")
     host = target.name
     facts = _facts(target, args.snapshot_dir)

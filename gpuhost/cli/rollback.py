@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import progress_printer, rollout_console
+from gpuhost.cli.common import ansible_printer, progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.rollout.engine import RollbackRequest
-from gpuhost.rollout.environment import rollout_targets
+from gpuhost.rollout.environment import ansible_limit, rollout_targets
 from gpuhost.rollout.report import HostOutcome, HostStatus
 from gpuhost.targets import ConnectionDefaults, Target
 
@@ -44,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     console = rollout_console()
     if not 30 <= args.reboot_timeout <= 86400:
         raise InputError("--reboot-timeout must be from 30 to 86400 seconds.")
-    targets = rollout_targets(args.inventory, args.limit, ConnectionDefaults())
+    selection = rollout_targets(args.inventory, args.limit, ConnectionDefaults())
+    targets = list(selection.targets)
+    limit = ansible_limit(selection, controller_play=False)
     if not args.yes:
         if not sys.stdin.isatty():
             raise InputError("gpuhost rollback asks before changing hosts; pass --yes to run unattended.")
@@ -54,10 +56,9 @@ def run(args: argparse.Namespace) -> int:
             console.print("nothing changed")
             return EXIT_OK
     started = time.monotonic()
-    request = RollbackRequest(
-        inventory=args.inventory.resolve(), limit=args.limit, reboot_timeout=args.reboot_timeout, verbose=args.verbose
-    )
-    failures = engine.rollback(request, targets, progress_printer(console, verbose=args.verbose, timed=False))
+    request = RollbackRequest(inventory=args.inventory.resolve(), limit=limit, reboot_timeout=args.reboot_timeout)
+    progress = progress_printer(console, verbose=args.verbose, timed=False)
+    failures = engine.rollback(request, targets, progress, ansible_printer() if args.verbose else None)
     return _check_hosts(targets, failures, time.monotonic() - started, console)
 
 

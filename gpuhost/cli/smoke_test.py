@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from gpuhost.cli.text import printable
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError
 from gpuhost.metrics import check_textfile_path, smoke_test_failure_metrics, smoke_test_metrics, write_textfile
-from gpuhost.output import write_output
+from gpuhost.output import check_outputs, write_output
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
 
@@ -46,12 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the full results as JSON to FILE")
     parser.add_argument(
         "--prometheus",
-        type=Path,
         metavar="FILE",
         help="write the results as Prometheus metrics to FILE (*.prom, atomically, for node_exporter's textfile "
         "collector; needs gpuhost[metrics]); a run that cannot start writes gpuhost_smoke_up 0",
     )
-    parser.add_argument("--plot", type=Path, metavar="FILE", help="draw the roofline with the measured points (PNG)")
+    parser.add_argument("--plot", metavar="FILE", help="draw the roofline with the measured points (PNG)")
     parser.add_argument(
         "--baseline", type=Path, metavar="FILE", help="compare with an earlier --json output (e.g. from bare metal)"
     )
@@ -107,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.prometheus is not None:
         check_textfile_path(args.prometheus)
+    check_outputs(
+        [("--json", args.json), ("--prometheus", args.prometheus), ("--plot", args.plot)],
+        [("--replay", args.replay), ("--baseline", args.baseline), ("--gpu-table", args.gpu_table)],
+    )
     options = SmokeOptions(
         quick=args.quick,
         device=args.device,
@@ -132,17 +136,16 @@ def run(args: argparse.Namespace) -> int:
             environment = found[-1] if found else None
             write_textfile(args.prometheus, smoke_test_failure_metrics(environment, args.device, time.time()))
         raise
-    print(
-        report.render(
-            outcome.verdict,
-            outcome.run,
-            timings=outcome.timings,
-            model_table=outcome.model_table,
-            with_baseline=outcome.with_baseline,
-            verbose=args.verbose,
-        ),
-        end="",
+    text = report.render(
+        outcome.verdict,
+        outcome.run,
+        timings=outcome.timings,
+        model_table=outcome.model_table,
+        with_baseline=outcome.with_baseline,
+        verbose=args.verbose,
     )
+    # GPU and model names come from NVML, a recording or a --gpu-table: data, escaped like a host's.
+    print(printable(text), end="")
     if args.json is not None:
         document = jsonout.build_document(
             verdict=outcome.verdict,
@@ -156,15 +159,15 @@ def run(args: argparse.Namespace) -> int:
             health=outcome.health,
         )
         write_output(args.json, jsonout.dumps(document), "--json")
-        print(f"JSON written to {args.json}")
+        print(f"JSON written to {printable(args.json)}")
     if args.prometheus is not None:
         write_textfile(args.prometheus, smoke_test_metrics(outcome.verdict, outcome.run, time.time()))
-        print(f"metrics written to {args.prometheus}")
+        print(f"metrics written to {printable(args.prometheus)}")
     if args.plot is not None:
         from gpuhost.bench.plot import draw_roofline
 
-        draw_roofline(outcome.run, outcome.verdict.model, args.plot)
-        print(f"roofline written to {args.plot}")
+        draw_roofline(outcome.run, outcome.verdict.model, Path(args.plot))
+        print(f"roofline written to {printable(args.plot)}")
     sys.stdout.flush()
     if not outcome.verdict.representative and not args.allow_busy:
         return EXIT_UNUSABLE

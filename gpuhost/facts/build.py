@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from gpuhost.facts import parsers as p
 from gpuhost.facts import rescue
@@ -214,7 +215,7 @@ def _hugepage_pools(tree: Tree, directory: str) -> tuple[HugePagePool, ...]:
 def _numa_nodes(tree: Tree) -> tuple[NumaNode, ...]:
     nodes = []
     for name in tree.list("/sys/devices/system/node"):
-        if not name.startswith("node") or not name[4:].isdigit():
+        if not re.fullmatch("node[0-9]+", name):  # not isdigit(): 'node²' would reach int()
             continue
         base = f"/sys/devices/system/node/{name}"
         meminfo = tree.read(f"{base}/meminfo")
@@ -233,7 +234,7 @@ def _thread_siblings(tree: Tree) -> dict[int, tuple[int, ...]]:
     """Each logical CPU's core (topology/thread_siblings_list): which CPUs are SMT siblings."""
     siblings: dict[int, tuple[int, ...]] = {}
     for name in tree.list("/sys/devices/system/cpu"):
-        if not name.startswith("cpu") or not name[3:].isdigit():
+        if not re.fullmatch("cpu[0-9]+", name):
             continue
         text = tree.read(f"/sys/devices/system/cpu/{name}/topology/thread_siblings_list")
         if text is not None and text.strip():

@@ -29,7 +29,7 @@ _EXIT_STATUS = re.compile(r"^-?[0-9]+$")
 
 
 def is_pci_address(text: str) -> bool:
-    return bool(_PCI_ADDRESS.match(text))
+    return bool(_PCI_ADDRESS.fullmatch(text))
 
 
 def parse_int(text: str | None, base: int = 10) -> int | None:
@@ -87,7 +87,7 @@ def parse_pci_resource(text: str | None) -> tuple[Bar, ...]:
     bars = []
     for index, line in enumerate(text.splitlines()[:6]):
         fields = line.split()
-        if len(fields) != 3 or not all(_HEX_FIELD.match(f) for f in fields):
+        if len(fields) != 3 or not all(_HEX_FIELD.fullmatch(f) for f in fields):
             continue  # not 'start end flags' in hex: an unknown region, never a crash
         start, end, flags = (int(f, 16) for f in fields)
         if end > start:
@@ -254,7 +254,7 @@ def parse_modprobe_conf(path: str, text: str) -> tuple[ModprobeDirective, ...]:
         command = fields[0]
         names = [name.replace("-", "_") for name in fields[1:3]]
         module = names[1] if command == "alias" and len(names) > 1 else names[0]
-        if not any(_INTERESTING_MODULE.match(name) for name in (names if command == "alias" else names[:1])):
+        if not any(_INTERESTING_MODULE.fullmatch(name) for name in (names if command == "alias" else names[:1])):
             continue
         directives.append(
             ModprobeDirective(
@@ -359,7 +359,7 @@ def parse_command_status(text: str) -> dict[str, int]:
     status = {}
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) == 2 and _EXIT_STATUS.match(fields[1]):
+        if len(fields) == 2 and _EXIT_STATUS.fullmatch(fields[1]):
             status[fields[0]] = int(fields[1])
     return status
 
@@ -500,7 +500,7 @@ def parse_hugepages_by_node(tokens: tuple[str, ...]) -> dict[int, tuple[tuple[in
             current = parse_memory_size_kib(value)
         elif key == "hugepages":
             size = current if current is not None else default
-            if _NODE_COUNTS.match(value):
+            if _NODE_COUNTS.fullmatch(value):
                 pairs = (pair.split(":") for pair in value.split(","))
                 requested[size] = tuple((int(node), int(count)) for node, count in pairs)
                 continue
@@ -530,7 +530,7 @@ def parse_lspci_nn(text: str) -> tuple[LspciEntry, ...]:
     """`lspci -nn` (or -Dnn) lines; lines of other shapes are skipped."""
     entries = []
     for line in text.splitlines():
-        match = _LSPCI_NN.match(line.strip())
+        match = _LSPCI_NN.fullmatch(line.strip())
         if not match:
             continue
         address = match.group("address")

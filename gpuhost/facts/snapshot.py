@@ -106,7 +106,7 @@ class Tree:
                 gpuhost_version=str(data["gpuhost_version"]),
                 source=str(data.get("source", "")),
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested too deeply
             return None
 
 

@@ -62,7 +62,7 @@ def _ignore_error(_context: object, _error: object) -> None:
 
 
 def validate_uri(uri: str) -> str:
-    if not _URI.match(uri):
+    if not _URI.fullmatch(uri):
         raise InputError(
             f"--libvirt-uri {uri!r}: not a libvirt QEMU URI like qemu:///system or qemu+ssh://root@gpu01/system "
             "(letters, digits and URI punctuation only)."
@@ -256,7 +256,7 @@ def vcpu_pinned_cpus(domain_xml: str, name: str) -> tuple[int, ...]:
     root = ET.fromstring(domain_xml)  # noqa: S314 - from the libvirt daemon, as above
     for pin in root.iterfind("cputune/vcpupin"):
         cpuset = pin.get("cpuset", "")
-        if not _CPUSET.match(cpuset):
+        if not _CPUSET.fullmatch(cpuset):
             raise InputError(f"domain {name}: vcpupin cpuset {cpuset!r} is not a CPU list libvirt writes.")
         pinned: set[int] = set()
         for part in cpuset.split(","):

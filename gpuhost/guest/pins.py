@@ -113,7 +113,7 @@ def driver_table() -> DriverTable:
 
 
 def driver_branch_of(version: str) -> int:
-    match = DRIVER_VERSION.match(version)
+    match = DRIVER_VERSION.fullmatch(version)
     if match is None:
         raise ValueError(f"{version!r} is not a driver version like 550.54.15")
     return int(match.group(1))
@@ -122,10 +122,10 @@ def driver_branch_of(version: str) -> int:
 def validate_driver_branch(value: object, where: str) -> int:
     """A driver branch: 550 (or '550'); a full version like 550.54.15 names its branch too."""
     text = str(value).strip() if isinstance(value, int | str) and not isinstance(value, bool) else ""
-    match = DRIVER_VERSION.match(text)
+    match = DRIVER_VERSION.fullmatch(text)
     if match is not None:
         text = match.group(1)
-    if not DRIVER_BRANCH.match(text):
+    if not DRIVER_BRANCH.fullmatch(text):
         raise InputError(f"{where}: {value!r} is not a driver branch like 550.")
     branch = int(text)
     known = driver_table().branches
@@ -251,7 +251,7 @@ def parse_installed(dpkg_text: str, module_version: str) -> InstalledStack:
     when no module is loaded). The loaded module wins: it is what nvidia-smi reports."""
     packages = parse_dpkg_query(dpkg_text)
     loaded = module_version.strip()
-    driver = loaded if DRIVER_VERSION.match(loaded) else None
+    driver = loaded if DRIVER_VERSION.fullmatch(loaded) else None
     if driver is None and DRIVER_PACKAGE in packages:
         driver = packages[DRIVER_PACKAGE].split("-")[0]
     toolkits = {
@@ -260,10 +260,10 @@ def parse_installed(dpkg_text: str, module_version: str) -> InstalledStack:
     fabric = sorted(
         PackageVersion(name, version)
         for name, version in packages.items()
-        if FABRIC_MANAGER_NAME.match(name) and DEBIAN_VERSION.match(version)
+        if FABRIC_MANAGER_NAME.fullmatch(name) and DEBIAN_VERSION.fullmatch(version)
     )
     return InstalledStack(
-        driver if driver and DRIVER_VERSION.match(driver) else None, toolkits, fabric[0] if fabric else None
+        driver if driver and DRIVER_VERSION.fullmatch(driver) else None, toolkits, fabric[0] if fabric else None
     )
 
 
@@ -273,7 +273,7 @@ def parse_madison(text: str) -> tuple[PackageVersion, ...]:
     offered = []
     for line in text.splitlines():
         fields = [field.strip() for field in line.split("|")]
-        if len(fields) == 3 and FABRIC_MANAGER_NAME.match(fields[0]) and DEBIAN_VERSION.match(fields[1]):
+        if len(fields) == 3 and FABRIC_MANAGER_NAME.fullmatch(fields[0]) and DEBIAN_VERSION.fullmatch(fields[1]):
             offered.append(PackageVersion(fields[0], fields[1]))
     return tuple(offered)
 

@@ -236,7 +236,7 @@ def detect_installed(transport: Transport, root: PackageRoot, *, log: Log) -> pi
 def headers_package(kernel_release: str) -> str:
     """The kernel headers the driver's DKMS build needs, for the running kernel."""
     package = f"linux-headers-{kernel_release.strip()}"
-    if not PACKAGE_NAME.match(package):
+    if not PACKAGE_NAME.fullmatch(package):
         raise RemoteCommandError(f"`uname -r` in the guest printed {kernel_release!r}, not a kernel release")
     return package
 
@@ -262,7 +262,7 @@ def copy_package_repo(
         )
     run_checked(guest, ["mkdir", "-p", dest], log=log, timeout=left())
     for name in names:
-        if not _REPO_FILE.match(name):
+        if not _REPO_FILE.fullmatch(name):
             raise InputError(f"package_repo {host_path}: file name {name!r} is not a package or index name; remove it.")
         data = run_checked(
             host, ["cat", f"{host_path.rstrip('/')}/{name}"], log=lambda argv, result: None, timeout=left()

@@ -48,7 +48,7 @@ def user_data(config: SeedConfig) -> str:
 
     validate_name(config.hostname, "seed hostname")
     for key in (*config.authorized_keys, config.host_key.public_openssh):
-        if not SSH_KEY.match(key) or "\n" in key:
+        if not SSH_KEY.fullmatch(key) or "\n" in key:
             raise InputError(f"seed of {config.hostname}: {key[:40]!r}... is not an OpenSSH public key line.")
     # str(): inventory values are Ansible's str subclasses, which yaml.safe_dump refuses.
     document: dict[str, object] = {

@@ -43,7 +43,7 @@ def normalise(project: str) -> str:
 
 
 def parse_wheel_name(path: Path) -> Wheel | None:
-    match = _WHEEL.match(path.name)
+    match = _WHEEL.fullmatch(path.name)
     if match is None:
         return None
     pythons = set(match["python"].split("."))

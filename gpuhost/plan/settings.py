@@ -18,12 +18,12 @@ from gpuhost.selection import GpuSelector, allowed_shared_groups
 
 HUGEPAGES_AUTO = "auto"
 BIND_AUTO = "auto"
-_HUGEPAGES = re.compile(r"^(?:auto|\d{1,6}|\d{1,7}(?:[GT]i?B?|[gt]))$")
+_HUGEPAGES = re.compile(r"^(?:auto|[0-9]{1,6}|[0-9]{1,7}(?:[GT]i?B?|[gt]))$")
 _MOUNT_POINT = re.compile(r"^/[A-Za-z0-9_./-]{0,200}$")
-_REBOOT_TIMEOUT = re.compile(r"^\d{1,5}$")
+_REBOOT_TIMEOUT = re.compile(r"^[0-9]{1,5}$")
 # The reboot command runs through the host's shell: words of safe characters only.
 _REBOOT_COMMAND = re.compile(r"^[A-Za-z0-9_./=-]+(?: [A-Za-z0-9_./=-]+){0,8}$")
-_PANIC_SECONDS = re.compile(r"^\d{1,3}$")
+_PANIC_SECONDS = re.compile(r"^[0-9]{1,3}$")
 _REFUSAL_CODE = re.compile(r"^[a-z_]+\.[a-z_]+$")
 # Tests only: refusal codes the planner turns into notes, so that a lab test can make a trial boot
 # fail for real (e.g. hugepages.too_many). Never set it on a real fleet: the refusals are what keep
@@ -53,6 +53,18 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def gpus_variable(variables: Mapping[str, Any], where: str) -> object:
+    """A host's gpuhost_gpus as GpuSelector.parse takes it. Left out, it means every NVIDIA GPU; set
+    to null (`gpuhost_gpus:` with its list forgotten, or emptied by a template) it is refused as `[]`
+    is, never read as every GPU."""
+    if "gpuhost_gpus" in variables and variables["gpuhost_gpus"] is None:
+        raise InputError(
+            f"{where}: gpuhost_gpus is set but empty (null). List the GPUs to pass through, or leave "
+            "gpuhost_gpus out for every NVIDIA GPU."
+        )
+    return variables.get("gpuhost_gpus")
+
+
 @dataclass(frozen=True)
 class PlanSettings:
     gpus: GpuSelector
@@ -80,13 +92,13 @@ class PlanSettings:
 
         allowed = allowed_shared_groups(variables, where)
         hugepages = str(get("gpuhost_hugepages")).strip()
-        if not _HUGEPAGES.match(hugepages):
+        if not _HUGEPAGES.fullmatch(hugepages):
             raise InputError(
                 f"{where}: gpuhost_hugepages {get('gpuhost_hugepages')!r} must be 'auto', a number of 1 GiB pages "
                 "(e.g. 400) or a size (e.g. 512G, 2T). Fix the inventory value."
             )
         mount = str(get("gpuhost_hugetlbfs_mount") or "").strip()
-        if mount and (not _MOUNT_POINT.match(mount) or ".." in mount.split("/")):
+        if mount and (not _MOUNT_POINT.fullmatch(mount) or ".." in mount.split("/")):
             raise InputError(
                 f"{where}: gpuhost_hugetlbfs_mount {mount!r} must be an absolute path of letters, digits, "
                 "'_', '.', '-' and '/' (e.g. /mnt/hugepages-1G), or empty for none."
@@ -95,14 +107,14 @@ class PlanSettings:
         if bind_by not in (BIND_AUTO, "ids", "address"):
             raise InputError(f"{where}: gpuhost_bind_by {bind_by!r} must be auto, ids or address.")
         panic = str(get("gpuhost_trial_panic_seconds")).strip()
-        if not _PANIC_SECONDS.match(panic) or not 1 <= int(panic) <= 300:
+        if not _PANIC_SECONDS.fullmatch(panic) or not 1 <= int(panic) <= 300:
             raise InputError(
                 f"{where}: gpuhost_trial_panic_seconds {get('gpuhost_trial_panic_seconds')!r} must be a whole number "
                 "of seconds from 1 to 300 (how long a panicking trial boot waits before it reboots)."
             )
         _check_reboot_variables(variables, where)
         return cls(
-            gpus=GpuSelector.parse(gpus if gpus is not None else variables.get("gpuhost_gpus"), where),
+            gpus=GpuSelector.parse(gpus if gpus is not None else gpus_variable(variables, where), where),
             allow_shared_group=allowed,
             hugepages=hugepages,
             hugetlbfs_mount=mount or None,
@@ -126,14 +138,14 @@ def _check_reboot_variables(variables: Mapping[str, Any], where: str) -> None:
         name = f"{role}_reboot_timeout"
         if name in variables:
             timeout = str(variables[name]).strip()
-            if not _REBOOT_TIMEOUT.match(timeout) or not 30 <= int(timeout) <= 86400:
+            if not _REBOOT_TIMEOUT.fullmatch(timeout) or not 30 <= int(timeout) <= 86400:
                 raise InputError(
                     f"{where}: {name} {variables[name]!r} must be a whole number of seconds from 30 to 86400."
                 )
         name = f"{role}_reboot_command"
         if name in variables:
             command = str(variables[name])
-            if not _REBOOT_COMMAND.match(command) or ".." in command:
+            if not _REBOOT_COMMAND.fullmatch(command) or ".." in command:
                 raise InputError(
                     f"{where}: {name} {command!r} must be a plain command of words of letters, digits and "
                     "'_./=-' (e.g. 'systemctl --no-block reboot'): it runs in the host's shell."
@@ -144,7 +156,7 @@ def forced_past_refusals() -> tuple[str, ...]:
     """The refusal codes named in FORCE_PAST_REFUSALS_ENV (tests only), validated."""
     codes = tuple(code.strip() for code in os.environ.get(FORCE_PAST_REFUSALS_ENV, "").split(",") if code.strip())
     for code in codes:
-        if not _REFUSAL_CODE.match(code):
+        if not _REFUSAL_CODE.fullmatch(code):
             raise InputError(f"{FORCE_PAST_REFUSALS_ENV}: {code!r} is not a refusal code (e.g. hugepages.too_many).")
     return codes
 
@@ -153,7 +165,7 @@ def trial_testing_options() -> tuple[str, ...]:
     """The kernel options named in TRIAL_TESTING_OPTIONS_ENV (tests only), validated."""
     options = tuple(os.environ.get(TRIAL_TESTING_OPTIONS_ENV, "").split())
     for option in options:
-        if not _KERNEL_OPTION.match(option) or ".." in option:
+        if not _KERNEL_OPTION.fullmatch(option) or ".." in option:
             raise InputError(
                 f"{TRIAL_TESTING_OPTIONS_ENV}: {option!r} is not a plain kernel option (e.g. rdinit=/none)."
             )

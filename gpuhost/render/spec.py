@@ -164,7 +164,7 @@ def host_policy(variables: Mapping[str, Any], audit_policy: AuditPolicy, where: 
 def validate_cpulist(text: str, where: str, remedy: str) -> str:
     """A CPU list like '0-1,64-65', each range going up, within the CPUs Linux can have (`remedy`
     ends the message of a range that does not)."""
-    if not CPULIST.match(text):
+    if not CPULIST.fullmatch(text):
         raise InputError(f"{where}: {text!r} is not a CPU list like '0-1,64-65'.")
     for part in text.split(","):
         low, _, high = part.partition("-")
@@ -263,7 +263,7 @@ def _packages(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise InputError(f"{where}: a list of Debian package names is required, not {value!r}.")
     for item in value:
-        if not isinstance(item, str) or not PACKAGE.match(item):
+        if not isinstance(item, str) or not PACKAGE.fullmatch(item):
             raise InputError(f"{where}: {item!r} is not a Debian package name (lower case, digits, '+', '-', '.').")
     return tuple(value)
 
@@ -282,7 +282,7 @@ def _refuse_forbidden(text: str, where: str) -> None:
 def validate_name(value: object, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise InputError(f"{where}: a name is required (letters, digits, '_', '.', '-').")
-    if len(value) > NAME_MAX or not NAME.match(value) or ".." in value:
+    if len(value) > NAME_MAX or not NAME.fullmatch(value) or ".." in value:
         raise InputError(
             f"{where}: {value!r} is not a valid name: start with a letter or digit, then letters, digits, "
             f"'_', '.', '-' (at most {NAME_MAX} characters, no '..')."
@@ -294,14 +294,15 @@ def validate_count(value: object, where: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise InputError(f"{where}: a whole number from {low} to {high} is required, not {value!r}.")
     text = str(value).strip()
-    if not text.isdigit() or not low <= int(text) <= high:
+    # ASCII digits: str.isdigit() accepts '²', which int() then refuses (a traceback).
+    if not re.fullmatch("[0-9]+", text) or not low <= int(text) <= high:
         raise InputError(f"{where}: {value!r} is not a whole number from {low} to {high}.")
     return int(text)
 
 
 def parse_size_mib(value: object, where: str) -> int:
     """'64G', '64GiB', '65536M', '1T' -> MiB. A bare number is refused: its unit would be a guess."""
-    match = _SIZE.match(str(value)) if isinstance(value, str) else None
+    match = _SIZE.fullmatch(str(value)) if isinstance(value, str) else None
     if match is None:
         raise InputError(f"{where}: {value!r} is not a size; write it with a unit, like 64G, 65536M or 1T.")
     number, unit = int(match.group(1)), match.group(2).upper()
@@ -355,7 +356,7 @@ def validate_ssh_key(value: object, where: str) -> str:
     text = value.strip()
     _refuse_forbidden(text, where)
     if " " in text:
-        if not SSH_KEY.match(text):
+        if not SSH_KEY.fullmatch(text):
             raise InputError(f"{where}: {text[:40]!r}... is not an OpenSSH public key line.")
         return text
     if text.startswith("~/") and ".." not in text.split("/"):
@@ -368,7 +369,7 @@ def validate_package_repo(value: object, where: str) -> str:
     text = str(value).strip() if isinstance(value, str) else ""
     if text.startswith("/"):
         return validate_path(text, where)
-    if not PACKAGE_REPO_URL.match(text):
+    if not PACKAGE_REPO_URL.fullmatch(text):
         raise InputError(
             f"{where}: {value!r} is neither an http://, https:// or file:// URL (letters, digits, '._~/%+-' in its "
             "path) nor an absolute path on the host; give the directory that holds the repository's Packages file."
@@ -391,7 +392,7 @@ def _timeouts(value: object, where: str) -> tuple[tuple[str, float], ...]:
 
 def _cuda_version(value: object, where: str) -> str:
     text = str(value).strip()
-    if not CUDA_VERSION.match(text):
+    if not CUDA_VERSION.fullmatch(text):
         raise InputError(f"{where}: {value!r} is not a CUDA version like 12.4 or 12.4.1.")
     return text
 
@@ -436,7 +437,7 @@ def validate_gpus(value: object, where: str) -> tuple[str, ...]:
     names: list[str] = []
     for item in items:
         text = str(item).strip()
-        if GPU_ALIAS.match(text):
+        if GPU_ALIAS.fullmatch(text):
             names.append(text)
             continue
         _refuse_forbidden(text, where)

@@ -71,7 +71,7 @@ REMOVED_FILES = (
 CANCEL_CHECK_SECONDS = 0.5
 # After Ctrl-C, how long ansible-playbook has to stop its workers before its process group is killed.
 CANCEL_GRACE_SECONDS = 3.0
-_SERIAL = re.compile(r"^(?:\d{1,4}%?)(?:,\d{1,4}%?)*$")
+_SERIAL = re.compile(r"[0-9]{1,4}%?(?:,[0-9]{1,4}%?)*")
 
 Progress = Callable[[TaskProgress], None]
 
@@ -79,28 +79,44 @@ Progress = Callable[[TaskProgress], None]
 @dataclass(frozen=True)
 class ApplyRequest:
     inventory: Path
-    limit: str | None
+    limit: tuple[str, ...]  # ansible_limit(): exact host patterns, one per line of a limit file
     check: bool
     serial: tuple[int | str, ...]
     max_fail_percentage: int
     report_path: Path
     trial: bool = True  # False: --no-trial
-    verbose: bool = False  # Ansible's own output on stdout
 
 
 @dataclass(frozen=True)
 class RollbackRequest:
     inventory: Path
-    limit: str
+    limit: tuple[str, ...]  # ansible_limit()
     reboot_timeout: int
-    verbose: bool = False
 
 
 def parse_serial(text: str) -> tuple[int | str, ...]:
-    """--serial '1,20%' -> (1, '20%'), Ansible's serial."""
-    if not _SERIAL.match(text):
-        raise InputError(f"--serial {text!r}: give batch sizes as N or N%, comma-separated (e.g. 1,20%).")
-    return tuple(item if item.endswith("%") else int(item) for item in text.split(","))
+    """--serial '1,20%' -> (1, '20%'), Ansible's serial. Ansible reads a batch of 0 (or 0%) as every
+    remaining host at once, which is no rolling at all: each batch is at least one host, at most 100%."""
+    fix = "give batch sizes as N or N%, comma-separated, each at least 1 host and at most 100% (e.g. 1,20%)"
+    if not _SERIAL.fullmatch(text):
+        raise InputError(f"--serial {text!r}: {fix}.")
+    batches = tuple(item if item.endswith("%") else int(item) for item in text.split(","))
+    for batch in batches:
+        size = int(batch[:-1]) if isinstance(batch, str) else batch
+        if size < 1 or (isinstance(batch, str) and size > 100):
+            raise InputError(
+                f"--serial {text!r}: a batch of {batch} {'is no host' if size < 1 else 'is over 100%'}; {fix}."
+            )
+    return batches
+
+
+def rollout_options(serial: str, max_fail_percentage: int) -> tuple[tuple[int | str, ...], int]:
+    """apply's rollout options, validated together before anything connects: Ansible's serial
+    (parse_serial) and max_fail_percentage."""
+    batches = parse_serial(serial)
+    if not 0 <= max_fail_percentage <= 100:
+        raise InputError(f"--max-fail-percentage {max_fail_percentage}: give a percentage from 0 to 100.")
+    return batches, max_fail_percentage
 
 
 def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome:
@@ -123,8 +139,13 @@ class EventTracker:
     """ansible-runner's events of one run -> what stopped each host, which hosts it reached and
     rebooted, and progress lines (failures, changes, and `key_tasks` even when unchanged)."""
 
-    def __init__(self, progress: Progress, key_tasks: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, progress: Progress, key_tasks: tuple[str, ...] = (), echo: Callable[[str], None] | None = None
+    ) -> None:
         self.progress = progress
+        # -v: each event's own text (Ansible's output), for the CLI to escape and print. Not
+        # ansible-runner's printing: that passed the inventory's and the hosts' bytes on raw.
+        self.echo = echo
         self.key_tasks = key_tasks
         self.started = time.monotonic()
         self.task = ""
@@ -137,6 +158,8 @@ class EventTracker:
     def __call__(self, event: Mapping[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data", {})
+        if self.echo is not None and event.get("stdout"):
+            self.echo(str(event["stdout"]))
         if kind == "playbook_on_start" and isinstance(event.get("pid"), int):
             self.playbook_pid = event["pid"]
         if kind == "playbook_on_task_start":
@@ -176,13 +199,15 @@ class EventTracker:
         return TaskProgress(time.monotonic() - self.started, host, outcome, task, detail, diff)
 
 
-def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) -> RolloutReport:
+def apply(
+    request: ApplyRequest, targets: Sequence[Target], progress: Progress, echo: Callable[[str], None] | None = None
+) -> RolloutReport:
     """Run gpuhost.passthrough.site on the hosts `targets` (the inventory read once, validated) and write the report."""
     # The playbook writes beside the report; the report itself is replaced, whole, only by a run
     # that was not canceled, so Ctrl-C never turns the last report into an empty one.
     final_report = request.report_path
     report = final_report.with_name(f".{final_report.name}.partial")
-    tracker = EventTracker(progress, APPLY_KEY_TASKS)
+    tracker = EventTracker(progress, APPLY_KEY_TASKS, echo)
     report.unlink(missing_ok=True)
     extravars: dict[str, Any] = {
         "gpuhost_serial": list(request.serial),
@@ -195,13 +220,11 @@ def apply(request: ApplyRequest, targets: Sequence[Target], progress: Progress) 
     stats, rc, status = run_playbook(
         SITE_PLAYBOOK,
         request.inventory,
-        # The report play runs on the controller: a --limit must not leave it out.
-        f"{request.limit},localhost" if request.limit is not None else None,
+        request.limit,
         extravars,
         "--check --diff" if request.check else "--diff",
         targets,
         tracker,
-        request.verbose,
     )
     data: dict[str, Any] = {"schema": REPORT_SCHEMA, "hosts": {}}
     if report.is_file():
@@ -245,9 +268,11 @@ def _recap_hosts(stats: Mapping[str, Any], reached: set[str]) -> dict[str, dict[
     return hosts
 
 
-def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Progress) -> dict[str, HostOutcome]:
+def rollback(
+    request: RollbackRequest, targets: Sequence[Target], progress: Progress, echo: Callable[[str], None] | None = None
+) -> dict[str, HostOutcome]:
     """Run gpuhost.passthrough.rollback on `targets`; what stopped each host that failed (the others ran through)."""
-    tracker = EventTracker(progress)
+    tracker = EventTracker(progress, echo=echo)
     extravars = {
         "gpuhost_rollback_removed_files": list(REMOVED_FILES),
         "gpuhost_rollback_initramfs_modules": INITRAMFS_MODULES_PATH,
@@ -263,7 +288,6 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
         "--diff",
         targets,
         tracker,
-        request.verbose,
     )
     if status == CANCELED:  # Ctrl-C: no host may be read back and called rolled back
         raise KeyboardInterrupt
@@ -273,12 +297,11 @@ def rollback(request: RollbackRequest, targets: Sequence[Target], progress: Prog
 def run_playbook(
     playbook: str | Path,
     inventory: Path,
-    limit: str | None,
+    limit: Sequence[str],
     extravars: Mapping[str, Any],
     cmdline: str,
     targets: Sequence[Target],
     tracker: EventTracker,
-    verbose: bool,
 ) -> tuple[dict[str, Any], int, str]:
     """Run `playbook` (a collection playbook's name, or a file) on the hosts of `targets` with
     gpuhost's Ansible environment and their known_hosts files; `tracker` sees every event.
@@ -287,17 +310,22 @@ def run_playbook(
         import ansible_runner
     except ImportError as error:
         raise MissingDependencyError("ansible-runner", "controller", "Running the playbooks") from error
+    if not limit:  # an empty limit is no limit to Ansible: every host
+        raise InputError("no hosts selected: nothing to run the playbook on.")
     with tempfile.TemporaryDirectory(prefix="gpuhost-rollout-") as private, _ctrl_c_cancels(tracker) as cancel:
+        # A limit file: its lines are read as they are, not split at ',' or ':' as a --limit argument is.
+        limit_file = Path(private) / "limit"
+        limit_file.write_text("\n".join(limit))
         runner = ansible_runner.run(
             private_data_dir=private,
             playbook=str(playbook),
             inventory=inventory_sources(inventory.resolve(), known_hosts_inventory(targets), Path(private)),
-            limit=limit,
+            limit=f"@{limit_file}",
             extravars=dict(extravars),
             cmdline=cmdline,
             envvars=ansible_environment(),
             event_handler=tracker,
-            quiet=not verbose,
+            quiet=True,  # -v: the tracker's echo prints Ansible's output, escaped
             suppress_env_files=True,
             cancel_callback=cancel,
             settings={"pexpect_timeout": CANCEL_CHECK_SECONDS},  # how often `cancel` is asked

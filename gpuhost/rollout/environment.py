@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import InputError
-from gpuhost.targets import ConnectionDefaults, Target, inventory_targets
+from gpuhost.targets import ConnectionDefaults, InventorySelection, Target, inventory_selection
 
 # A playbooks/ directory to run instead of the checkout's or the installed one.
 PLAYBOOKS_ENV = "GPUHOST_PLAYBOOKS"
@@ -43,6 +43,7 @@ def ansible_environment() -> dict[str, str]:
         # ansible-runner turns host key checking off unless told otherwise: gpuhost never does.
         "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_FORCE_COLOR": "False",
+        "ANSIBLE_NOCOLOR": "True",  # -v prints Ansible's output escaped: colour codes would show as \x1b[...
         "PYTHONPATH": _pythonpath(),
         "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
         # ansible-playbook is installed beside this interpreter (a venv run as .venv/bin/gpuhost
@@ -55,14 +56,14 @@ def ansible_environment() -> dict[str, str]:
     }
 
 
-def rollout_targets(inventory: Path, limit: str | None, defaults: ConnectionDefaults) -> list[Target]:
+def rollout_targets(inventory: Path, limit: str | None, defaults: ConnectionDefaults) -> InventorySelection:
     """The hosts apply and rollback run Ansible on: the inventory's targets, validated as every verb
     validates them, less what only gpuhost's own SSH handles. Ansible's paramiko connection reads
     ~/.ssh/known_hosts alone (not gpuhost_known_hosts_file, which the audit honours) and, for a key
     it does not know, waits at a yes/no prompt that an unattended run never answers: refused, before
     anything is asked or run."""
-    targets = inventory_targets(inventory, limit, defaults)
-    for target in targets:
+    selection = inventory_selection(inventory, limit, defaults)
+    for target in selection.targets:
         if str(target.variables.get("ansible_connection", "ssh")) == "paramiko":
             raise InputError(
                 f"inventory host {target.name}: ansible_connection paramiko: apply and rollback run Ansible, whose "
@@ -70,7 +71,25 @@ def rollout_targets(inventory: Path, limit: str | None, defaults: ConnectionDefa
                 "prompt for a host key it does not know. Use ansible_connection: ssh (Ansible's default); "
                 "the audit is not affected."
             )
-    return targets
+    return selection
+
+
+def ansible_limit(selection: InventorySelection, *, controller_play: bool) -> tuple[str, ...]:
+    """The one limit apply and rollback give Ansible, as lines of a limit file (`--limit @FILE`):
+    each selected host by its exact name, never the user's pattern again (appending to it changed
+    its meaning: `a:b,localhost`, `!a,localhost`). `controller_play`: the playbook ends with a play
+    on `localhost` (apply's report), which a limit must name; Ansible's implicit localhost is in no
+    other play, but a `localhost` the inventory lists is in every play, so it is named only when selected."""
+    limit = selection.limit
+    if not controller_play or any(target.name == "localhost" for target in selection.targets):
+        return limit
+    if selection.lists_localhost:
+        raise InputError(
+            "the inventory lists a host called localhost that the selection leaves out: apply writes its report "
+            "in a play on localhost, and naming localhost to Ansible would plan, configure and reboot that host "
+            "too. Select it as well (--limit), or give apply an inventory without localhost."
+        )
+    return (*limit, "localhost")
 
 
 def known_hosts_inventory(targets: Sequence[Target]) -> dict[str, Any] | None:

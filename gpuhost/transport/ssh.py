@@ -8,6 +8,8 @@ sent on stdin, so an audit costs one round trip after the connection is up.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import shlex
 import threading
@@ -109,6 +111,16 @@ class SshTransport:
                     f"{target}: cannot read the known_hosts file {path}: {detail}. "
                     "Fix or remove that line (ssh-keygen -R HOST -f FILE rewrites the file).",
                 ) from error
+            # A hashed name's salt is decoded only when a host's key is looked up, mid-handshake,
+            # where its ValueError read as an unusable private key: checked here, by the file's name.
+            bad = _bad_hashed_name(path)
+            if bad is not None:
+                raise TransportError(
+                    "input",
+                    f"{target}: cannot read the known_hosts file {path}: the hashed host name {bad[:200]!r} is not "
+                    "a valid salt and hash (base64 of 20 bytes each). Fix or remove that line "
+                    "(ssh-keygen -R HOST -f FILE rewrites the file).",
+                )
         if options.accept_new_host_keys:
             client.set_missing_host_key_policy(_accept_new_policy(ssh_lib, known_hosts))
         else:
@@ -293,6 +305,29 @@ def _drain(channel: paramiko.Channel, timeout: float, url: str) -> tuple[bytes, 
     return bytes(stdout), b"".join(stderr_chunks)
 
 
+def _bad_hashed_name(known_hosts: Path) -> str | None:
+    """The first hashed host name ('|1|SALT|HASH') of a known_hosts file (already read by paramiko,
+    so readable) whose salt or hash is not the base64 of a SHA-1 HMAC's 20 bytes."""
+    for line in known_hosts.read_text(errors="replace").splitlines():
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        names = fields[1 if fields[0].startswith("@") else 0].split(",") if len(fields) > 1 else []
+        for name in names:
+            if not name.startswith("|1|"):
+                continue
+            parts = name.split("|")
+            try:
+                if len(parts) != 4:
+                    raise ValueError(name)
+                salt, digest = (base64.b64decode(part, validate=True) for part in parts[2:])
+                if len(salt) != 20 or len(digest) != 20:  # SHA-1's: paramiko asserts the salt's length
+                    raise ValueError(name)
+            except (ValueError, binascii.Error):
+                return name
+    return None
+
+
 def _accept_new_policy(ssh_lib: Any, known_hosts: Path) -> paramiko.MissingHostKeyPolicy:
     """Trust a key seen for the first time and record it, as OpenSSH's accept-new does.
 
@@ -302,10 +337,17 @@ def _accept_new_policy(ssh_lib: Any, known_hosts: Path) -> paramiko.MissingHostK
     class AcceptNewPolicy(ssh_lib.MissingHostKeyPolicy):  # type: ignore[misc]
         def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
             client.get_host_keys().add(hostname, key.get_name(), key)
-            with _known_hosts_lock:
-                known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                with known_hosts.open("a") as handle:
-                    handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            try:
+                with _known_hosts_lock:
+                    known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    with known_hosts.open("a") as handle:
+                        handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            except OSError as error:  # not the host's fault: "unreachable: File exists" blamed it
+                raise TransportError(
+                    "input",
+                    f"{hostname}: cannot record its new host key in {known_hosts}: {error.strerror or error}. "
+                    "Fix --known-hosts / gpuhost_known_hosts_file (a file in a writable directory).",
+                ) from error
 
     policy: paramiko.MissingHostKeyPolicy = AcceptNewPolicy()
     return policy
