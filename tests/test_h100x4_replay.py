@@ -149,6 +149,14 @@ def test_missing_links_a_slow_host_share_and_a_failed_node_run_are_findings() ->
     assert {f.metric for f in stopped.figures} == {"nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter"}
 
 
+def test_the_suite_meets_pytorch_on_the_same_machine() -> None:
+    """all_reduce busbw >= 0.98x torch.distributed's at 1 GiB (same NCCL); each of the 12 pairs >= 1.00x."""
+    rows = json.loads((CAPTURE / "node-vs-torch.json").read_text())["rows"]
+    assert rows[0]["what"] == "all_reduce busbw 1 GiB" and rows[0]["ratio"] >= 0.98
+    pairs = [row for row in rows if row["what"].startswith("p2p ")]
+    assert len(pairs) == 12 and all(row["ratio"] >= 1.0 for row in pairs)
+
+
 def test_prometheus_of_a_node_run_has_every_gpu_and_the_node(tmp_path: Path) -> None:
     prom = tmp_path / "node.prom"
     assert main(["smoke-test", "--replay", str(CAPTURE / "all-1.json"), "--prometheus", str(prom)]) == 0
