@@ -164,3 +164,47 @@ def test_prometheus_of_a_node_run_has_every_gpu_and_the_node(tmp_path: Path) -> 
     assert text.count("gpuhost_smoke_verdict{gpu=") == 16  # four GPUs x four states
     assert 'gpuhost_smoke_node_verdict{status="PASS"} 1.0' in text
     assert 'gpuhost_smoke_node_bandwidth_bytes_per_second{metric="nccl_all_reduce"}' in text
+
+
+def test_a_gpu_whose_run_stops_is_a_finding_and_the_others_are_kept(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GPU 1 falls off the bus (its run stops: CUDA cannot use it), a fault not caused on the machine:
+    GPUs 0, 2 and 3 keep their verdicts from the healthy record, the node its measurements, and
+    GPU 1 is a FAIL with the reason, in the report, the JSON and its replay."""
+    from gpuhost.bench import node
+    from gpuhost.bench.environment import GpuUnavailable
+    from gpuhost.bench.runner import SmokeOptions
+
+    healthy = node.replay_all(json.loads((CAPTURE / "quick-1.json").read_text()), SmokeOptions())
+    by_gpu = {o.run.device.index: o for o in healthy.gpus}
+
+    def one_gpu(options: SmokeOptions) -> object:
+        if options.device == 1:
+            raise GpuUnavailable("the kernel suite could not use the GPU: cudaErrorDevicesUnavailable")
+        return by_gpu[options.device]
+
+    class Nvml:
+        def nvmlShutdown(self) -> None:
+            pass
+
+    monkeypatch.setattr(node, "load_pynvml", Nvml)
+    monkeypatch.setattr(node, "open_nvml", lambda nvml: 4)
+    monkeypatch.setattr(node, "read_environment", lambda nvml, count: healthy.gpus[0].environment)
+    monkeypatch.setattr(node, "smoke_test", one_gpu)
+    monkeypatch.setattr(node, "measure_node", lambda options, environment: healthy.record)
+    capsys.readouterr()
+    out_json = tmp_path / "all.json"
+    assert main(["smoke-test", "--all", "--json", str(out_json)]) == 1
+    out = capsys.readouterr().out
+    assert "VERDICT GPU 1: FAIL (cannot run: the kernel suite could not use the GPU" in out
+    assert "VERDICT GPU 0: PASS" in out and "VERDICT GPU 3: PASS" in out and "VERDICT node: PASS" in out
+    document = json.loads(out_json.read_text())
+    assert [(v["gpu"], v["outcome"]) for v in document["verdicts"]] == [
+        (0, "PASS"),
+        (1, "cannot run"),
+        (2, "PASS"),
+        (3, "PASS"),
+    ]
+    code, again = _replayed(out_json, tmp_path)
+    assert code == 1 and again["outcome"] == "FAIL" and again["stopped"][0]["gpu"] == 1

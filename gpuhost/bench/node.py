@@ -27,7 +27,7 @@ from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sourc
 from gpuhost.bench.contention import Contention, GpuProcess
 from gpuhost.bench.environment import Environment, load_pynvml, open_nvml, read_environment
 from gpuhost.bench.health import judge_health
-from gpuhost.bench.jsonout import build_document, read_recorded
+from gpuhost.bench.jsonout import CANNOT_RUN, build_document, read_recorded
 from gpuhost.bench.models import GpuModel, ModelTable, load_model_table
 from gpuhost.bench.results import Measurement, parse_suite_document
 from gpuhost.bench.runner import Outcome, SmokeOptions, _processes, smoke_test
@@ -38,7 +38,7 @@ from gpuhost.bench.verdict import (
     judge_environment,
     worst,
 )
-from gpuhost.errors import InputError
+from gpuhost.errors import GpuhostError, InputError
 from gpuhost.problems import Problem, Severity, Stage, register
 
 NODE_SCHEMA = "gpuhost.smoke-node/1"
@@ -93,8 +93,10 @@ P2P_PASS, P2P_FAIL = 0.70, 0.30
 # Both directions at once against twice the link: full duplex adds the copy engines' and the
 # fabric's limits; half of the doubled link is still far above a path through the host.
 BIDIR_PASS, BIDIR_FAIL = 0.50, 0.20
-# All to all against the number of GPUs times the link: every GPU sends at once and the switch
-# carries them all on NVSwitch; on PCIe the host's root complex bounds it, hence the low floor.
+# All to all against the number of GPUs times the link. The suite's copies (cudaMemcpyPeerAsync, one
+# stream per pair) share each GPU's copy engines: 772 GB/s, 43% of 4 x 450, on the healthy 4x H100
+# (tests/fixtures/h100x4), against 19% with one pair through the host. 40% passes that healthy
+# node; below 15% most pairs run through host memory. An SM-driven all-to-all would reach more.
 ALL_TO_ALL_PASS, ALL_TO_ALL_FAIL = 0.40, 0.15
 # A pair is named below the others' median under this fraction: on one fabric every pair runs
 # within a few percent of the others (392.5-393.2 GB/s for the 12 pairs of the 4x H200, issue 30).
@@ -215,15 +217,27 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
+class GpuStopped:
+    """A GPU whose one-GPU run stopped (no usable GPU, a crashed or hung suite): a FAIL of that GPU
+    with the reason; the other GPUs and the node are still measured."""
+
+    gpu: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class NodeOutcome:
     gpus: tuple[Outcome, ...]
     record: NodeRecord
     verdict: NodeVerdict
     seconds: float
+    stopped: tuple[GpuStopped, ...] = ()
 
     @property
     def status(self) -> Status:
-        return worst([self.verdict.status, *(o.verdict.status for o in self.gpus)])
+        return worst(
+            [self.verdict.status, *(o.verdict.status for o in self.gpus), *(Status.FAIL for _ in self.stopped)]
+        )
 
     @property
     def representative(self) -> bool:
@@ -720,12 +734,25 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
     finally:
         nvml.nvmlShutdown()
     outcomes = []
+    stopped = []
     for gpu in range(count):
-        outcome = smoke_test(replace(options, device=gpu))
+        try:
+            outcome = smoke_test(replace(options, device=gpu))
+        except InputError:
+            raise  # a bad table or option is the same for every GPU
+        except GpuhostError as error:  # this GPU's run stopped: the others are still measured
+            stopped.append(GpuStopped(gpu, str(error)))
+            continue
         outcomes.append(rejudged(outcome, table, gpu, complete=not options.benchmarks))
-    record = measure_node(options, environment)
+    try:
+        record = measure_node(options, environment)
+    except InputError:
+        raise
+    except GpuhostError as error:  # no build, no NVML: the GPUs' verdicts are kept, the node FAILs
+        ids = tuple(g.pci_device_id for g in environment.gpus)
+        record = NodeRecord(len(ids), ids, None, str(error), None, None, None, None, (), (), 0.0)
     models = [table.lookup(g.pci_device_id) for g in environment.gpus]
-    return NodeOutcome(tuple(outcomes), record, judge_node(record, models), time.monotonic() - started)
+    return NodeOutcome(tuple(outcomes), record, judge_node(record, models), time.monotonic() - started, tuple(stopped))
 
 
 def measure_node(options: SmokeOptions, environment: Environment) -> NodeRecord:
@@ -796,10 +823,17 @@ def build_node_document(outcome: NodeOutcome, per_gpu: list[dict[str, Any]]) -> 
         "outcome": outcome.outcome,
         "status": outcome.status.value,
         "seconds": outcome.seconds,
-        "verdicts": [
-            {"gpu": i, "status": o.verdict.status.value, "outcome": o.verdict.outcome}
-            for i, o in enumerate(outcome.gpus)
-        ],
+        "verdicts": sorted(
+            [
+                *(
+                    {"gpu": o.run.device.index, "status": o.verdict.status.value, "outcome": o.verdict.outcome}
+                    for o in outcome.gpus
+                ),
+                *({"gpu": s.gpu, "status": "FAIL", "outcome": CANNOT_RUN, "reason": s.reason} for s in outcome.stopped),
+            ],
+            key=lambda entry: int(entry["gpu"]),
+        ),
+        "stopped": [dataclasses.asdict(s) for s in outcome.stopped],
         "node": {
             "status": verdict.status.value,
             "outcome": verdict.outcome,
@@ -866,10 +900,15 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
 
     table = load_model_table(options.gpu_table)
     raw_gpus = document.get("gpus")
-    if not isinstance(raw_gpus, list) or not raw_gpus:
+    raw_stopped = document.get("stopped") or []
+    try:
+        stopped = tuple(GpuStopped(int(s["gpu"]), str(s["reason"])) for s in raw_stopped)
+    except (KeyError, TypeError, ValueError) as error:
+        raise InputError(f"recorded node run: 'stopped' is not what --all writes ({error})") from error
+    if not isinstance(raw_gpus, list) or not (raw_gpus or stopped):
         raise InputError("recorded node run: 'gpus' names no GPU's run")
     outcomes = []
-    for index, raw in enumerate(raw_gpus):
+    for raw in raw_gpus:
         recorded = read_recorded(raw)
         outcome = GpuOutcome(
             verdict=judge(recorded.run, model=None),  # replaced just below
@@ -884,11 +923,13 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
             contention=recorded.contention,
             health=recorded.health,
         )
-        outcomes.append(rejudged(outcome, table, index, complete=True))
+        outcomes.append(rejudged(outcome, table, recorded.run.device.index, complete=True))
     node = document.get("node")
     record = _record(node.get("record") if isinstance(node, dict) else None)
     models = [table.lookup(i) for i in record.pci_device_ids]
-    return NodeOutcome(tuple(outcomes), record, judge_node(record, models), float(document.get("seconds", 0.0)))
+    return NodeOutcome(
+        tuple(outcomes), record, judge_node(record, models), float(document.get("seconds", 0.0)), stopped
+    )
 
 
 # ---------------------------------------------------------------------------------- text
@@ -955,15 +996,23 @@ def render_node(outcome: NodeOutcome, *, verbose: bool = False) -> str:
         lines.append("Node findings:")
         lines.extend(f"  - {reason}" for reason in verdict.reasons)
     lines.append("")
-    for index, gpu in enumerate(outcome.gpus):
-        lines.append(
-            f"VERDICT GPU {index}: {gpu.verdict.outcome}"
-            + (
-                ""
-                if gpu.verdict.representative
-                else f" (another process used GPU {index}; {gpu.verdict.status.value} as measured)"
+    per_gpu: list[tuple[int, str]] = [
+        (s.gpu, f"VERDICT GPU {s.gpu}: FAIL (cannot run: {s.reason})") for s in outcome.stopped
+    ]
+    for gpu in outcome.gpus:
+        index = gpu.run.device.index
+        per_gpu.append(
+            (
+                index,
+                f"VERDICT GPU {index}: {gpu.verdict.outcome}"
+                + (
+                    ""
+                    if gpu.verdict.representative
+                    else f" (another process used GPU {index}; {gpu.verdict.status.value} as measured)"
+                ),
             )
         )
+    lines.extend(line for _, line in sorted(per_gpu))
     node = verdict.outcome if n >= 2 else "no node measurements (one GPU)"
     lines.append(f"VERDICT node: {node}")
     lines.append(f"VERDICT: {outcome.outcome} ({n} GPU(s), {outcome.seconds:.1f} s)")
