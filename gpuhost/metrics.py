@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from gpuhost.audit import HostAudit
     from gpuhost.bench.environment import Environment
+    from gpuhost.bench.node import NodeOutcome
     from gpuhost.bench.results import SuiteRun
     from gpuhost.bench.verdict import Verdict
     from gpuhost.rollout.report import RolloutReport
@@ -201,55 +202,109 @@ def apply_metrics(report: RolloutReport, now: float) -> bytes:
 def smoke_test_metrics(verdict: Verdict, run: SuiteRun, now: float) -> bytes:
     """Per GPU and measurement: the judged figure in base units, its fraction of the datasheet (and
     of a baseline), its status; the overall verdict, the environment's problems, when."""
+    out = _Exposition(Verb.SMOKE_TEST)
+    _smoke_gpus(out, ((verdict, run),), now)
+    return out.text()
+
+
+def smoke_node_metrics(outcome: NodeOutcome, now: float) -> bytes:
+    """`smoke-test --all`: every GPU's series as smoke_test_metrics writes them, in one exposition,
+    and the node's: its verdict, each node figure (GB/s as bytes/s) with its status, its problems."""
     from gpuhost.bench.verdict import Status
 
     out = _Exposition(Verb.SMOKE_TEST)
-    gpu = {"gpu": pci_address(run.device.pci_bus_id), "model": run.device.name}
+    _smoke_gpus(out, tuple((o.verdict, o.run) for o in outcome.gpus), now)
     statuses = tuple(s.value for s in Status)
-    _smoke_up(out, gpu, 1)
-    families = {unit: out.gauge(family.name, family.help, (*gpu, "metric")) for unit, family in SMOKE_UNITS.items()}
+    verdict = outcome.verdict
+    node_verdict = out.gauge(
+        "gpuhost_smoke_node_verdict",
+        "1 for the node measurements' verdict (PASS, INFO, WARN, FAIL), 0 for the others.",
+        ("status",),
+    )
+    _state_set(node_verdict, {}, statuses, verdict.status.value)
+    out.gauge("gpuhost_smoke_node_representative", "0 if another process used a GPU during the node measurements.").set(
+        1 if verdict.representative else 0
+    )
+    bandwidth = out.gauge(
+        "gpuhost_smoke_node_bandwidth_bytes_per_second",
+        "A node figure (P2P pair, all-to-all, host copies at once, NCCL bus bandwidth), bytes/s.",
+        ("metric",),
+    )
+    status = out.gauge(
+        "gpuhost_smoke_node_status", "1 for the node figure's status, 0 for the others.", ("metric", "status")
+    )
+    for figure in verdict.figures:
+        if figure.value is not None:
+            bandwidth.labels(metric=figure.metric).set(figure.value * 1e9)
+        _state_set(status, {"metric": figure.metric}, statuses, figure.status.value)
+    problems = out.gauge(
+        "gpuhost_smoke_node_problems",
+        "The node's findings by problem code and severity (absent: none).",
+        ("code", "severity"),
+    )
+    _count_problems(problems, {}, verdict.problems)
+    return out.text()
+
+
+def _smoke_gpus(out: _Exposition, runs: Sequence[tuple[Verdict, SuiteRun]], now: float) -> None:
+    from gpuhost.bench.verdict import Status
+
+    labels_of = ("gpu", "model")
+    statuses = tuple(s.value for s in Status)
+    families = {
+        unit: out.gauge(family.name, family.help, (*labels_of, "metric")) for unit, family in SMOKE_UNITS.items()
+    }
     datasheet = out.gauge(
         "gpuhost_smoke_datasheet_ratio",
         "The judged figure over the model's datasheet figure (1 = datasheet).",
-        (*gpu, "metric"),
+        (*labels_of, "metric"),
     )
     baseline = out.gauge(
-        "gpuhost_smoke_baseline_ratio", "The judged figure over the baseline run's (>1: better).", (*gpu, "metric")
+        "gpuhost_smoke_baseline_ratio",
+        "The judged figure over the baseline run's (>1: better).",
+        (*labels_of, "metric"),
     )
     status = out.gauge(
         "gpuhost_smoke_status",
         "1 for the measurement's status (PASS, INFO, WARN, FAIL), 0 for the others.",
-        (*gpu, "metric", "status"),
+        (*labels_of, "metric", "status"),
     )
-    for metric in verdict.metrics:
-        labels = {**gpu, "metric": metric.metric}
-        family = SMOKE_UNITS.get(metric.unit)
-        if family is not None and metric.judged_value is not None:
-            families[metric.unit].labels(**labels).set(metric.judged_value * family.scale)
-        if metric.percent_of_reference is not None:
-            datasheet.labels(**labels).set(metric.percent_of_reference / 100.0)
-        if metric.percent_of_baseline is not None:
-            baseline.labels(**labels).set(metric.percent_of_baseline / 100.0)
-        _state_set(status, labels, statuses, metric.status.value)
     overall = out.gauge(
         "gpuhost_smoke_verdict",
         "1 for the smoke-test's verdict (PASS, INFO, WARN, FAIL), 0 for the others.",
-        (*gpu, "status"),
+        (*labels_of, "status"),
     )
-    _state_set(overall, gpu, statuses, verdict.status.value)
-    out.gauge(
+    representative = out.gauge(
         "gpuhost_smoke_representative",
         "0 if another process used the GPU during the run (not representative).",
-        tuple(gpu),
-    ).labels(**gpu).set(1 if verdict.representative else 0)
+        labels_of,
+    )
     problems = out.gauge(
         "gpuhost_smoke_problems",
         "Findings of the environment checks by problem code and severity (absent: none).",
-        (*gpu, "code", "severity"),
+        (*labels_of, "code", "severity"),
     )
-    _count_problems(problems, gpu, verdict.problems)
-    _smoke_timestamp(out, gpu, now)
-    return out.text()
+    up = out.gauge(
+        "gpuhost_smoke_up", "1 if the smoke-test ran and reached a verdict, 0 if it could not run.", labels_of
+    )
+    stamp = out.gauge("gpuhost_smoke_timestamp_seconds", "When the smoke-test was judged (Unix time).", labels_of)
+    for verdict, run in runs:
+        gpu = {"gpu": pci_address(run.device.pci_bus_id), "model": run.device.name}
+        up.labels(**gpu).set(1)
+        for metric in verdict.metrics:
+            labels = {**gpu, "metric": metric.metric}
+            family = SMOKE_UNITS.get(metric.unit)
+            if family is not None and metric.judged_value is not None:
+                families[metric.unit].labels(**labels).set(metric.judged_value * family.scale)
+            if metric.percent_of_reference is not None:
+                datasheet.labels(**labels).set(metric.percent_of_reference / 100.0)
+            if metric.percent_of_baseline is not None:
+                baseline.labels(**labels).set(metric.percent_of_baseline / 100.0)
+            _state_set(status, labels, statuses, metric.status.value)
+        _state_set(overall, gpu, statuses, verdict.status.value)
+        representative.labels(**gpu).set(1 if verdict.representative else 0)
+        _count_problems(problems, gpu, verdict.problems)
+        stamp.labels(**gpu).set(now)
 
 
 def smoke_test_failure_metrics(environment: Environment | None, device: int, now: float) -> bytes:

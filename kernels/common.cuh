@@ -163,6 +163,10 @@ void bench_softmax(const Options& options, const Emit& emit);     // three-pass 
 void bench_transfer(const Options& options, const Emit& emit);    // host<->device copies
 void bench_launch(const Options& options, const Emit& emit);      // launch latency
 void bench_p2p(const Options& options, const Emit& emit);         // peer access and bandwidth
+// Node-level (issue 30, node.cu): every GPU at once; run only when named with --bench.
+void bench_p2p_matrix(const Options& options, const Emit& emit);  // every ordered pair, both ways, all-to-all
+void bench_host_all(const Options& options, const Emit& emit);    // host <-> every GPU at once
+void bench_nccl(const Options& options, const Emit& emit);        // NCCL collectives' bus bandwidth
 
 // GEMM layouts, column-major as cuBLAS sees them; C is always M x N with leading dimension M.
 //   NT: A stored M x K (ld M), B stored N x K (ld N), C = A * B^T  (our SGEMM and cuBLAS FP32)

@@ -26,6 +26,7 @@ struct Bench {
     void (*run)(const gh::Options&, const gh::Emit&);
     bool in_quick;
     const char* what;
+    bool node = false;  // measures every GPU at once: only when named with --bench (gpuhost smoke-test --all)
 };
 
 const Bench kBenches[] = {
@@ -38,6 +39,9 @@ const Bench kBenches[] = {
     {"transfer", gh::bench_transfer, true, "host<->device copies, pinned and pageable"},
     {"launch", gh::bench_launch, true, "kernel launch latency"},
     {"p2p", gh::bench_p2p, true, "peer access and P2P bandwidth between GPUs"},
+    {"p2p_matrix", gh::bench_p2p_matrix, true, "every ordered GPU pair, one way and both ways, and all-to-all", true},
+    {"host_all", gh::bench_host_all, true, "pinned copies between the host and every GPU at once", true},
+    {"nccl", gh::bench_nccl, true, "NCCL all_reduce/all_gather/reduce_scatter bus bandwidth (GPUHOST_NCCL)", true},
 };
 
 std::string result_json(const gh::Result& r, const char* benchmark) {
@@ -82,7 +86,12 @@ int main(int argc, char** argv) {
         } else if (arg == "--list") {
             std::vector<std::string> items;
             for (const auto& b : kBenches) {
-                items.push_back(gh::Json().str("name", b.name).boolean("quick", b.in_quick).str("what", b.what).text());
+                items.push_back(gh::Json()
+                                    .str("name", b.name)
+                                    .boolean("quick", b.in_quick)
+                                    .boolean("node", b.node)
+                                    .str("what", b.what)
+                                    .text());
             }
             std::cout << gh::json_array(items) << std::endl;
             return 0;
@@ -119,7 +128,7 @@ int main(int argc, char** argv) {
     }
     if (selected.empty()) {
         for (const auto& b : kBenches) {
-            if (!options.quick || b.in_quick) selected.push_back(b.name);
+            if (!b.node && (!options.quick || b.in_quick)) selected.push_back(b.name);
         }
     }
 

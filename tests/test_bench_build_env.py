@@ -61,10 +61,11 @@ def test_compile_commands_target_the_gpu_and_link_cublas_when_found(tmp_path: Pa
     sources = find_kernel_sources({})
     without = Toolchain(Path("/cuda/bin/nvcc"), "release 13.0", None)
     compiles, link = compile_commands(sources, (9, 0), without, tmp_path, tmp_path / BINARY_NAME)
-    assert len(compiles) == 6
+    assert len(compiles) == 7  # node.cu since issue 30
     assert all("-gencode=arch=compute_90,code=[sm_90,compute_90]" in c for c in compiles)
     assert all("-DGPUHOST_NO_CUBLAS" in c for c in compiles)
     assert not any("cublas" in part.lower() for part in link)
+    assert "-ldl" in link  # node.cu loads NCCL with dlopen
     assert arch_flags((8, 6)) == ["-gencode=arch=compute_86,code=[sm_86,compute_86]"]
 
 
@@ -90,8 +91,24 @@ def test_nvcc_builds_the_suite_once_and_caches_it(tmp_path: Path) -> None:
     # cuBLASLt must be linked in: CI installs it (toolkit or `pip install nvidia-cublas`).
     assert built.with_cublas, "cuBLAS headers/libraries not found: install nvidia-cublas"
     listing = subprocess.run([str(built.binary), "--list"], capture_output=True, text=True, check=True)
-    names = {entry["name"] for entry in json.loads(listing.stdout)}
-    assert names == {"memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p"}
+    entries = json.loads(listing.stdout)
+    names = {entry["name"] for entry in entries}
+    assert names == {
+        "memory",
+        "roofline",
+        "reduction",
+        "sgemm",
+        "cublas",
+        "softmax",
+        "transfer",
+        "launch",
+        "p2p",
+        "p2p_matrix",
+        "host_all",
+        "nccl",
+    }
+    # The node measurements run only when named (smoke-test --all), never in a one-GPU run.
+    assert {entry["name"] for entry in entries if entry["node"]} == {"p2p_matrix", "host_all", "nccl"}
     bad = subprocess.run([str(built.binary), "--bench", "nope"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "unknown benchmark 'nope'" in bad.stderr
     again = build_suite((9, 0), cache_dir=tmp_path, toolchain=toolchain)

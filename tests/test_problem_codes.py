@@ -21,6 +21,7 @@ import pytest
 
 import gpuhost.audit
 import gpuhost.bench.health  # registers the smoke-test's health codes; verdict's come with it
+import gpuhost.bench.node  # registers the node measurements' codes (smoke-test --all)
 import gpuhost.plan.planner
 import gpuhost.plan.verify
 import gpuhost.render.domain  # noqa: F401  (registers render's conflicts)

@@ -24,7 +24,7 @@ from gpuhost.errors import GpuhostError
 
 BINARY_NAME = "gpuhost-kernels"
 # The translation units of the suite; kernels/ holds them with common.cuh.
-SOURCE_NAMES = ("main.cu", "common.cu", "memory.cu", "gemm.cu", "softmax.cu", "transfer.cu")
+SOURCE_NAMES = ("main.cu", "common.cu", "memory.cu", "gemm.cu", "softmax.cu", "transfer.cu", "node.cu")
 HEADER_NAMES = ("common.cuh",)
 KERNELS_ENV = "GPUHOST_KERNELS_DIR"
 CACHE_ENV = "GPUHOST_CACHE_DIR"
@@ -222,6 +222,8 @@ def compile_commands(
         *(str(work_dir / f"{name}.o") for name in SOURCE_NAMES),
         "-o",
         str(output),
+        # node.cu loads NCCL with dlopen (in libc from glibc 2.34, in libdl before).
+        "-ldl",
     ]
     if toolchain.cublas is not None:
         # Full library paths (the pip wheel has no unversioned .so) and an rpath so the

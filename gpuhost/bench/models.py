@@ -45,6 +45,7 @@ class GpuModel:
     p2p_expected: bool
     datacenter: bool
     sources: tuple[str, ...]  # full source names, resolved from the table's keys
+    nvlink_links: int | None = None  # NVLinks per GPU (18 on H100/H200 SXM); None: none or not known
 
     @property
     def pcie_ceiling_gbps(self) -> float | None:
@@ -115,6 +116,11 @@ def _parse_model(entry: Any, sources: dict[str, str], where: str) -> GpuModel:
     if not isinstance(pcie_width, int) or pcie_width not in (1, 2, 4, 8, 16):
         raise InputError(f"{where}: 'pcie_width' must be 1, 2, 4, 8 or 16")
     sm_count = entry.get("sm_count")
+    nvlink_links = entry.get("nvlink_links")
+    if nvlink_links is not None and (
+        isinstance(nvlink_links, bool) or not isinstance(nvlink_links, int) or nvlink_links < 1
+    ):
+        raise InputError(f"{where}: 'nvlink_links' must be a positive whole number or null, got {nvlink_links!r}")
     memory_gb = _number(entry, "memory_gb", where, optional=False)
     assert memory_gb is not None
     return GpuModel(
@@ -133,6 +139,7 @@ def _parse_model(entry: Any, sources: dict[str, str], where: str) -> GpuModel:
         p2p_expected=bool(entry.get("p2p_expected", True)),
         datacenter=bool(entry.get("datacenter", True)),
         sources=tuple(sources[key] for key in source_keys),
+        nvlink_links=nvlink_links,
     )
 
 

@@ -11,11 +11,15 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuhost.cli.text import printable
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, GpuhostError
 from gpuhost.metrics import check_textfile_path, smoke_test_failure_metrics, smoke_test_metrics, write_textfile
 from gpuhost.output import check_outputs, write_output
+
+if TYPE_CHECKING:
+    from gpuhost.bench.runner import SmokeOptions
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
 
@@ -63,6 +67,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", type=int, default=0, help="index of the GPU to measure (NVML/PCI order)")
     parser.add_argument(
+        "--all",
+        action="store_true",
+        help="every visible GPU, one after the other, then the node: the full P2P matrix, host copies to and from "
+        "every GPU at once, NCCL collectives, NVLinks; one verdict per GPU and one for the node",
+    )
+    parser.add_argument(
         "--only",
         type=_benchmark_list,
         default=(),
@@ -98,6 +108,66 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _options(args: argparse.Namespace) -> SmokeOptions:
+    from gpuhost.bench.runner import SmokeOptions
+
+    return SmokeOptions(
+        quick=args.quick,
+        device=args.device,
+        gpu_table=args.gpu_table,
+        baseline=args.baseline,
+        cache_dir=args.cache_dir,
+        rebuild=args.rebuild,
+        benchmarks=args.only,
+        seed=args.seed,
+        delay_streams_ms=args.delay_streams,
+    )
+
+
+def _is_node_replay(path: Path) -> bool:
+    from gpuhost.bench.node import is_node_document
+    from gpuhost.bench.strictjson import read_json_file
+
+    return is_node_document(read_json_file(path, "the recorded run"))
+
+
+def _run_all(args: argparse.Namespace) -> int:
+    """--all (or --replay of an --all document): every GPU's report, then the node's."""
+    from gpuhost.bench import jsonout, report
+    from gpuhost.bench.node import build_node_document, gpu_document, render_node, replay_all, run_all
+    from gpuhost.bench.strictjson import read_json_file
+    from gpuhost.bench.verdict import Status
+    from gpuhost.metrics import smoke_node_metrics
+
+    options = _options(args)
+    if args.replay is not None:
+        outcome = replay_all(read_json_file(args.replay, "the recorded run"), options)
+    else:
+        if args.baseline is not None or args.plot is not None:
+            from gpuhost.errors import InputError
+
+            raise InputError("--all takes no --baseline or --plot: compare or plot one GPU with --device N")
+        outcome = run_all(options)
+    # GPU and model names come from the GPUs or a recording: escaped, as in one GPU's report.
+    for gpu in outcome.gpus:
+        text = report.render(
+            gpu.verdict, gpu.run, timings=gpu.timings, model_table=gpu.model_table, verbose=args.verbose
+        )
+        print(printable(text))
+    print(printable(render_node(outcome, verbose=args.verbose)), end="")
+    if args.json is not None:
+        document = build_node_document(outcome, [gpu_document(gpu) for gpu in outcome.gpus])
+        write_output(args.json, jsonout.dumps(document), "--json")
+        print(f"JSON written to {printable(args.json)}")
+    if args.prometheus is not None:
+        write_textfile(args.prometheus, smoke_node_metrics(outcome, time.time()))
+        print(f"metrics written to {printable(args.prometheus)}")
+    sys.stdout.flush()
+    if not outcome.representative and not args.allow_busy:
+        return EXIT_UNUSABLE
+    return EXIT_FINDINGS if outcome.status is Status.FAIL else EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     # Imported here so that `gpuhost --help` stays fast and import errors surface as errors.
     from gpuhost.bench import jsonout, report
@@ -111,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
         [("--json", args.json), ("--prometheus", args.prometheus), ("--plot", args.plot)],
         [("--replay", args.replay), ("--baseline", args.baseline), ("--gpu-table", args.gpu_table)],
     )
+    if args.all or (args.replay is not None and _is_node_replay(args.replay)):
+        return _run_all(args)
     options = SmokeOptions(
         quick=args.quick,
         device=args.device,
