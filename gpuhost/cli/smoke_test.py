@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so that `gpuhost --help` stays fast and import errors surface as errors.
     from gpuhost.bench import jsonout, report
     from gpuhost.bench.environment import Environment
-    from gpuhost.bench.runner import SmokeOptions, replay, smoke_test
+    from gpuhost.bench.runner import replay, smoke_test
     from gpuhost.bench.verdict import Status
 
     if args.prometheus is not None:
@@ -183,17 +183,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.all or (args.replay is not None and _is_node_replay(args.replay)):
         return _run_all(args)
-    options = SmokeOptions(
-        quick=args.quick,
-        device=args.device,
-        gpu_table=args.gpu_table,
-        baseline=args.baseline,
-        cache_dir=args.cache_dir,
-        rebuild=args.rebuild,
-        benchmarks=args.only,
-        seed=args.seed,
-        delay_streams_ms=args.delay_streams,
-    )
+    options = _options(args)
     found: list[Environment] = []
     try:
         outcome = replay(args.replay, options) if args.replay is not None else smoke_test(options, found.append)
