@@ -62,7 +62,14 @@ def test_the_audit_playbook_writes_what_gpuhost_audit_json_prints_for_the_same_h
         tracker = engine.EventTracker(lambda line: None)
         targets = inventory_targets(inventory, "gpu01", ConnectionDefaults())  # its known_hosts file for ssh
         _, rc, _ = engine.run_playbook(
-            AUDIT_PLAYBOOK, inventory, None, {"gpuhost_audit_report_path": str(report)}, "", targets, tracker, False
+            # Its report is written by a play on the controller's localhost, which the limit names (as apply's).
+            AUDIT_PLAYBOOK,
+            inventory,
+            [*hosts, "localhost"],
+            {"gpuhost_audit_report_path": str(report)},
+            "",
+            targets,
+            tracker,
         )
         sessions = sshd_server.sessions() - sessions_before
         if cli_audit() == before:
