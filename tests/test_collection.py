@@ -30,28 +30,21 @@ from tests.helpers import COLLECTION
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 EE_DEFINITION = ROOT / "execution-environment.yml"
-# ansible-test's sanity tests that need no packages of their own. The others (ansible-doc, import,
-# pep8, pylint, runtime-metadata, validate-modules, yamllint, changelog) run in virtual environments
-# that ansible-test bootstraps with pip's get-pip script downloaded from ci-files.testing.ansible.com,
-# which a machine without access to it cannot fetch; the modules' documentation is parsed by
-# ansible-doc below instead, and the YAML is linted by ansible-lint's production profile (.ci/run).
-SANITY_TESTS = (
-    "action-plugin-docs",
+# ansible-test's sanity tests that must run (among the 24 of ansible-core 2.19): those with
+# packages of their own run in virtual environments ansible-test makes and caches under
+# ~/.ansible/test, with pip put there by tests/ansible_test_get_pip.py instead of the get-pip.py it
+# would download from ci-files.testing.ansible.com (which this machine cannot reach).
+SANITY_MUST_RUN = (
+    "ansible-doc",
     "compile",
-    "empty-init",
-    "ignores",
-    "line-endings",
-    "no-assert",
-    "no-get-exception",
-    "no-illegal-filenames",
-    "no-smart-quotes",
-    "replace-urlopen",
-    "shebang",
-    "shellcheck",
-    "symlinks",
-    "use-argspec-type-path",
-    "use-compat-six",
+    "import",
+    "pep8",
+    "pylint",
+    "runtime-metadata",
+    "validate-modules",
+    "yamllint",
 )
+GET_PIP = Path(__file__).resolve().parent / "ansible_test_get_pip.py"
 
 
 def _timed(label: str, argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -116,18 +109,36 @@ def test_the_tarball_carries_the_roles_playbooks_and_plugins(installed: Path) ->
     assert manifest["version"] == gpuhost.__version__ and manifest["repository"] is None
 
 
+def _offline_pip_bootstrap() -> None:
+    """Where ansible-test keeps its pip bootstrap script (get_pip_<pip version>.py), this one,
+    unless a bootstrap is there already (a downloaded get-pip.py is as good)."""
+    from ansible_test._internal.python_requirements import get_venv_packages
+
+    version = get_venv_packages(type("Python", (), {"version": "3"})())["pip"]  # the same pin on every Python
+    cache = Path.home() / ".ansible" / "test" / "cache" / f"get_pip_{version.replace('.', '_')}.py"
+    if not cache.exists():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(GET_PIP, cache)
+
+
 def test_ansible_test_sanity_passes_on_the_installed_collection(installed: Path) -> None:
+    """Every sanity test of the installed ansible-test, as Galaxy's and Automation Hub's reviewers
+    run them, on the installed copy; the only ignores are in its tests/sanity/ignore-*.txt (the
+    modules are Apache-2.0, not GPLv3)."""
+    _offline_pip_bootstrap()
     copy = installed / "ansible_collections" / "gpuhost" / "passthrough"
-    tests = [argument for name in SANITY_TESTS for argument in ("--test", name)]
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     result = _timed(
         "ansible-test sanity",
-        [str(BIN / "ansible-test"), "sanity", "--python", python, "--local", "--color", "no", *tests],
+        [str(BIN / "ansible-test"), "sanity", "--python", python, "--local", "--color", "no"],
         cwd=copy,
         env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
     )
-    ran = re.findall(r'Running sanity test "([^"]+)"', result.stdout + result.stderr)
-    assert ran == list(SANITY_TESTS), result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    ran = re.findall(r'Running sanity test "([^"]+)"', output)
+    print(f"[collection] ansible-test sanity ran {len(ran)} tests: {', '.join(ran)}")
+    assert set(SANITY_MUST_RUN) <= set(ran), output
+    assert result.returncode == 0, output[-6000:]
 
 
 @pytest.mark.parametrize("module", ["plan", "verify", "audit"])

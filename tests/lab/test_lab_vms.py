@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +29,9 @@ from gpuhost.lab.image import Image
 from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.state import is_our_process, process_start_ticks
 from gpuhost.lab.topology import INTRUDER_NIC_ID, TOPOLOGIES
+from gpuhost.rollout import engine
+from gpuhost.rollout.environment import AUDIT_PLAYBOOK
+from gpuhost.targets import ConnectionDefaults, inventory_targets
 
 from .conftest import LabHost, qemu_processes_under
 
@@ -150,6 +154,29 @@ def test_audit_finds_the_gpu_pair_group_clean(lab_hosts: dict[str, LabHost]) -> 
     assert not [f for f in result["findings"] if f["code"] == "gpu.group.intruder"]
     gpus = {gpu["address"]: gpu for gpu in result["gpus"]}
     assert set(gpus["0000:01:00.0"]["group_members"]) == {"0000:01:00.0", "0000:01:00.1"}
+
+
+def test_the_audit_playbook_writes_the_clis_json_for_a_lab_host(lab_hosts: dict[str, LabHost], tmp_path: Path) -> None:
+    """gpuhost.passthrough.audit (issue 32), run as apply runs playbooks (ansible-runner, Ansible's
+    ssh connection), writes for a real lab host the object `gpuhost audit --json` prints for it,
+    apart from the audit's duration. Runs before anything below changes the host."""
+    host = lab_hosts["gpu-pair"]
+    _, (cli,) = audit(host)
+    report = tmp_path / "audit.jsonl"
+    targets = inventory_targets(host.paths.inventory, None, ConnectionDefaults())
+    _, rc, _ = engine.run_playbook(
+        AUDIT_PLAYBOOK,
+        host.paths.inventory,
+        [*(target.name for target in targets), "localhost"],  # the report's play runs on localhost
+        {"gpuhost_audit_report_path": str(report)},
+        "",
+        targets,
+        engine.EventTracker(lambda line: None),
+    )
+    (line,) = report.read_text().splitlines()
+    played = json.loads(line)
+    assert cli["reachable"] is True and rc == 0, (rc, played)  # not ready is no failed play: only an error is
+    assert {k: v for k, v in played.items() if k != "seconds"} == {k: v for k, v in cli.items() if k != "seconds"}
 
 
 def test_audit_names_the_intruder_in_the_shared_group(lab_hosts: dict[str, LabHost]) -> None:

@@ -12,7 +12,7 @@ description:
   - Changes nothing on the host. A host that cannot be audited (unreachable, invalid gpuhost_*
     variables) is not failed by this task; its object carries the error (status unreachable).
   - Needs the gpuhost Python package where Ansible runs (the controller or the execution environment).
-author: gpuhost contributors
+author: gpuhost contributors (!UNKNOWN)  # no public repository, so no GitHub handle yet
 options: {}
 notes:
   - Supports check mode; the host is read in check mode too (nothing is written either way).

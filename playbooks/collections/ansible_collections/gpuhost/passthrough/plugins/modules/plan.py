@@ -8,7 +8,7 @@ description:
     gpuhost.plan.plan_host on the controller with the host's gpuhost_* inventory variables.
   - Fails the host, before anything is written, when the plan has refusals.
   - Sets the fact gpuhost_plan (schema gpuhost.plan/1).
-author: gpuhost contributors
+author: gpuhost contributors (!UNKNOWN)  # no public repository, so no GitHub handle yet
 options: {}
 """
 

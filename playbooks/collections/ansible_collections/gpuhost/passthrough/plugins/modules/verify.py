@@ -7,7 +7,7 @@ description:
   - Reads the host again and checks that /proc/cmdline carries the planned options, every planned
     function is on vfio-pci, no nvidia or nouveau module is loaded, the 1 GiB huge pages allocated
     equal the plan, and the audit reports no error.
-author: gpuhost contributors
+author: gpuhost contributors (!UNKNOWN)  # no public repository, so no GitHub handle yet
 options:
   plan:
     description: The gpuhost_plan fact set by gpuhost.passthrough.plan.
