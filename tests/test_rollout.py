@@ -236,6 +236,37 @@ def test_ansible_verifies_host_keys_against_gpuhost_known_hosts_file(
         assert str(known_hosts) in outcome.message  # ssh read the inventory's file, not ~/.ssh/known_hosts
 
 
+@pytest.mark.ssh
+def test_a_changed_host_key_makes_the_planners_host_unreachable_not_failed(sshd_server: Any, tmp_path: Path) -> None:
+    """site.yml's first task, gpuhost.passthrough.plan, reads the host through the play's connection.
+    A host whose key changed after the audit (the fault suite's fault 6, on a lab host) must end
+    unreachable, as under any module, not failed with ssh's warning as the planner's message."""
+    from gpuhost.rollout import engine
+    from gpuhost.targets import ConnectionDefaults, exact_host_pattern, inventory_targets
+
+    known_hosts = sshd_server.write_wrong_known_hosts(tmp_path / "known_hosts")
+    host = {
+        "ansible_host": "127.0.0.1",
+        "ansible_port": sshd_server.port,
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(sshd_server.client_key),
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "gpuhost_known_hosts_file": str(known_hosts),
+    }
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu01": host}}}))
+    playbook = tmp_path / "plan.yml"
+    playbook.write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n    - name: Plan\n      gpuhost.passthrough.plan:\n"
+    )
+    targets = inventory_targets(inventory, None, ConnectionDefaults())
+    tracker = engine.EventTracker(lambda line: None)
+    engine.run_playbook(playbook, inventory, [exact_host_pattern("gpu01")], {}, "", targets, tracker)
+    outcome = tracker.stopped["gpu01"]
+    assert outcome.status is HostStatus.UNREACHABLE, outcome
+    assert outcome.message.startswith("its SSH host key is not the one in known_hosts"), outcome.message
+
+
 @pytest.mark.hostile
 @pytest.mark.parametrize("verb", ["apply", "rollback"])
 def test_ansibles_paramiko_connection_is_refused_before_anything_runs(

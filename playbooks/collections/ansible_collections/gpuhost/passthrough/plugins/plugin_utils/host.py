@@ -80,6 +80,8 @@ def read_host(action: Any, task_vars: dict[str, Any]) -> HostReading:
     """The host's validated settings and its facts; HostReadError with the reason otherwise."""
     host = str(task_vars.get("inventory_hostname", "host"))
     require_gpuhost()
+    from ansible.errors import AnsibleConnectionFailure
+
     from gpuhost.errors import GpuhostError
     from gpuhost.plan import PlanSettings
     from gpuhost.transport import TransportError
@@ -88,5 +90,10 @@ def read_host(action: Any, task_vars: dict[str, Any]) -> HostReading:
         settings = PlanSettings.from_variables(gpuhost_variables(action, task_vars), f"inventory host {host}")
         facts = gather_facts(action, host)
     except (GpuhostError, TransportError) as error:
+        if isinstance(error.__cause__, AnsibleConnectionFailure):
+            # A host the play's connection cannot reach (down, or its host key changed) is Ansible's
+            # UNREACHABLE, as under any module: apply reports it unreachable, not failed. The audit
+            # playbook keeps it as the host's own error instead (audit_host), as gpuhost audit does.
+            raise error.__cause__ from None
         raise HostReadError(str(error)) from error
     return HostReading(host, settings, facts)
