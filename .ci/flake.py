@@ -47,7 +47,10 @@ def main(timings_file: str, started: str) -> None:
         timings = {}
     modules, why = modules_to_rerun(timings, time.time() - int(started))
     print(f"ci: {why}", file=sys.stderr)
-    print("\n".join(modules))
+    # Nothing at all when nothing is re-run: an empty line would reach .ci/run as one empty
+    # argument, and `pytest ""` runs every test again (it did, in CI, after a fast test failed).
+    for module in modules:
+        print(module)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -102,3 +103,36 @@ def test_the_stage_table_names_a_flaky_module_and_a_twice_failed_one(tmp_path: P
 def test_a_module_that_passed_shows_its_counts() -> None:
     assert stage_table.outcome(_span(0, 1, passed=5)) == "5 passed"
     assert stage_table.rerun_verdict(FAILED_MOLECULE, None) == "FAILED (not re-run)"
+
+
+def _rerun_arguments(timings: dict[str, Any], tmp_path: Path) -> list[str]:
+    """The arguments .ci/run hands the re-run's pytest: flake.py's output, read as .ci/run reads it."""
+    (tmp_path / "timings.json").write_text(json.dumps(timings))
+    script = (CI / "run").read_text()
+    read = next(line.strip() for line in script.splitlines() if "mapfile -t rerun" in line)
+    printed = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'{read.replace(".venv/bin/python", sys.executable)}; printf "%s\\n" "${{#rerun[@]}}" "${{rerun[@]}}"',
+        ],
+        cwd=CI.parent,
+        env={"timings": str(tmp_path / "timings.json"), "started": str(int(time.time())), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    count, arguments = int(printed[0]), printed[1:]
+    assert count == len(arguments)
+    return arguments
+
+
+def test_after_a_failed_fast_test_ci_re_runs_nothing_not_everything(tmp_path: Path) -> None:
+    # flake.py once printed an empty line here; .ci/run read it as one empty argument, and `pytest ""`
+    # ran all 1490 tests again, past CI's 90 minutes.
+    timings = {MOLECULE: FAILED_MOLECULE, "tests/test_plan.py": _span(1, 2, passed=39, failed=1)}
+    assert _rerun_arguments(timings, tmp_path) == []
+
+
+def test_ci_re_runs_exactly_the_failed_lab_module(tmp_path: Path) -> None:
+    assert _rerun_arguments({MOLECULE: FAILED_MOLECULE}, tmp_path) == [MOLECULE]
