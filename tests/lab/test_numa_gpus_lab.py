@@ -14,11 +14,13 @@ prefetchable BAR. In order:
 4. libvirt starts both rendered domains unchanged, at once: each nested guest lists its card's
    functions, the large-BAR guest's kernel reads the BAR where its firmware put it (no "no space",
    no "failed to assign"), and libvirt reports both running with their pins;
-5. negative controls, the same large-BAR domain with the window settings taken out: without
-   <maxphysaddr> QEMU refuses to start it (the rendered pcihole64 is past its 40-bit address
-   space); without <maxphysaddr> and <pcihole64> it boots, and the guest kernel cannot fit the BAR
-   ("can't assign; no space", "failed to assign"). The settings are what make the BAR fit.
-
+5. negative control: the same large-BAR domain without <maxphysaddr>: QEMU refuses to start it
+   (the rendered pcihole64 is past its 40-bit address space).
+   The other control, without <maxphysaddr> and <pcihole64>, boots a third nested guest (about 5
+   minutes of two-level TCG) whose kernel cannot fit the BAR ("can't assign; no space", "failed
+   to assign"). It showed once that test 4's assertions can fail; it is not repeated in CI, where
+   its time is over budget (issue 26). Test 4 itself guards the window: a domain rendered
+   without it gives exactly that guest, whose "no space" lines fail test 4.
 The nested guests boot SeaBIOS and the busybox guest of Molecule's passthrough proof, directly
 (two levels of TCG). Their kernels log without `quiet`, so the PCI lines reach the console.
 """
@@ -152,7 +154,7 @@ def test_both_rendered_domains_run_at_once_and_the_nested_kernel_maps_the_1_tib_
     _remove(host, "wide")
 
 
-def test_without_the_window_settings_the_bar_does_not_fit(host: LabHost) -> None:
+def test_without_the_address_width_qemu_refuses_the_rendered_window(host: LabHost) -> None:
     rendered = (host.paths.root / "wide.xml").read_text()
     no_width = "\n".join(line for line in rendered.splitlines() if "<maxphysaddr" not in line)
     # QEMU itself refuses the rendered 2 TiB hole in a 40-bit address space.
@@ -160,15 +162,6 @@ def test_without_the_window_settings_the_bar_does_not_fit(host: LabHost) -> None
     result = fleet.run_on(host.paths, host.record, ["sh", "-c", define_and_start], stdin=no_width, timeout=300)
     assert result.returncode != 0 and "phys-bits too low" in result.stderr, result.stdout + result.stderr
     _remove(host, "wide")
-    no_window = "\n".join(line for line in no_width.splitlines() if "<pcihole64" not in line)
-    started = time.monotonic()
-    console = _console(host, _start(host, "wide", no_window))
-    _timing(f"numa-gpus: negative control listed its PCI functions {time.monotonic() - started:.0f} s after start")
-    _remove(host, "wide")
-    unplaced = [line for line in console.splitlines() if "0000:01:00.1: BAR 2" in line and UNPLACED.search(line)]
-    assert any("no space" in line for line in unplaced) and any("failed to assign" in line for line in unplaced), (
-        console[-4000:]
-    )
 
 
 def _render(host: LabHost, vm: str) -> str:
