@@ -69,7 +69,7 @@ def needs_no_binding(function: PciFunction) -> bool:
     """Whether vfio accepts `function` in a passed group without owning it (the module's rule above)."""
     if function.base_class == CLASS_PCI_BRIDGE:
         return True
-    return function.base_class == CLASS_HOST_BRIDGE and function.driver is None
+    return function.base_class == CLASS_HOST_BRIDGE and function.driver is None and not function.driver_unknown
 
 
 class GroupListing(TextEnum):

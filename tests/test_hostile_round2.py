@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 import tests.test_hostile_corpus as corpus
+from gpuhost.facts.snapshot import MemoryTree
 from tests.test_hostile_corpus import Listener, assert_clean, cases, listener, run
 
 __all__ = ["listener"]  # the loopback listener fixture, shared with the corpus
@@ -292,3 +293,60 @@ def test_a_known_hosts_file_that_cannot_be_written_is_not_the_hosts_fault(
     (result,) = (json.loads(line) for line in out.splitlines())
     assert status == 2 and result["error_kind"] == "input", result
     assert f"cannot record its new host key in {known_hosts}" in result["error"], result
+
+
+# Issue 28 item 4: a selected GPU's binding is never an unknown that leaves a host READY. The real
+# capture of the numa-gpus lab host with its cards on vfio-pci (READY with the stand-in GPU selected);
+# its GPU's recorded driver link replaced by what a damaged or hand-edited snapshot can hold.
+VFIO_BOUND = corpus.SNAPSHOTS / "lab-numa-gpus-vfio"
+VFIO_BOUND_GPU = "0000:81:00.0"
+
+
+def _damage_driver_link(link: Path, how: str) -> None:
+    link.unlink()
+    if how == "empty":
+        link.write_text("")
+    elif how == "directory":
+        link.mkdir()
+    elif how == "fifo":
+        os.mkfifo(link)
+    elif how == "escape":
+        link.write_text("../../../../bus/pci/drivers/\x1b]0;vfio-pci\x07\n")
+    else:
+        raise AssertionError(how)
+
+
+def _audit_selected_gpu(snapshot: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any], str]:
+    status, out, err = run(capsys, ["audit", "--json", "--gpus", "1234:1111", "--from-snapshot", str(snapshot)])
+    assert_clean(out, err)
+    return status, json.loads(out.splitlines()[0]), err
+
+
+def test_the_real_capture_is_ready_with_its_gpu_on_vfio_pci(capsys: pytest.CaptureFixture[str]) -> None:
+    status, report, _ = _audit_selected_gpu(VFIO_BOUND, capsys)
+    assert status == 0 and report["ready"] is True, report["findings"]
+
+
+@pytest.mark.parametrize("how", ["empty", "directory", "fifo", "escape"])
+def test_an_unreadable_driver_link_of_a_selected_gpu_is_never_ready(
+    how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(VFIO_BOUND, snapshot, symlinks=True)
+    _damage_driver_link(snapshot / f"sys/bus/pci/devices/{VFIO_BOUND_GPU}/driver", how)
+    status, report, _ = _audit_selected_gpu(snapshot, capsys)
+    assert report["ready"] is False and status != 0, report
+    unknown = [f for f in report["findings"] if f["code"] == "gpu.driver.unknown"]
+    assert [(f["severity"], f["subject"]) for f in unknown] == [("error", VFIO_BOUND_GPU)], report["findings"]
+    assert "driver unknown" in unknown[0]["message"] and "Audit the host again" in unknown[0]["remedy"]
+    # Never read as "no driver bound" (a warning) beside it.
+    assert not [f for f in report["findings"] if f["code"] == "gpu.driver" and f["subject"] == VFIO_BOUND_GPU]
+
+
+def test_a_live_hosts_tree_tells_an_absent_link_from_an_empty_record() -> None:
+    """The live audit reads the gather's archive in memory: the same distinction as a snapshot on disk."""
+    base = f"/sys/bus/pci/devices/{VFIO_BOUND_GPU}"
+    tree = MemoryTree({f"{base}/driver": b"", f"{base}/vendor": b"0x1234\n"}, {f"{base}/iommu_group"})
+    assert tree.has_entry(f"{base}/driver") and tree.has_entry(f"{base}/iommu_group")
+    assert tree.link(f"{base}/driver") is None  # an empty record: present, naming nothing
+    assert not tree.has_entry(f"{base}/reset_method") and not tree.has_entry("/sys/bus/pci/devices/0000:99:00.0")

@@ -72,3 +72,18 @@ def test_problem_code_page_table_is_the_registry(stage: Stage) -> None:
     assert match.group(2) == expected, (
         "the problem-code page's table differs from the registry: regenerate with GPUHOST_REGEN_GOLDEN=1"
     )
+
+
+def test_the_unknowns_table_names_every_audit_unknown_with_its_severity() -> None:
+    """docs/audit.md's "Unknown facts and READY": which unknowns a READY host can have (issue 28.4)."""
+    text = (ROOT / "docs" / "audit.md").read_text()
+    table = text.split("### Unknown facts and READY", 1)[1].split("\n\n", 3)[2]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    for code, entry in REGISTRY.items():
+        if entry.stage is not Stage.AUDIT or not code.endswith("unknown"):
+            continue
+        (row,) = [row for row in rows if f"`{code}`" in row.split(" | ")[0]]
+        assert f"| {entry.severity.value} |" in row, (code, entry.severity, row)
+        # An error can never leave the host READY; the others say why they can.
+        verdict = row.rstrip(" |").split(" | ")[-1]
+        assert verdict.startswith("no" if entry.severity.value == "error" else ("yes", "in practice no")), row

@@ -59,7 +59,10 @@ class CheckContext:
 def describe_function(function: PciFunction) -> str:
     """'0000:41:00.0 [10de:2330] (3D controller, driver nvidia)'."""
     parts = [class_name(function.base_class)]
-    parts.append(f"driver {function.driver}" if function.driver else "no driver")
+    if function.driver_unknown:
+        parts.append("driver unknown")
+    else:
+        parts.append(f"driver {function.driver}" if function.driver else "no driver")
     return f"{function.describe()} ({', '.join(parts)})"
 
 

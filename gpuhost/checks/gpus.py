@@ -66,6 +66,12 @@ GPU_GROUP_CLEAN = register(
 GPU_DRIVER = register(
     "gpu.driver", Stage.AUDIT, None, "a function on nvidia/nouveau/snd_hda_intel/... (error) or on no driver (warning)"
 )
+GPU_DRIVER_UNKNOWN = register(
+    "gpu.driver.unknown",
+    Stage.AUDIT,
+    Severity.ERROR,
+    "a passed function's driver link was recorded but is unreadable: its binding is unknown",
+)
 GPU_VFIO_IDS_MODPROBE_ONLY = register(
     "gpu.vfio_ids.modprobe_only", Stage.AUDIT, Severity.WARNING, "only `options vfio-pci ids=` in modprobe.d binds it"
 )
@@ -321,7 +327,19 @@ def _check_binding(ctx: CheckContext, card: GpuCard, checked: set[str]) -> Itera
             continue
         checked.add(function.address)
         listed_already = function.vendor_device in cmdline_ids
-        if function.driver == VFIO_DRIVER:
+        if function.driver_unknown:
+            # Never read as "no driver" (a warning): a selected GPU's binding is never an unknown
+            # that leaves the host READY.
+            yield ctx.finding(
+                GPU_DRIVER_UNKNOWN,
+                ERROR,
+                function.address,
+                f"{describe_function(function)}: its driver link was gathered but names no driver (an empty "
+                "record, a directory or another kind of file), so whether a host driver holds it is unknown",
+                "Audit the host again (gpuhost audit HOST, or a new gpuhost snapshot): the gather records the "
+                "link's target; a snapshot edited or damaged since cannot say what the host runs.",
+            )
+        elif function.driver == VFIO_DRIVER:
             pass
         elif function.driver is None:
             yield ctx.finding(

@@ -115,7 +115,13 @@ def headline(result: HostAudit) -> str:
     parts = ["passthrough guest" if result.role is Role.GUEST else "passthrough host"]
     if cards:
         gpu = cards[0].gpu
-        drivers = sorted({f.driver or "no driver" for card in cards for f in functions_to_bind(facts, [card])})
+        drivers = sorted(
+            {
+                "driver unknown" if f.driver_unknown else f.driver or "no driver"
+                for card in cards
+                for f in functions_to_bind(facts, [card])
+            }
+        )
         parts.append(
             f"{len(cards)} GPU{'s' if len(cards) > 1 else ''} [{gpu.vendor_device}]"
             f" on {gpu.link.describe()}, driver {', '.join(drivers)}"

@@ -125,6 +125,7 @@ def _pci_functions(tree: Tree) -> tuple[PciFunction, ...]:
                 sizes = p.parse_hex(attr(name))
                 if index is not None and sizes is not None:
                     resizable[index] = sizes
+        driver = p.parse_driver_link(tree.link(f"{base}/driver"))
         functions.append(
             PciFunction(
                 address=address,
@@ -134,7 +135,8 @@ def _pci_functions(tree: Tree) -> tuple[PciFunction, ...]:
                 subsystem_device=p.parse_hex(attr("subsystem_device")),
                 class_code=p.parse_hex(attr("class")),
                 revision=p.parse_hex(attr("revision")),
-                driver=p.parse_link_target_basename(tree.link(f"{base}/driver")),
+                driver=driver,
+                driver_unknown=driver is None and tree.has_entry(f"{base}/driver"),
                 driver_override=p.parse_optional_text(attr("driver_override")),
                 iommu_group=p.parse_int(p.parse_link_target_basename(tree.link(f"{base}/iommu_group"))),
                 numa_node=p.parse_int(attr("numa_node")),

@@ -142,6 +142,9 @@ class PciFunction:
     boot_vga: bool | None = None
     d3cold_allowed: bool | None = None
     parents: tuple[str, ...] = ()  # upstream bridges, nearest first
+    # A driver link was recorded but names no driver (an empty record, a directory, a FIFO): whether
+    # a driver holds the function is unknown, which is never read as "no driver" (driver is None).
+    driver_unknown: bool = False
 
     @property
     def base_class(self) -> int | None:

@@ -47,6 +47,16 @@ def is_plain_number(text: str) -> bool:
     return bool(text) and text.isascii() and text.isdigit()
 
 
+_DRIVER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def parse_driver_link(text: str | None) -> str | None:
+    """A recorded driver link ('../../../bus/pci/drivers/vfio-pci') -> 'vfio-pci'; None when the
+    record names no driver the kernel could have (empty, or characters no driver name has)."""
+    name = parse_link_target_basename(text)
+    return name if name is not None and _DRIVER_NAME.fullmatch(name) else None
+
+
 def parse_hex(text: str | None) -> int | None:
     return parse_int(text, 16)
 

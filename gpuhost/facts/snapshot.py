@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from gpuhost import __version__
 from gpuhost.errors import InputError
@@ -79,6 +79,11 @@ class Tree:
 
     def list(self, host_path: str) -> list[str]:
         """Names in a captured directory, sorted; [] when it was not captured."""
+        raise NotImplementedError
+
+    def has_entry(self, host_path: str) -> bool:
+        """Whether anything at all was captured at the path (a file, a directory, a link, a FIFO),
+        readable or not: tells a link that is absent on the host from one recorded unreadably."""
         raise NotImplementedError
 
     def read(self, host_path: str) -> str | None:
@@ -150,6 +155,13 @@ class SnapshotTree(Tree):
             return []
         return sorted(entry.name for entry in path.iterdir())
 
+    def has_entry(self, host_path: str) -> bool:
+        relative = PurePosixPath(host_path.lstrip("/"))
+        if ".." in relative.parts:
+            return False
+        # lexists: the entry itself, never what a symlink in the snapshot points at.
+        return os.path.lexists(self.root / relative)
+
 
 class MemoryTree(Tree):
     """A live host's gathered archive, read in memory: nothing is written to the controller's disk."""
@@ -179,6 +191,10 @@ class MemoryTree(Tree):
 
     def list(self, host_path: str) -> list[str]:
         return sorted(self._children.get("/" + host_path.strip("/") if host_path.strip("/") else "/", ()))
+
+    def has_entry(self, host_path: str) -> bool:
+        parent, _, name = ("/" + host_path.strip("/")).rpartition("/")
+        return name in self._children.get(parent or "/", ())
 
 
 def open_snapshot(directory: Path) -> SnapshotTree:

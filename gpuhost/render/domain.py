@@ -630,7 +630,13 @@ def _check_functions(
     functions = [f for group in groups for device in group.devices for f in device] + list(extra)
     for function in functions:
         if function.driver != VFIO_PCI:
-            bound = f"bound to {function.driver}" if function.driver else "bound to no driver"
+            bound = (
+                "on a driver the snapshot cannot say (its driver link is unreadable)"
+                if function.driver_unknown
+                else f"bound to {function.driver}"
+                if function.driver
+                else "bound to no driver"
+            )
             conflicts.append(
                 _conflict(
                     FUNCTION_NOT_VFIO,
