@@ -51,9 +51,9 @@ class GpuSelector:
                     "Quote PCI addresses, e.g. - '0000:41:00.0'."
                 )
             text = str(item).strip()
-            if _ADDRESS.match(text):
+            if _ADDRESS.fullmatch(text):
                 addresses.append(text.lower() if text.count(":") == 2 else f"0000:{text.lower()}")
-            elif _VENDOR_DEVICE.match(text):
+            elif _VENDOR_DEVICE.fullmatch(text):
                 ids.append(text.lower())
             else:
                 raise InputError(
