@@ -5,10 +5,13 @@ Every value that will reach a connection or a host is validated here, before any
 
 from __future__ import annotations
 
+import contextlib
+import io
 import ipaddress
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,7 +331,7 @@ def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict
         raise MissingDependencyError("ansible-core", "controller", "Reading an Ansible inventory") from error
     try:
         loader = DataLoader()
-        inventory = InventoryManager(loader=loader, sources=[str(path)])
+        inventory = _parse_inventory(InventoryManager, loader, path)
         variable_manager = VariableManager(loader=loader, inventory=inventory)
         hosts = select_hosts(inventory, path, limit)
         result = []
@@ -345,6 +348,37 @@ def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict
         return result, "localhost" in inventory.hosts
     except AnsibleError as error:
         raise InputError(f"inventory {path}: {error.message}") from error
+
+
+# The first line of each plugin's failure in Ansible's warnings ("Failed to parse inventory with
+# 'yaml' plugin: host range must be begin:end or begin:end:step").
+_PLUGIN_FAILURE = re.compile(r"Failed to parse inventory with '(?P<plugin>[\w.]+)' plugin: (?P<cause>[^\n]+)")
+
+
+def _parse_inventory(manager: Any, loader: Any, path: Path) -> Any:
+    """Ansible's InventoryManager for `path`. Ansible reports why each of its plugins could not read
+    a file only as warnings, then raises "No inventory was parsed"; those warnings are kept off the
+    terminal while it parses, and an unparsed file's error names the cause from the plugin for the
+    file's kind (yaml for .yml/.yaml/.json, ini otherwise)."""
+    from ansible.errors import AnsibleError
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            inventory = manager(loader=loader, sources=[str(path)])
+    except AnsibleError as error:
+        causes = {m["plugin"]: m["cause"].strip() for m in _PLUGIN_FAILURE.finditer(said.getvalue())}
+        wanted = "yaml" if path.suffix.lower() in (".yml", ".yaml", ".json") else "ini"
+        cause = causes.get(wanted) or next(iter(causes.values()), None)
+        if cause is None:
+            raise
+        raise InputError(
+            f"inventory {path}: Ansible cannot read it as {wanted.upper()}: {cause}. Fix its host names: "
+            "no control characters; [a:b] is Ansible's range syntax."
+        ) from error
+    # A parsed inventory: Ansible's own warnings (deprecations, say) are still the operator's to see.
+    sys.stderr.write(said.getvalue())
+    return inventory
 
 
 def _check_exact_limit(inventory: Any, path: Path, names: list[str]) -> None:

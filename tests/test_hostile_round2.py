@@ -350,3 +350,23 @@ def test_a_live_hosts_tree_tells_an_absent_link_from_an_empty_record() -> None:
     assert tree.has_entry(f"{base}/driver") and tree.has_entry(f"{base}/iommu_group")
     assert tree.link(f"{base}/driver") is None  # an empty record: present, naming nothing
     assert not tree.has_entry(f"{base}/reset_method") and not tree.has_entry("/sys/bus/pci/devices/0000:99:00.0")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "cause"),
+    [
+        ("hosts.yml", 'all:\n  hosts:\n    "gpu\x1b[31m":\n      ansible_host: 127.0.0.1\n', "unacceptable character"),
+        ("hosts.yml", 'all:\n  hosts:\n    "gpu[a]":\n      ansible_host: 127.0.0.1\n', "host range must be"),
+        ("hosts.ini", "[gpus]\ngpu\x1b[31m ansible_host=127.0.0.1\n", "Ansible cannot read it as INI"),
+    ],
+    ids=["yaml-escape", "yaml-bad-range", "ini-escape"],
+)
+def test_a_host_name_ansible_rejects_names_the_cause_not_no_inventory_parsed(
+    name: str, text: str, cause: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory = tmp_path / name
+    inventory.write_text(text)
+    status, out, err = run(capsys, ["audit", "-i", str(inventory)])
+    assert_clean(out, err)
+    assert status == 2 and f"inventory {inventory}: Ansible cannot read it as" in err and cause in err, err
+    assert "No inventory was parsed" not in err and "[WARNING]" not in err, err

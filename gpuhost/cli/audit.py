@@ -117,7 +117,7 @@ def headline(result: HostAudit) -> str:
         gpu = cards[0].gpu
         drivers = sorted(
             {
-                "driver unknown" if f.driver_unknown else f.driver or "no driver"
+                "unknown" if f.driver_unknown else f.driver or "no driver"
                 for card in cards
                 for f in functions_to_bind(facts, [card])
             }
@@ -172,7 +172,7 @@ def _print_host(console: Console, result: HostAudit, verbose: bool) -> None:
                 "yes" if selected else "no",
                 "-" if gpu.iommu_group is None else str(gpu.iommu_group),
                 untrusted(functions),
-                untrusted(", ".join(sorted({f.driver or "none" for f in bound}))),
+                untrusted(", ".join(sorted({"unknown" if f.driver_unknown else f.driver or "none" for f in bound}))),
                 untrusted(gpu.link.describe()),
                 "-" if gpu.numa_node is None or gpu.numa_node < 0 else str(gpu.numa_node),
                 verdict,
