@@ -9,7 +9,9 @@ import tarfile
 import pytest
 
 from gpuhost.cli.main import main
+from gpuhost.facts.gather import capture
 from gpuhost.facts.snapshot import GatherFormatError, unpack_gathered
+from gpuhost.transport import CommandResult
 from tests.helpers import SNAPSHOTS
 
 H100 = str(SNAPSHOTS / "h100-guest")
@@ -151,3 +153,30 @@ def test_json_bars_of_the_h100_guest(capsys):
     (function,) = gpu["functions"]
     assert [(bar["index"], bar["size"]) for bar in function["bars"]] == [(0, 16 << 20), (2, 128 << 30), (4, 32 << 20)]
     assert host["system"]["numa_nodes"] == []
+
+
+class _HostAnswering:
+    """A host whose gather answers with `archive` (the hostile host: a clash cannot be caused by a
+    real gather, whose tree is built by one script)."""
+
+    description = "ssh://root@clash.example:22"
+    round_trips = 1
+
+    def __init__(self, archive: bytes) -> None:
+        self.archive = archive
+
+    def run(self, argv, stdin=b"", timeout=120.0):
+        return CommandResult(0, self.archive, b"")
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_archive_that_contradicts_itself_is_the_hosts_fault_not_the_output_paths(tmp_path):
+    def clash(tar):
+        _file(tar, "proc/cmdline", b"root=/dev/sda1")
+        _file(tar, "proc/cmdline/nested", b"x")  # proc/cmdline is a file and a directory
+
+    with pytest.raises(GatherFormatError, match="'proc/cmdline/nested' clashes with another member"):
+        capture(_HostAnswering(_archive(clash)), tmp_path / "snap", "clash")
+    assert list(tmp_path.iterdir()) == []  # nothing half-written: the staging directory is gone

@@ -249,11 +249,18 @@ def unpack_gathered(archive: bytes, destination: Path) -> None:
         target = (root / name).resolve()
         if root not in target.parents:
             raise GatherFormatError(f"the captured data could not be unpacked: unsafe path {name!r}")
-        if data is None:
-            target.mkdir(parents=True, exist_ok=True)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+        try:
+            if data is None:
+                target.mkdir(parents=True, exist_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        except (FileExistsError, NotADirectoryError, IsADirectoryError) as error:
+            # The destination was empty: a path that is both a file and a directory is the host's
+            # archive contradicting itself, not a fault of the place the snapshot is written to.
+            raise GatherFormatError(
+                f"the captured data could not be unpacked: {name!r} clashes with another member of the archive"
+            ) from error
 
 
 class GatherFormatError(Exception):
