@@ -886,3 +886,25 @@ def test_a_tcg_window_past_what_qemu_emulates_is_refused():
     (conflict,) = refused.value.conflicts
     assert conflict.code == "render.bars.address_width"
     assert "would take 56 physical address bits, more than the 52 QEMU emulates" in conflict.message
+
+
+def test_one_gpu_declared_for_two_vms_is_refused_by_alias_or_address():
+    """Issue 27 item 6: two declared VMs holding one GPU cannot run at once, yet their CPUs were
+    allocated as if both did. The second names the first's GPU by its address, not its alias."""
+    host = eight_gpu_two_socket_host()
+    address = plan_domain(host, TRAIN_A, HGX_POLICY, host="hgx").gpu_ports[0].functions[0].host.address
+    vms = parse_vms(
+        [
+            {"name": "train-a", "vcpus": 8, "memory": "64G", "gpus": ["gpu4"]},
+            {"name": "again", "vcpus": 8, "memory": "64G", "gpus": [address, "gpu5"]},
+        ],
+        "test",
+    )
+    for spec, other in ((vms[0], "again"), (vms[1], "train-a")):
+        with pytest.raises(RenderRefused) as caught:
+            plan_domain(host, spec, HGX_POLICY, host="hgx", host_vms=vms)
+        assert [c.code for c in caught.value.conflicts] == ["render.gpu.declared_twice"], caught.value.conflicts
+        message = str(caught.value)
+        assert f"is declared for VM '{other}' too" in message and "give each GPU to one VM" in message
+    # Disjoint declarations render as before.
+    plan_domain(host, TRAIN_A, HGX_POLICY, host="hgx", host_vms=NODE1_VMS)

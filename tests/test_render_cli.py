@@ -40,7 +40,7 @@ all:
         - name: train-1
           vcpus: 2
           memory: 2G
-          gpus: all
+          gpus: none  # the host's one GPU is nested-proof's: a GPU goes to one declared VM
           base_image: /var/lib/libvirt/images/base/debian-12.qcow2
           disk_size: 20G
           ssh_key: ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleKeyOnlyForTests ops@controller
@@ -104,7 +104,7 @@ def test_render_needs_an_inventory_and_a_known_vm(inventory, capsys):
 def test_inventory_vms_and_policy_read_through_ansible(inventory):
     (target,) = inventory_targets(inventory, "lab-1", ConnectionDefaults())
     vm = find_vm(target.variables, "train-1", "lab-1")
-    assert (vm.vcpus, vm.memory_mib, vm.gpus, vm.disk_size_gib, vm.cuda_version) == (2, 2048, ("all",), 20, "12.6")
+    assert (vm.vcpus, vm.memory_mib, vm.gpus, vm.disk_size_gib, vm.cuda_version) == (2, 2048, (), 20, "12.6")
     assert vm.ssh_key is not None and vm.ssh_key.startswith("ssh-ed25519 ")
     policy = host_policy(target.variables, target.policy, "lab-1")
     assert policy.reserved_cpus == "1" and policy.gpus.vendor_devices == ("1234:1111",)

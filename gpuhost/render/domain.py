@@ -105,6 +105,12 @@ GPU_DUPLICATE = register(
 GPU_TAKEN = register(
     "render.gpu.taken", Stage.RENDER, Severity.ERROR, "a function is already a hostdev of another defined domain"
 )
+GPU_DECLARED_TWICE = register(
+    "render.gpu.declared_twice",
+    Stage.RENDER,
+    Severity.ERROR,
+    "the same GPU is declared for two VMs of the host's gpuhost_vms",
+)
 GPU_NUMA_UNKNOWN = register(
     "render.gpu.numa_unknown", Stage.RENDER, Severity.ERROR, "a GPU's NUMA node is unknown while the others have one"
 )
@@ -370,6 +376,7 @@ def plan_domain(
     conflicts: list[Problem] = []
     notes: list[str] = []
     cards = _resolve_gpus(facts, spec, policy, conflicts)
+    _check_declared_once(facts, spec, policy, host_vms or (), cards, conflicts)
     groups = _passthrough_groups(facts, cards, policy, conflicts)
     nvswitches = _nvswitches(facts, cards, policy, conflicts)
     _check_functions(groups, spec, taken or {}, conflicts, extra=nvswitches)
@@ -488,6 +495,34 @@ def plan_domain(
         serial_log=f"{policy.serial_log_dir.rstrip('/')}/{spec.name}-serial.log",
         notes=tuple(notes),
     )
+
+
+def _check_declared_once(
+    facts: HostFacts,
+    spec: VmSpec,
+    policy: HostPolicy,
+    host_vms: Sequence[VmSpec],
+    cards: Sequence[GpuCard],
+    conflicts: list[Problem],
+) -> None:
+    """A GPU declared for two VMs: they can never run at once, yet the CPUs and huge pages are
+    allocated for every declared VM as if they all run (so the declaration is wrong, not the host)."""
+    mine = {card.gpu.address for card in cards}
+    for other in host_vms:
+        if other.name == spec.name:
+            continue
+        # The other VM's own problems are its render's to report: only the overlap matters here.
+        both = sorted(mine & {card.gpu.address for card in _resolve_gpus(facts, other, policy, [])})
+        if both:
+            conflicts.append(
+                _conflict(
+                    GPU_DECLARED_TWICE,
+                    ", ".join(both),
+                    f"GPU {', '.join(both)} is declared for VM {other.name!r} too (gpuhost_vms): a GPU goes to one "
+                    "guest at a time, and the VMs' CPUs and huge pages are allocated as if all of them run;",
+                    "give each GPU to one VM.",
+                )
+            )
 
 
 def _resolve_gpus(facts: HostFacts, spec: VmSpec, policy: HostPolicy, conflicts: list[Problem]) -> tuple[GpuCard, ...]:
