@@ -186,6 +186,34 @@ def vm_gpus(facts: HostFacts, selector: GpuSelector, names: Sequence[str]) -> Vm
     return VmGpus(available, tuple(cards), tuple(misses))
 
 
+@dataclass(frozen=True)
+class DeclaredTwice:
+    """A GPU that two declared VMs both name (by alias or by address)."""
+
+    address: str
+    first: str  # the VM that declares it first (gpuhost_vms order)
+    second: str
+
+
+def gpus_declared_twice(
+    facts: HostFacts, selector: GpuSelector, declared: Sequence[tuple[str, Sequence[str]]]
+) -> tuple[DeclaredTwice, ...]:
+    """Each GPU that two of the declared VMs ((name, gpus) in gpuhost_vms order) resolve to. The VMs
+    of gpuhost_vms run at once (CPUs and 1 GiB pages are sized for all of them), so render and the
+    planner both refuse what this finds."""
+    owner: dict[str, str] = {}
+    twice: list[DeclaredTwice] = []
+    for name, gpus in declared:
+        for address in dict.fromkeys(
+            card.gpu.address for card in (vm_gpus(facts, selector, gpus).cards if gpus else ())
+        ):
+            if address in owner:
+                twice.append(DeclaredTwice(address, owner[address], name))
+            else:
+                owner[address] = name
+    return tuple(twice)
+
+
 def nvswitch_functions_to_bind(facts: HostFacts, selection: GpuSelection) -> tuple[PciFunction, ...]:
     """What vfio-pci must own for the full passthrough model: each NVSwitch's IOMMU group but its
     bridges (gpuhost.passthrough's rule) (the NVSwitch itself; anything else there is an intruder the checks name)."""

@@ -404,6 +404,18 @@ def test_eight_gpus_on_two_sockets_split_by_gpus_and_declared_vms():
     assert "need 200 1 GiB pages (200 on NUMA node 0), more than the 150 planned" in short.refusals[0].message
 
 
+def test_a_gpu_two_declared_vms_name_is_refused_as_render_refuses_it():
+    """One answer with render (selection.gpus_declared_twice): gpuhost_vms run at once."""
+    vms = [
+        {"name": "a", "vcpus": 8, "memory": "100G", "gpus": ["gpu0"]},
+        {"name": "b", "vcpus": 8, "memory": "100G", "gpus": "all"},
+    ]
+    result = _two_socket(gpuhost_hugepages=600, gpuhost_vms=vms)
+    assert refusal_codes(result) == ["vms.gpu_twice"]
+    assert "is declared for VM 'a' and VM 'b'" in result.refusals[0].message
+    assert "Give each GPU to one VM" in result.refusals[0].remedy
+
+
 def test_gpus_on_one_socket_get_the_pages_their_node_holds_and_the_rest_go_to_the_other():
     from tests.test_render import HGX_NODE1
 

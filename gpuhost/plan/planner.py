@@ -52,6 +52,7 @@ from gpuhost.selection import (
     GpuSelection,
     NvSwitchModel,
     card_numa_node,
+    gpus_declared_twice,
     nvswitch_functions_to_bind,
     nvswitch_group_intruders,
     select_gpus,
@@ -158,6 +159,12 @@ REFUSE_HUGEPAGES_VMS_EXCEED = register(
     Severity.ERROR,
     "the VMs declared for the host (gpuhost_vms) need more 1 GiB pages than gpuhost_hugepages gives",
 )
+REFUSE_VMS_GPU_TWICE = register(
+    "vms.gpu_twice",
+    Stage.PLAN,
+    Severity.ERROR,
+    "two VMs of gpuhost_vms declare the same GPU (they run at once: render refuses both too)",
+)
 REFUSE_NVSWITCH_SHARED = register(
     "nvswitch.shared",
     Stage.PLAN,
@@ -225,6 +232,14 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         )
     functions = _functions(facts, selection, settings, refuse) + _nvswitches(facts, selection, refuse, notes)
     bind_by, vfio_ids, override = _binding(selection, functions, settings, refuse, notes)
+    for twice in gpus_declared_twice(facts, settings.gpus, [(vm.name, vm.gpus) for vm in settings.vms]):
+        refuse(
+            REFUSE_VMS_GPU_TWICE,
+            twice.address,
+            f"GPU {twice.address} is declared for VM {twice.first!r} and VM {twice.second!r} (gpuhost_vms), which "
+            "run at once: the host's CPUs and 1 GiB pages would be sized for both.",
+            "Give each GPU to one VM in gpuhost_vms (render refuses both VMs too).",
+        )
     pages = _hugepages(facts, settings, selection, refuse)
 
     options: list[str] = []

@@ -46,6 +46,7 @@ from gpuhost.render.spec import HostPolicy, VmSpec
 from gpuhost.selection import (
     VmGpuMiss,
     card_numa_node,
+    gpus_declared_twice,
     nvswitch_functions_to_bind,
     nvswitch_group_intruders,
     select_gpus,
@@ -376,7 +377,7 @@ def plan_domain(
     conflicts: list[Problem] = []
     notes: list[str] = []
     cards = _resolve_gpus(facts, spec, policy, conflicts)
-    _check_declared_once(facts, spec, policy, host_vms or (), cards, conflicts)
+    _check_declared_once(facts, spec, policy, host_vms or (), conflicts)
     groups = _passthrough_groups(facts, cards, policy, conflicts)
     nvswitches = _nvswitches(facts, cards, policy, conflicts)
     _check_functions(groups, spec, taken or {}, conflicts, extra=nvswitches)
@@ -498,28 +499,20 @@ def plan_domain(
 
 
 def _check_declared_once(
-    facts: HostFacts,
-    spec: VmSpec,
-    policy: HostPolicy,
-    host_vms: Sequence[VmSpec],
-    cards: Sequence[GpuCard],
-    conflicts: list[Problem],
+    facts: HostFacts, spec: VmSpec, policy: HostPolicy, host_vms: Sequence[VmSpec], conflicts: list[Problem]
 ) -> None:
-    """A GPU declared for two VMs: they can never run at once, yet the CPUs and huge pages are
-    allocated for every declared VM as if they all run (so the declaration is wrong, not the host)."""
-    mine = {card.gpu.address for card in cards}
-    for other in host_vms:
-        if other.name == spec.name:
-            continue
-        # The other VM's own problems are its render's to report: only the overlap matters here.
-        both = sorted(mine & {card.gpu.address for card in _resolve_gpus(facts, other, policy, [])})
-        if both:
+    """A GPU this VM shares with another declared VM (selection.gpus_declared_twice, the planner's
+    answer too): the VMs of gpuhost_vms run at once, so the declaration is wrong, not the host."""
+    vms = [*(vm for vm in host_vms if vm.name != spec.name), spec]
+    for twice in gpus_declared_twice(facts, policy.gpus, [(vm.name, vm.gpus) for vm in vms]):
+        if spec.name in (twice.first, twice.second):
+            other = twice.first if twice.second == spec.name else twice.second
             conflicts.append(
                 _conflict(
                     GPU_DECLARED_TWICE,
-                    ", ".join(both),
-                    f"GPU {', '.join(both)} is declared for VM {other.name!r} too (gpuhost_vms): a GPU goes to one "
-                    "guest at a time, and the VMs' CPUs and huge pages are allocated as if all of them run;",
+                    twice.address,
+                    f"GPU {twice.address} is declared for VM {other!r} too (gpuhost_vms): a GPU goes to one guest "
+                    "at a time, and the VMs' CPUs and huge pages are allocated as if all of them run;",
                     "give each GPU to one VM.",
                 )
             )
