@@ -271,3 +271,15 @@ def test_host_policy_values_are_validated():
         host_policy({"gpuhost_reserved_cpus": "0-1; reboot"}, policy, "h")
     with pytest.raises(InputError, match="gpuhost_ovmf_code"):
         host_policy({"gpuhost_ovmf_code": "/usr/share/../../tmp/evil.fd"}, policy, "h")
+
+
+def test_a_snapshot_of_another_host_is_refused_naming_both(tmp_path, capsys):
+    """Issue 27 item 6: --from-snapshot of lab-1 with --host gpu02 said nothing and rendered gpu02's
+    VM on lab-1's hardware."""
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(INVENTORY.replace("    lab-1:\n", "    gpu02:\n"))
+    status = main(["render", "-i", str(inventory), "--host", "gpu02", "--vm", "nested-proof", "--no-validate",
+                   "--from-snapshot", str(LAB_FRESH)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2 and f"--from-snapshot {LAB_FRESH}: it is a snapshot of 'lab-1', not of --host gpu02" in err
+    assert "--host lab-1" in err and "gpuhost snapshot -i INVENTORY gpu02 -o DIR" in err

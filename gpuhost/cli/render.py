@@ -76,7 +76,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _facts(target: Target, snapshot: Path | None) -> HostFacts:
     if snapshot is not None:
-        return build_facts(open_snapshot(snapshot))
+        tree = open_snapshot(snapshot)
+        meta = tree.meta()
+        # A snapshot names the host it was taken of: another host's facts would render a VM for hardware
+        # --host does not have. (A snapshot without snapshot.json, made by hand, cannot say: it is taken.)
+        if meta is not None and meta.host != target.name:
+            raise InputError(
+                f"--from-snapshot {snapshot}: it is a snapshot of {meta.host!r}, not of --host {target.name}. "
+                f"Render for the host it was taken of (--host {meta.host}), or take one of {target.name}: "
+                f"gpuhost snapshot -i INVENTORY {target.name} -o DIR."
+            )
+        return build_facts(tree)
     if target.kind == SNAPSHOT:  # pragma: no cover - inventories do not produce snapshot targets
         assert target.snapshot is not None
         return build_facts(open_snapshot(target.snapshot))
