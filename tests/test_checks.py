@@ -184,3 +184,28 @@ def test_gpu_driver_warnings_do_not_ask_for_vfio_pci_ids_already_set():
     _, _, findings = run_checks("gpu07", dataclasses.replace(facts, pci=unbound), ALL_NVIDIA)
     drivers = [f for f in findings if f.code == "gpu.driver"]
     assert drivers and all("already names" in f.remedy and "Bind it" not in f.remedy for f in drivers)
+
+
+def test_a_switch_whose_upstream_link_trained_at_half_width_fails_every_gpu_behind_it():
+    """Issue 27.6: the switch above four GPUs trained x8 of x16: each GPU's own link reads x16, and
+    the host was READY. Each of the four GPUs behind it gets one error naming the switch; the other
+    switch's GPUs none."""
+    from gpuhost.facts.model import PcieLinkStatus
+    from tests.switch_host import epyc_switch_host
+
+    facts = epyc_switch_host(acs=True)
+    upstream = "0000:10:00.0"  # node 0's switch upstream port (tests/switch_host.py)
+    half = PcieLinkStatus(32.0, 8, 32.0, 16)
+    degraded = dataclasses.replace(
+        facts,
+        pci=tuple(
+            dataclasses.replace(f, link=half) if f.address in (upstream, "0000:00:01.1") else f for f in facts.pci
+        ),
+    )
+    as_host = dataclasses.replace(ALL_NVIDIA, role="host")
+    healthy = [f for f in run_checks("epyc", facts, as_host)[2] if f.code == "gpu.link.upstream_width"]
+    assert healthy == []
+    found = [f for f in run_checks("epyc", degraded, as_host)[2] if f.code == "gpu.link.upstream_width"]
+    assert sorted(f.subject for f in found) == [f"0000:{0x20 + slot:02x}:00.0" for slot in range(4)], found
+    assert all(f.severity.value == "error" and f"behind {upstream}" in f.message and "x8 of x16" in f.message
+               for f in found)  # fmt: skip

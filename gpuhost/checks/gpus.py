@@ -90,6 +90,12 @@ GPU_RESET_UNKNOWN = register(
 GPU_RESET = register("gpu.reset", Stage.AUDIT, Severity.WARNING, 'no FLR among the reset methods (the "reset bug")')
 GPU_LINK_UNKNOWN = register("gpu.link.unknown", Stage.AUDIT, Severity.INFO, "the PCIe link width is unreadable")
 GPU_LINK_WIDTH = register("gpu.link.width", Stage.AUDIT, Severity.ERROR, "the link trained below its maximum width")
+GPU_LINK_UPSTREAM_WIDTH = register(
+    "gpu.link.upstream_width",
+    Stage.AUDIT,
+    Severity.ERROR,
+    "a bridge above the GPU (a PCIe switch's upstream link) trained below its maximum width",
+)
 GPU_LINK_SPEED = register(
     "gpu.link.speed", Stage.AUDIT, Severity.INFO, "the link runs below its maximum speed (GPUs lower it at idle)"
 )
@@ -463,6 +469,32 @@ def check_link(ctx: CheckContext, gpu: PciFunction) -> Iterator[Problem]:
         )
     else:
         yield ctx.finding(GPU_LINK, INFO, gpu.address, f"{gpu.describe()} link {link.describe()}")
+    yield from _check_upstream_width(ctx, gpu)
+
+
+def _check_upstream_width(ctx: CheckContext, gpu: PciFunction) -> Iterator[Problem]:
+    """The links above the GPU's own. parents[0] is the port at the other end of the GPU's own link
+    (judged above); each bridge beyond it carries the traffic of every GPU below it, so a switch
+    whose upstream link trained at x8 of x16 halves the host bandwidth of all its GPUs while each
+    GPU's own link reads x16. Both ends of that link (the switch's upstream port and the root port)
+    report it: one finding per GPU, the nearest."""
+    by_address = {function.address: function for function in ctx.facts.pci}
+    for address in gpu.parents[1:]:
+        bridge = by_address.get(address)
+        link = bridge.link if bridge is not None else None
+        if bridge is None or link is None or link.current_width is None or link.max_width is None:
+            continue
+        if link.current_width < link.max_width:
+            yield ctx.finding(
+                GPU_LINK_UPSTREAM_WIDTH,
+                ERROR,
+                gpu.address,
+                f"{gpu.describe()} sits behind {bridge.describe()}, whose link trained at x{link.current_width} of "
+                f"x{link.max_width} ({link.describe()}): every GPU below it shares that fraction of the host "
+                "bandwidth, though the GPU's own link reads full width",
+                "Reseat the switch's card or riser, check its slot's wiring and the BIOS lane bifurcation settings.",
+            )
+            return
 
 
 def _check_bars(ctx: CheckContext, gpu: PciFunction) -> Iterator[Problem]:
