@@ -49,9 +49,13 @@ def ansible_environment() -> dict[str, str]:
         # ansible-playbook is installed beside this interpreter (a venv run as .venv/bin/gpuhost
         # without activating it has no ansible-playbook on PATH).
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
-        # A short ControlPersist: the master inherits the runner's pty, which ends only when it exits.
+        # ControlPersist: every task of a host goes over one SSH connection. With 5 s, a host whose tasks
+        # take longer than that apart (a slow host: a lab host under TCG, measured at 5.9-6.3 s for a
+        # new connection against 0.8-0.9 s multiplexed) paid a handshake for each of its tasks. The
+        # master does not hold the run open past ansible-playbook's exit (measured: a run ends as soon
+        # with 60 s as with 5 s), and the reboot action stops it before it waits for the host.
         # ServerAlive: a session to a host that rebooted under it ends instead of hanging.
-        "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=5s -o ServerAliveInterval=5 "
+        "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=60s -o ServerAliveInterval=5 "
         "-o ServerAliveCountMax=6",
     }
 
