@@ -36,7 +36,7 @@ def test_gpu_pair_argv_is_exactly_this() -> None:
     argv = qemu_argv(spec())
     assert argv[0] == "qemu-system-x86_64"
     assert option(argv, "-machine") == "q35,kernel-irqchip=split"
-    assert option(argv, "-accel") == "tcg,thread=multi,tb-size=256"
+    assert option(argv, "-accel") == "tcg,thread=single,tb-size=256"
     assert option(argv, "-cpu") == "max,vendor=GenuineIntel"
     assert option(argv, "-m") == "4096"
     assert option(argv, "-smp") == "2"

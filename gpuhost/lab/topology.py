@@ -232,7 +232,13 @@ def qemu_argv(spec: LabVmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         # start 58-60 s either way, and update-initramfs + update-grub no slower. Every apply in the
         # lab reboots at least once. The suspect: translations of the previous boot's code that
         # a large buffer keeps, invalidated page by page as the new boot overwrites that memory.
-        f"tcg,thread=multi,tb-size={TCG_TRANSLATION_BUFFER_MIB}",
+        # thread=single: one host thread runs every vCPU in turn. CI's two workers each drive a host on
+        # a 2-core machine, so a host with several vCPUs gets about one core; with a thread per vCPU
+        # (thread=multi) its vCPUs wait on each other through the other worker's load. Measured on
+        # Molecule's numa-pair host (2 vCPUs) with one core kept busy beside it: update-initramfs 146 s
+        # multi, 96 s single; update-grub 26 / 21 s; a reboot 100 s either way (the boot runs on one
+        # vCPU); in CI, with a lab host and Ansible beside it, update-initramfs took 7 minutes multi.
+        f"tcg,thread=single,tb-size={TCG_TRANSLATION_BUFFER_MIB}",
         # -cpu max offers pdpe1gb, so the host can reserve 1 GiB huge pages. Under TCG it says
         # AuthenticAMD; an Intel IOMMU belongs with an Intel CPU (intel_iommu=, not amd_iommu=).
         "-cpu",
