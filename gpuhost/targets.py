@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuhost.checks.base import ROLES, AuditPolicy
 from gpuhost.errors import InputError, MissingDependencyError, NoHostsSelected
 from gpuhost.facts.snapshot import SnapshotTree
-from gpuhost.plan.settings import PlanSettings, gpus_variable
-from gpuhost.render.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
+from gpuhost.inventory.plan_settings import PlanSettings, gpus_variable
+from gpuhost.inventory.policy import ROLES, AuditPolicy
+from gpuhost.inventory.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
 from gpuhost.selection import GpuSelector, allowed_shared_groups
 from gpuhost.transport.ssh import SshOptions
 

@@ -26,6 +26,7 @@ from gpuhost.facts.model import (
     PciFunction,
     VirtualizationSoftware,
 )
+from gpuhost.inventory.spec import HostPolicy, parse_vm, parse_vms
 from gpuhost.passthrough import gpu_cards
 from gpuhost.render.domain import (
     GuestAddressWidth,
@@ -37,7 +38,6 @@ from gpuhost.render.domain import (
     plan_domain,
     render_domain,
 )
-from gpuhost.render.spec import HostPolicy, parse_vm, parse_vms
 from gpuhost.render.validate import validate_domain_xml, validator_available
 from gpuhost.selection import GpuSelector
 from tests.helpers import FIXTURES, snapshot_facts

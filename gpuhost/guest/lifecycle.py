@@ -27,14 +27,15 @@ from typing import Any, TypeVar
 
 from gpuhost.audit import audit_target, open_transport
 from gpuhost.errors import GpuhostError, InputError
-from gpuhost.guest import libvirt_host, nouveau, pins, provision
+from gpuhost.guest import libvirt_host, nouveau, provision
 from gpuhost.guest.errors import GuestStepError
 from gpuhost.guest.keys import generate_ed25519
 from gpuhost.guest.seed import GUEST_USER, SeedConfig, build_seed_iso
 from gpuhost.guest.state import GuestDir
 from gpuhost.guest.wheels import GUEST_PROJECTS, Wheel, prepare_wheels, select_wheels
+from gpuhost.inventory import pins
+from gpuhost.inventory.spec import HostPolicy, VmSpec
 from gpuhost.render.domain import plan_domain, render_plan
-from gpuhost.render.spec import HostPolicy, VmSpec
 from gpuhost.render.validate import validate_domain_xml, validator_available
 from gpuhost.targets import LOCAL, Target
 from gpuhost.transport import CommandResult, Transport, TransportError
@@ -487,7 +488,7 @@ def _user_key(value: str | None, host: str, vm: str) -> str | None:
         raise InputError(
             f"inventory host {host}: VM {vm}: ssh_key {value}: cannot read it ({error.strerror})."
         ) from error
-    from gpuhost.render.spec import validate_ssh_key
+    from gpuhost.inventory.spec import validate_ssh_key
 
     key = validate_ssh_key(text.splitlines()[0] if text else "", f"inventory host {host}: VM {vm}: ssh_key {value}")
     if " " not in key:

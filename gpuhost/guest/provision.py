@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuhost.errors import GpuhostError, InputError
-from gpuhost.guest import pins
 from gpuhost.guest.wheels import Wheel
+from gpuhost.inventory import pins
 from gpuhost.transport import CommandResult, Transport, TransportError
 
 GUEST_DIR = "/opt/gpuhost"

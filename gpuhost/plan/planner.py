@@ -25,6 +25,7 @@ from gpuhost.facts.model import (
     VfioPci,
 )
 from gpuhost.facts.parsers import parse_modprobe_options
+from gpuhost.inventory.plan_settings import BIND_AUTO, PlanSettings
 from gpuhost.numa import declared_vm_pages, pages_by_node
 from gpuhost.passthrough import GroupListing, analyse_groups
 from gpuhost.plan import hugepages as hp
@@ -46,7 +47,6 @@ from gpuhost.plan.model import (
     SystemdBootPlan,
     TrialBoot,
 )
-from gpuhost.plan.settings import BIND_AUTO, PlanSettings
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.selection import (
     GpuSelection,
@@ -78,7 +78,7 @@ def forbidden_loaded_modules(removes_nvidia_driver: bool) -> tuple[str, ...]:
 
 # Option names gpuhost sets and therefore removes from the earlier GRUB lines, whatever their value.
 OWNED_KEYS = ("vfio-pci.ids", "iommu", "hugepages", "hugepagesz", "default_hugepagesz")
-# Refusal codes: two words (gpuhost.plan.settings validates GPUHOST_TESTING_ONLY_FORCE_PAST_REFUSALS so).
+# Refusal codes: two words (gpuhost.inventory.plan_settings validates GPUHOST_TESTING_ONLY_FORCE_PAST_REFUSALS so).
 REFUSE_BOOTLOADER_NOT_GRUB = register(
     "bootloader.not_grub",
     Stage.PLAN,

@@ -6,8 +6,8 @@ templates/domain.xml.j2; `validate_domain_xml` runs libvirt's own schema check o
 
 from __future__ import annotations
 
+from gpuhost.inventory.spec import HostPolicy, VmSpec, find_vm, host_policy, parse_vm, parse_vms
 from gpuhost.render.domain import DomainPlan, RenderRefused, plan_domain, render_domain, render_plan
-from gpuhost.render.spec import HostPolicy, VmSpec, find_vm, host_policy, parse_vm, parse_vms
 from gpuhost.render.validate import InvalidDomainError, Validation, validate_domain_xml
 
 __all__ = [

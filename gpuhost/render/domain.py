@@ -39,10 +39,10 @@ from gpuhost.datafiles import require_data_dir
 from gpuhost.errors import InputError
 from gpuhost.facts.model import GIB_KIB, VENDOR_NVIDIA, HostFacts, PciFunction
 from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
+from gpuhost.inventory.spec import HostPolicy, VmSpec
 from gpuhost.numa import declared_vm_pages, pages_by_node, vm_pages
 from gpuhost.passthrough import GpuCard, GroupListing, analyse_groups
 from gpuhost.problems import Problem, Severity, Stage, listed, register
-from gpuhost.render.spec import HostPolicy, VmSpec
 from gpuhost.selection import (
     VmGpuMiss,
     card_numa_node,
