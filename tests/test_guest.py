@@ -18,8 +18,9 @@ from gpuhost.guest.keys import generate_ed25519
 from gpuhost.guest.seed import GUEST_USER, SeedConfig, build_seed_iso, read_seed_iso, user_data, validate_packages
 from gpuhost.guest.wheels import parse_wheel_name, select_wheels
 from gpuhost.inventory.spec import HostPolicy, parse_vm
-from gpuhost.render.domain import plan_domain, render_plan
+from gpuhost.render.domain import plan_domain
 from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.render.xml import render_plan
 from gpuhost.selection import GpuSelector
 from gpuhost.targets import LOCAL, SSH, Target
 from gpuhost.transport import TransportError

@@ -28,17 +28,11 @@ from gpuhost.facts.model import (
 )
 from gpuhost.inventory.spec import HostPolicy, parse_vm, parse_vms
 from gpuhost.passthrough import gpu_cards
-from gpuhost.render.domain import (
-    GuestAddressWidth,
-    RenderRefused,
-    VmCpus,
-    allocate_cpus,
-    format_cpulist,
-    parse_cpulist,
-    plan_domain,
-    render_domain,
-)
+from gpuhost.render.address_width import GuestAddressWidth
+from gpuhost.render.cpus import VmCpus, allocate_cpus, format_cpulist
+from gpuhost.render.domain import RenderRefused, parse_cpulist, plan_domain
 from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.render.xml import render_domain
 from gpuhost.selection import GpuSelector
 from tests.helpers import FIXTURES, snapshot_facts
 

@@ -35,8 +35,9 @@ from gpuhost.guest.state import GuestDir
 from gpuhost.guest.wheels import GUEST_PROJECTS, Wheel, prepare_wheels, select_wheels
 from gpuhost.inventory import pins
 from gpuhost.inventory.spec import HostPolicy, VmSpec
-from gpuhost.render.domain import plan_domain, render_plan
+from gpuhost.render.domain import plan_domain
 from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.render.xml import render_plan
 from gpuhost.targets import LOCAL, Target
 from gpuhost.transport import CommandResult, Transport, TransportError
 from gpuhost.transport.ssh import SshOptions

@@ -7,8 +7,9 @@ templates/domain.xml.j2; `validate_domain_xml` runs libvirt's own schema check o
 from __future__ import annotations
 
 from gpuhost.inventory.spec import HostPolicy, VmSpec, find_vm, host_policy, parse_vm, parse_vms
-from gpuhost.render.domain import DomainPlan, RenderRefused, plan_domain, render_domain, render_plan
+from gpuhost.render.domain import DomainPlan, RenderRefused, plan_domain
 from gpuhost.render.validate import InvalidDomainError, Validation, validate_domain_xml
+from gpuhost.render.xml import render_domain, render_plan
 
 __all__ = [
     "DomainPlan",
