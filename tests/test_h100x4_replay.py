@@ -21,7 +21,7 @@ from gpuhost.bench.node import (
     _record,
     judge_node,
 )
-from gpuhost.bench.verdict import Status
+from gpuhost.bench.rules import Status
 from gpuhost.cli.main import main
 
 CAPTURE = Path(__file__).parent / "fixtures" / "h100x4"

@@ -26,18 +26,14 @@ from typing import Any
 from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sources, toolkit_root
 from gpuhost.bench.contention import Contention, GpuProcess
 from gpuhost.bench.environment import Environment, load_pynvml, open_nvml, read_environment
+from gpuhost.bench.environment_judge import judge_environment
 from gpuhost.bench.health import judge_health
 from gpuhost.bench.jsonout import CANNOT_RUN, build_document, read_recorded
 from gpuhost.bench.models import GpuModel, ModelTable, load_model_table
 from gpuhost.bench.results import Measurement, parse_suite_document
+from gpuhost.bench.rules import Status, worst
 from gpuhost.bench.runner import Outcome, SmokeOptions, _processes, smoke_test
-from gpuhost.bench.verdict import (
-    NOT_REPRESENTATIVE,
-    Status,
-    judge,
-    judge_environment,
-    worst,
-)
+from gpuhost.bench.verdict import NOT_REPRESENTATIVE, judge
 from gpuhost.errors import GpuhostError, InputError
 from gpuhost.problems import Problem, Severity, Stage, register
 
