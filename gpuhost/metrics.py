@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from gpuhost.audit import HostAudit
     from gpuhost.bench.environment import Environment
-    from gpuhost.bench.node import NodeOutcome
+    from gpuhost.bench.node_model import NodeOutcome
     from gpuhost.bench.results import SuiteRun
     from gpuhost.bench.verdict import Verdict
     from gpuhost.rollout.report import RolloutReport
