@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpuhost.checks import AuditPolicy, Severity, run_checks
-from gpuhost.facts.model import PciFunction
+from gpuhost.facts.pci import PciFunction
 from gpuhost.selection import GpuSelector, select_gpus
 from tests.helpers import FIXTURES, guide_host, snapshot_facts
 from tests.test_parsers import GUIDE_CMDLINE

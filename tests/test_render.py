@@ -16,16 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.facts.model import (
-    Bar,
-    HostFacts,
-    HugePagePool,
-    MemInfo,
-    NumaNode,
-    PcieLinkStatus,
-    PciFunction,
-    VirtualizationSoftware,
-)
+from gpuhost.facts.model import HostFacts, HugePagePool, MemInfo, NumaNode, VirtualizationSoftware
+from gpuhost.facts.pci import Bar, PcieLinkStatus, PciFunction
 from gpuhost.inventory.spec import HostPolicy, parse_vm, parse_vms
 from gpuhost.passthrough import gpu_cards
 from gpuhost.render.address_width import GuestAddressWidth

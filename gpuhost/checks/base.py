@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuhost.facts.model import HostFacts, PciFunction
+from gpuhost.facts.model import HostFacts
+from gpuhost.facts.pci import PciFunction
 
 # AuditPolicy is re-exported: the collection's plugins (playbooks/) import it from here.
 from gpuhost.inventory.policy import AuditPolicy as AuditPolicy

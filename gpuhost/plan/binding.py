@@ -138,7 +138,7 @@ def passthrough_nvswitches(
 
 def _describe(function: object) -> str:
     from gpuhost.checks.base import describe_function  # one wording of devices for audit and plan
-    from gpuhost.facts.model import PciFunction
+    from gpuhost.facts.pci import PciFunction
 
     assert isinstance(function, PciFunction)
     return describe_function(function)

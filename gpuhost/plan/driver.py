@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from gpuhost.facts.model import HOST_DRIVER_MODULES, VENDOR_NVIDIA, VFIO_INITRAMFS_MODULES, HostFacts, VfioPci
+from gpuhost.facts.model import HOST_DRIVER_MODULES, VFIO_INITRAMFS_MODULES, HostFacts, VfioPci
 from gpuhost.facts.parsers import parse_modprobe_options
+from gpuhost.facts.pci import VENDOR_NVIDIA
 from gpuhost.inventory.plan_settings import PlanSettings
 from gpuhost.plan.model import DriverRemoval, ModprobeConflict
 from gpuhost.selection import GpuSelection, NvSwitchModel

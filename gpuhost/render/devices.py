@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuhost.facts.model import VENDOR_NVIDIA, HostFacts, PciFunction
+from gpuhost.facts.model import HostFacts
+from gpuhost.facts.pci import VENDOR_NVIDIA, PciFunction
 from gpuhost.inventory.spec import HostPolicy, VmSpec
 from gpuhost.passthrough import GpuCard, GroupListing, analyse_groups
 from gpuhost.problems import Problem, Severity, Stage, listed, register

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuhost.facts.model import PciFunction
+from gpuhost.facts.pci import PciFunction
 from gpuhost.inventory.spec import VmSpec
 from gpuhost.render.devices import Group
 
