@@ -65,7 +65,7 @@ NODE_CONTENTION = register(
 )
 
 # Thresholds, each with its reason.
-# One direction of a peer copy: as the one-GPU suite's P2P rule (verdict.P2P_RULE): a direct path
+# One direction of a peer copy: as the one-GPU suite's P2P rule (rules.P2P_RULE): a direct path
 # runs near link speed (88% of 450 GB/s on the H100 and H200 guests), staged through host memory
 # far below it.
 P2P_PASS, P2P_FAIL = 0.70, 0.30
