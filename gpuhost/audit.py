@@ -14,7 +14,8 @@ from gpuhost.checks import Role, run_checks
 from gpuhost.errors import GpuhostError, shortened
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.gather import gather_tree
-from gpuhost.facts.model import GIB_KIB, HostFacts, PciFunction, TextEnum
+from gpuhost.facts.model import GIB_KIB, HostFacts, TextEnum
+from gpuhost.facts.pci import PciFunction
 from gpuhost.facts.snapshot import GatherFormatError, open_snapshot
 from gpuhost.passthrough import analyse_group, group_members
 from gpuhost.problems import Problem, Severity

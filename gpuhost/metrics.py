@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from gpuhost.audit import HostAudit
     from gpuhost.bench.environment import Environment
-    from gpuhost.bench.node import NodeOutcome
+    from gpuhost.bench.node_model import NodeOutcome
     from gpuhost.bench.results import SuiteRun
     from gpuhost.bench.verdict import Verdict
     from gpuhost.rollout.report import RolloutReport
@@ -210,7 +210,7 @@ def smoke_test_metrics(verdict: Verdict, run: SuiteRun, now: float) -> bytes:
 def smoke_node_metrics(outcome: NodeOutcome, now: float) -> bytes:
     """`smoke-test --all`: every GPU's series as smoke_test_metrics writes them, in one exposition,
     and the node's: its verdict, each node figure (GB/s as bytes/s) with its status, its problems."""
-    from gpuhost.bench.verdict import Status
+    from gpuhost.bench.rules import Status
 
     out = _Exposition(Verb.SMOKE_TEST)
     _smoke_gpus(out, tuple((o.verdict, o.run) for o in outcome.gpus), now)
@@ -247,7 +247,7 @@ def smoke_node_metrics(outcome: NodeOutcome, now: float) -> bytes:
 
 
 def _smoke_gpus(out: _Exposition, runs: Sequence[tuple[Verdict, SuiteRun]], now: float) -> None:
-    from gpuhost.bench.verdict import Status
+    from gpuhost.bench.rules import Status
 
     labels_of = ("gpu", "model")
     statuses = tuple(s.value for s in Status)

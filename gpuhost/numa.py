@@ -16,7 +16,7 @@ from gpuhost.facts.model import HostFacts
 from gpuhost.selection import GpuSelector, card_numa_node, vm_gpus
 
 if TYPE_CHECKING:
-    from gpuhost.render.spec import VmSpec
+    from gpuhost.inventory.spec import VmSpec
 
 
 @dataclass(frozen=True)

@@ -25,15 +25,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuhost.facts.model import (
-    CLASS_HOST_BRIDGE,
-    CLASS_PCI_BRIDGE,
-    GPU_COMPANION_CLASSES,
-    LONE_GPU_CLASSES,
-    HostFacts,
-    PciFunction,
-    TextEnum,
-)
+from gpuhost.facts.model import HostFacts, TextEnum
+from gpuhost.facts.pci import CLASS_HOST_BRIDGE, CLASS_PCI_BRIDGE, GPU_COMPANION_CLASSES, LONE_GPU_CLASSES, PciFunction
 
 
 @dataclass(frozen=True)

@@ -111,12 +111,6 @@ class Problem:
         }
 
 
-def worst(problems: Iterable[Problem]) -> Severity | None:
-    """The most severe severity among `problems` (None when there are none)."""
-    ranked = sorted((problem.severity for problem in problems), key=lambda severity: severity.rank)
-    return ranked[0] if ranked else None
-
-
 def errors(problems: Iterable[Problem]) -> tuple[Problem, ...]:
     return tuple(problem for problem in problems if problem.severity is Severity.ERROR)
 

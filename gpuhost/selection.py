@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost.errors import InputError
-from gpuhost.facts.model import VENDOR_NVIDIA, HostFacts, PciFunction, TextEnum
+from gpuhost.facts.model import HostFacts, TextEnum
+from gpuhost.facts.pci import VENDOR_NVIDIA, PciFunction
 from gpuhost.passthrough import GpuCard, function_group_to_bind, gpu_cards
 
 _ADDRESS = re.compile(r"^(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")

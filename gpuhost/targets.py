@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuhost.checks.base import ROLES, AuditPolicy
 from gpuhost.errors import InputError, MissingDependencyError, NoHostsSelected
 from gpuhost.facts.snapshot import SnapshotTree
-from gpuhost.plan.settings import PlanSettings, gpus_variable
-from gpuhost.render.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
+from gpuhost.inventory.plan_settings import PlanSettings, gpus_variable
+from gpuhost.inventory.policy import ROLES, AuditPolicy
+from gpuhost.inventory.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
 from gpuhost.selection import GpuSelector, allowed_shared_groups
 from gpuhost.transport.ssh import SshOptions
 
@@ -350,16 +350,11 @@ def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict
         raise InputError(f"inventory {path}: {error.message}") from error
 
 
-# The first line of each plugin's failure in Ansible's warnings ("Failed to parse inventory with
-# 'yaml' plugin: host range must be begin:end or begin:end:step").
-_PLUGIN_FAILURE = re.compile(r"Failed to parse inventory with '(?P<plugin>[\w.]+)' plugin: (?P<cause>[^\n]+)")
-
-
 def _parse_inventory(manager: Any, loader: Any, path: Path) -> Any:
     """Ansible's InventoryManager for `path`. Ansible reports why each of its plugins could not read
-    a file only as warnings, then raises "No inventory was parsed"; those warnings are kept off the
-    terminal while it parses, and an unparsed file's error names the cause from the plugin for the
-    file's kind (yaml for .yml/.yaml/.json, ini otherwise)."""
+    a file only as warnings (once per message and process), then raises "No inventory was parsed":
+    those warnings are kept off the terminal while it parses, and an unparsed file's error names the
+    cause, asked again of the one plugin for the file's kind (yaml for .yml/.yaml/.json, ini otherwise)."""
     from ansible.errors import AnsibleError
 
     said = io.StringIO()
@@ -367,18 +362,37 @@ def _parse_inventory(manager: Any, loader: Any, path: Path) -> Any:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
             inventory = manager(loader=loader, sources=[str(path)])
     except AnsibleError as error:
-        causes = {m["plugin"]: m["cause"].strip() for m in _PLUGIN_FAILURE.finditer(said.getvalue())}
-        wanted = "yaml" if path.suffix.lower() in (".yml", ".yaml", ".json") else "ini"
-        cause = causes.get(wanted) or next(iter(causes.values()), None)
+        kind = "yaml" if path.suffix.lower() in (".yml", ".yaml", ".json") else "ini"
+        cause = _plugin_failure(kind, loader, path)
         if cause is None:
             raise
         raise InputError(
-            f"inventory {path}: Ansible cannot read it as {wanted.upper()}: {cause}. Fix its host names: "
+            f"inventory {path}: Ansible cannot read it as {kind.upper()}: {cause}. Fix its host names: "
             "no control characters; [a:b] is Ansible's range syntax."
         ) from error
     # A parsed inventory: Ansible's own warnings (deprecations, say) are still the operator's to see.
     sys.stderr.write(said.getvalue())
     return inventory
+
+
+def _plugin_failure(kind: str, loader: Any, path: Path) -> str | None:
+    """The first line of why Ansible's `kind` inventory plugin cannot parse `path`; None if it can."""
+    from ansible.errors import AnsibleError
+    from ansible.inventory.data import InventoryData
+    from ansible.plugins.loader import inventory_loader
+
+    plugin = inventory_loader.get(kind)
+    if plugin is None:
+        return None
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            plugin.parse(InventoryData(), loader, str(path.resolve()), cache=False)
+    except Exception as error:  # as Ansible's own parse_source: any plugin failure is the file's
+        text = str(error.message) if isinstance(error, AnsibleError) else f"Failed to parse inventory: {error}"
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[0] if lines else type(error).__name__
+    return None
 
 
 def _check_exact_limit(inventory: Any, path: Path, names: list[str]) -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost.facts.build import build_facts
-from gpuhost.facts.model import HostFacts, Iommu, PcieLinkStatus, PciFunction
+from gpuhost.facts.model import HostFacts, Iommu
 from gpuhost.facts.parsers import LspciEntry, parse_cmdline, parse_lspci_nn
+from gpuhost.facts.pci import PcieLinkStatus, PciFunction
 from gpuhost.facts.snapshot import SnapshotTree
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuhost.facts.model import (
-    CLASS_BRIDGE_OTHER,
-    VENDOR_NVIDIA,
-    HostFacts,
-    HugePagePool,
-    NumaNode,
-    PciFunction,
-)
+from gpuhost.facts.model import HostFacts, HugePagePool, NumaNode
 from gpuhost.facts.parsers import parse_lspci_nn
+from gpuhost.facts.pci import CLASS_BRIDGE_OTHER, VENDOR_NVIDIA, PciFunction
 from tests.helpers import FIXTURES, function_from_lspci, snapshot_facts
 
 HGX_LSPCI = FIXTURES / "hgx" / "h100-8gpu-lspci-Dnn.txt"

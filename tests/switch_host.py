@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuhost.facts.model import CLASS_PCI_BRIDGE, HostFacts, HugePagePool, NumaNode, PcieLinkStatus, PciFunction
+from gpuhost.facts.model import HostFacts, HugePagePool, NumaNode
+from gpuhost.facts.pci import CLASS_PCI_BRIDGE, PcieLinkStatus, PciFunction
 from tests.helpers import snapshot_facts
 
 GIB_KIB = 1024 * 1024

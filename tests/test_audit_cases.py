@@ -28,8 +28,8 @@ import pytest
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.inventory.spec import parse_vms
 from gpuhost.plan import PlanSettings, plan_host
-from gpuhost.render.spec import parse_vms
 from gpuhost.selection import GpuSelector
 from tests.helpers import FIXTURES, SNAPSHOTS
 

@@ -11,10 +11,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from gpuhost.bench.contention import Contention, GpuProcess, merge, own_process, read_processes
+from gpuhost.bench.contention import Contention, GpuProcess, judge_contention, merge, own_process, read_processes
 from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.models import load_model_table
-from gpuhost.bench.verdict import NOT_REPRESENTATIVE, Status, judge, judge_contention
+from gpuhost.bench.rules import Status
+from gpuhost.bench.verdict import NOT_REPRESENTATIVE, judge
 
 ISSUE14 = Path(__file__).parent / "fixtures" / "h100-smoke" / "issue14"
 BUSY = json.loads((ISSUE14 / "nvml-busy.json").read_text())

@@ -20,17 +20,11 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpuhost.bench.environment import (
-    Environment,
-    FabricReading,
-    FabricState,
-    GpuUnavailable,
-    parse_fabric,
-    read_fabric,
-)
+from gpuhost.bench.environment import Environment, FabricReading, FabricState, GpuUnavailable, parse_fabric, read_fabric
+from gpuhost.bench.environment_judge import FABRIC, fabric_problems, judge_fabric, judge_gpu
 from gpuhost.bench.jsonout import read_recorded
+from gpuhost.bench.rules import Status
 from gpuhost.bench.runner import SmokeOptions, run_suite_explained
-from gpuhost.bench.verdict import FABRIC, Status, fabric_problems, judge_fabric, judge_gpu
 from gpuhost.errors import InputError
 from gpuhost.problems import Severity
 
@@ -163,9 +157,10 @@ def test_a_suite_that_cannot_start_on_a_gpu_without_fabric_says_only_its_own_err
 
 
 def test_the_text_report_shows_the_fabric_row_and_the_verdict_fails_on_it() -> None:
+    from gpuhost.bench.environment_judge import judge_environment
     from gpuhost.bench.models import load_model_table
     from gpuhost.bench.report import render
-    from gpuhost.bench.verdict import judge, judge_environment
+    from gpuhost.bench.verdict import judge
 
     recorded = read_recorded(recorded_document())
     model = load_model_table().lookup(0x2330)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuhost.bench.health import Health, XidEvent, judge_health, lines_since, parse_xid_lines
-from gpuhost.bench.verdict import Status
+from gpuhost.bench.rules import Status
 
 FIXTURES = Path(__file__).parent / "fixtures"
 XID_LOG = (FIXTURES / "xid" / "kernel-log-xid.txt").read_text()

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from gpuhost.bench.environment_judge import judge_environment
 from gpuhost.bench.jsonout import SCHEMA, build_document, dumps, load_baseline, load_recorded, read_recorded
 from gpuhost.bench.models import load_model_table
 from gpuhost.bench.plot import draw_roofline, roofline_points
 from gpuhost.bench.report import render
-from gpuhost.bench.verdict import Status, judge, judge_environment
+from gpuhost.bench.rules import Status
+from gpuhost.bench.verdict import judge
 from gpuhost.errors import InputError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h100-smoke"

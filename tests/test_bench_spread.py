@@ -15,9 +15,10 @@ import pytest
 
 from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.models import load_model_table
+from gpuhost.bench.rules import Status
 from gpuhost.bench.runner import below_pass, merge_remeasured
 from gpuhost.bench.spread import percentile, spread_of
-from gpuhost.bench.verdict import MetricVerdict, Status, Verdict, judge
+from gpuhost.bench.verdict import MetricVerdict, Verdict, judge
 
 ISSUE14 = Path(__file__).parent / "fixtures" / "h100-smoke" / "issue14"
 RUNS = sorted((ISSUE14 / "runs").glob("full-*.json"), key=lambda path: int(path.stem.split("-")[1]))

@@ -10,25 +10,12 @@ from typing import Any
 import pytest
 
 from gpuhost.bench.environment import GpuEnvironment, PcieLinkReading, RunSamples
+from gpuhost.bench.environment_judge import DRIVER, GPUS, MODEL_UNKNOWN, PCIE_LINK, judge_environment, judge_gpu
 from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import Measurement, SuiteError, SuiteRun, parse_suite_document
-from gpuhost.bench.verdict import (
-    DRIVER,
-    FULL_METRICS,
-    GPUS,
-    MODEL_UNKNOWN,
-    PCIE_LINK,
-    Status,
-    found,
-    judge,
-    judge_environment,
-    judge_gpu,
-    judge_measurement,
-    measured_ridge,
-    rule_for,
-    worst,
-)
+from gpuhost.bench.rules import FULL_METRICS, Status, found, rule_for, worst
+from gpuhost.bench.verdict import judge, judge_measurement, measured_ridge
 from gpuhost.problems import Severity
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h100-smoke"

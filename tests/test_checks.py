@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpuhost.checks import AuditPolicy, Severity, run_checks
-from gpuhost.facts.model import PciFunction
+from gpuhost.facts.pci import PciFunction
 from gpuhost.selection import GpuSelector, select_gpus
 from tests.helpers import FIXTURES, guide_host, snapshot_facts
 from tests.test_parsers import GUIDE_CMDLINE
@@ -190,7 +190,7 @@ def test_a_switch_whose_upstream_link_trained_at_half_width_fails_every_gpu_behi
     """Issue 27.6: the switch above four GPUs trained x8 of x16: each GPU's own link reads x16, and
     the host was READY. Each of the four GPUs behind it gets one error naming the switch; the other
     switch's GPUs none."""
-    from gpuhost.facts.model import PcieLinkStatus
+    from gpuhost.facts.pci import PcieLinkStatus
     from tests.switch_host import epyc_switch_host
 
     facts = epyc_switch_host(acs=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts import parsers as p
 from gpuhost.facts.model import ActiveLoader, BootloaderKind, FirmwareMode
-from gpuhost.lab.image import loader_entry_files_missing
+from gpuhost.lab.builder import loader_entry_files_missing
 from gpuhost.selection import GpuSelector
 from tests.helpers import SNAPSHOTS, snapshot_facts
 

@@ -13,13 +13,15 @@ import yaml
 from sshd import Sshd, start_sshd
 
 from gpuhost.errors import InputError
+from gpuhost.facts.parsers import parse_os_release
 from gpuhost.guest import libvirt_host, provision
 from gpuhost.guest.keys import generate_ed25519
 from gpuhost.guest.seed import GUEST_USER, SeedConfig, build_seed_iso, read_seed_iso, user_data, validate_packages
 from gpuhost.guest.wheels import parse_wheel_name, select_wheels
-from gpuhost.render.domain import plan_domain, render_plan
-from gpuhost.render.spec import HostPolicy, parse_vm
+from gpuhost.inventory.spec import HostPolicy, parse_vm
+from gpuhost.render.domain import plan_domain
 from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.render.xml import render_plan
 from gpuhost.selection import GpuSelector
 from gpuhost.targets import LOCAL, SSH, Target
 from gpuhost.transport import TransportError
@@ -220,7 +222,7 @@ def test_platform_only_and_missing_wheels_are_refused() -> None:
 
 
 def test_os_release_of_this_machine_picks_nvidias_repository() -> None:
-    release = provision.parse_os_release(Path("/etc/os-release").read_text())
+    release = parse_os_release(Path("/etc/os-release").read_text())
     if (release.get("ID"), release.get("VERSION_ID")) not in provision.CUDA_REPOS:
         pytest.skip(f"this machine runs {release.get('ID')} {release.get('VERSION_ID')}")
     assert provision.cuda_repo(release) in provision.CUDA_REPOS.values()
@@ -233,7 +235,7 @@ def test_cuda_install_plan_for_ubuntu() -> None:
         'VERSION="22.04.4 LTS (Jammy Jellyfish)"\nVERSION_CODENAME=jammy\nID=ubuntu\nID_LIKE=debian\n'
         'HOME_URL="https://www.ubuntu.com/"\nUBUNTU_CODENAME=jammy\n'
     )
-    repo = provision.cuda_repo(provision.parse_os_release(text))
+    repo = provision.cuda_repo(parse_os_release(text))
     assert repo == "ubuntu2204"
     assert provision.keyring_download(repo) == [
         "curl",
@@ -245,7 +247,7 @@ def test_cuda_install_plan_for_ubuntu() -> None:
         "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/cuda-keyring_1.1-1_all.deb",
     ]
     with pytest.raises(InputError, match="CUDA repository"):
-        provision.cuda_repo(provision.parse_os_release('ID=fedora\nVERSION_ID="40"\n'))
+        provision.cuda_repo(parse_os_release('ID=fedora\nVERSION_ID="40"\n'))
 
 
 # --- libvirt URIs and the ssh wrapper ---------------------------------------------------------

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.guest import pins, provision
+from gpuhost.guest import provision
+from gpuhost.inventory import pins
 from gpuhost.transport import CommandResult
 from gpuhost.transport.local import LocalTransport
 
@@ -36,7 +37,7 @@ PACKAGES = (
     (f"linux-headers-{KERNEL}", "1.0-1", ""),
 )
 # Fabric Manager as NVIDIA's packaging names it up to branch 580 (nvidia-fabricmanager-<branch> at
-# the driver's version, see gpuhost.guest.pins): the driver's version, an older and a newer one of
+# the driver's version, see gpuhost.inventory.pins): the driver's version, an older and a newer one of
 # the branch (neither may be taken), and another branch's.
 FABRIC_MANAGER_PACKAGES = (
     ("nvidia-fabricmanager-550", "550.54.14-1", ""),

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpuhost.errors import InputError
-from gpuhost.guest import pins
 from gpuhost.guest.lifecycle import Timeouts
-from gpuhost.render.spec import find_vm, parse_vm
+from gpuhost.inventory import pins
+from gpuhost.inventory.spec import find_vm, parse_vm
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
 STACK = Path(__file__).parent / "fixtures" / "guest-stack"

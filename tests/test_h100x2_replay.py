@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from gpuhost.bench.environment import FabricState
+from gpuhost.bench.environment_judge import judge_fabric
 from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.models import load_model_table
-from gpuhost.bench.verdict import Status, judge, judge_fabric
+from gpuhost.bench.rules import Status
+from gpuhost.bench.verdict import judge
 from gpuhost.cli.main import main
 
 CAPTURE = Path(__file__).parent / "fixtures" / "h100x2"

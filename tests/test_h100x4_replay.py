@@ -12,16 +12,10 @@ from pathlib import Path
 import pytest
 
 from gpuhost.bench.models import load_model_table
-from gpuhost.bench.node import (
-    HOST_SLOW_GPU,
-    NCCL_SLOW,
-    NODE_BENCHMARK_FAILED,
-    NVLINK_LINKS,
-    NvlinkReading,
-    _record,
-    judge_node,
-)
-from gpuhost.bench.verdict import Status
+from gpuhost.bench.node import _record
+from gpuhost.bench.node_judge import HOST_SLOW_GPU, NCCL_SLOW, NODE_BENCHMARK_FAILED, NVLINK_LINKS, judge_node
+from gpuhost.bench.node_model import NvlinkReading
+from gpuhost.bench.rules import Status
 from gpuhost.cli.main import main
 
 CAPTURE = Path(__file__).parent / "fixtures" / "h100x4"

@@ -13,10 +13,11 @@ from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import NvidiaInstall, Package
 from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.inventory.spec import HostPolicy, parse_vm
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.verify import verify_host
-from gpuhost.render.domain import RenderRefused, plan_domain, render_domain
-from gpuhost.render.spec import HostPolicy, parse_vm
+from gpuhost.render.domain import RenderRefused, plan_domain
+from gpuhost.render.xml import render_domain
 from gpuhost.selection import GpuSelector, NvSwitchModel, select_gpus
 from tests.helpers import snapshot_facts
 from tests.hgx_host import hgx_h100_host

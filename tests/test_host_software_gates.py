@@ -15,9 +15,10 @@ from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import HostFacts, VirtualizationSoftware
 from gpuhost.facts.snapshot import SnapshotTree
-from gpuhost.render.domain import RenderRefused, plan_domain, render_domain
-from gpuhost.render.spec import parse_vm
+from gpuhost.inventory.spec import parse_vm
+from gpuhost.render.domain import RenderRefused, plan_domain
 from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.render.xml import render_domain
 from gpuhost.selection import GpuSelector
 from tests.helpers import SNAPSHOTS, snapshot_facts
 from tests.test_render import CASES, LAB_POLICY, lab_two_gpus_applied

@@ -40,7 +40,7 @@ def test_each_host_configuration_is_read_once_into_one_typed_value(monkeypatch, 
 
 
 def test_example_vms_validate():
-    from gpuhost.render.spec import parse_vms
+    from gpuhost.inventory.spec import parse_vms
     from gpuhost.targets import load_inventory
 
     variables = dict(load_inventory(EXAMPLE, "gpu01"))["gpu01"]

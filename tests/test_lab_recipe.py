@@ -14,7 +14,7 @@ import yaml
 
 from gpuhost.lab import diskimage, fake_nvidia
 from gpuhost.lab.boot import BIOS_GRUB
-from gpuhost.lab.image import _Builder
+from gpuhost.lab.builder import _Builder
 from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.recipe import (
     BASE_PACKAGES,

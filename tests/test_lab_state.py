@@ -135,11 +135,11 @@ def test_missing_tool_names_the_debian_package(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_image_build_refuses_without_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuhost.lab import image
+    from gpuhost.lab.builder import ensure_image
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(LabError, match="needs root"):
-        image.ensure_image(LabPaths.resolve(tmp_path, environ={}), "base", mirror="http://m/debian")
+        ensure_image(LabPaths.resolve(tmp_path, environ={}), "base", mirror="http://m/debian")
 
 
 def test_up_without_an_image_says_how_to_build_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

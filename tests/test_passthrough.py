@@ -10,12 +10,12 @@ import pytest
 
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts.parsers import parse_cmdline
+from gpuhost.inventory.spec import HostPolicy, parse_vm
 from gpuhost.passthrough import analyse_groups, functions_to_bind, gpu_cards
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.verify import verify_host
 from gpuhost.problems import Severity
 from gpuhost.render.domain import RenderRefused, plan_domain
-from gpuhost.render.spec import HostPolicy, parse_vm
 from gpuhost.selection import GpuSelector
 from tests.switch_host import epyc_switch_host
 from tests.test_render import _with_1g_pages

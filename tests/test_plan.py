@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from gpuhost.cli.plan import describe_plan
+from gpuhost.cli.views import describe_plan
 from gpuhost.errors import InputError
 from gpuhost.facts.model import (
     Bootloader,

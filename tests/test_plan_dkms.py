@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuhost.cli.plan import describe_plan
+from gpuhost.cli.views import describe_plan
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from gpuhost.cli.plan import describe_plan
+from gpuhost.cli.views import describe_plan
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.parsers import parse_cmdline, parse_loader_entry
 from gpuhost.facts.snapshot import SnapshotTree

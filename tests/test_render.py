@@ -16,29 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.facts.model import (
-    Bar,
-    HostFacts,
-    HugePagePool,
-    MemInfo,
-    NumaNode,
-    PcieLinkStatus,
-    PciFunction,
-    VirtualizationSoftware,
-)
+from gpuhost.facts.model import HostFacts, HugePagePool, MemInfo, NumaNode, VirtualizationSoftware
+from gpuhost.facts.pci import Bar, PcieLinkStatus, PciFunction
+from gpuhost.inventory.spec import HostPolicy, parse_vm, parse_vms
 from gpuhost.passthrough import gpu_cards
-from gpuhost.render.domain import (
-    GuestAddressWidth,
-    RenderRefused,
-    VmCpus,
-    allocate_cpus,
-    format_cpulist,
-    parse_cpulist,
-    plan_domain,
-    render_domain,
-)
-from gpuhost.render.spec import HostPolicy, parse_vm, parse_vms
+from gpuhost.render.address_width import GuestAddressWidth
+from gpuhost.render.cpus import VmCpus, allocate_cpus, format_cpulist
+from gpuhost.render.domain import RenderRefused, parse_cpulist, plan_domain
 from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.render.xml import render_domain
 from gpuhost.selection import GpuSelector
 from tests.helpers import FIXTURES, snapshot_facts
 

@@ -11,7 +11,7 @@ from gpuhost.cli import render as render_cli
 from gpuhost.cli.main import main
 from gpuhost.cli.render import parse_taken, parse_taken_cpus
 from gpuhost.errors import InputError
-from gpuhost.render.spec import find_vm, host_policy, parse_vm, parse_vms
+from gpuhost.inventory.spec import find_vm, host_policy, parse_vm, parse_vms
 from gpuhost.selection import GpuSelector
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 from tests.helpers import SNAPSHOTS
@@ -264,7 +264,7 @@ def test_vm_lists_are_validated():
 
 
 def test_host_policy_values_are_validated():
-    from gpuhost.checks.base import AuditPolicy
+    from gpuhost.inventory.policy import AuditPolicy
 
     policy = AuditPolicy(gpus=GpuSelector.parse("all", "t"))
     with pytest.raises(InputError, match="gpuhost_reserved_cpus"):

@@ -110,10 +110,6 @@ def test_interactive_apply_reads_the_inventory_once_and_reports_an_unreachable_h
     monkeypatch.setattr("ansible_runner.run", run)
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr("builtins.input", lambda prompt: "y")
-    # apply's question imports gpuhost.cli.plan; imported first under this patch, that module would
-    # keep the fake plan_fleet for every later test of the process (`gpuhost plan` planned nothing).
-    import gpuhost.cli.plan  # noqa: F401
-
     monkeypatch.setattr("gpuhost.plan.fleet.plan_fleet", lambda targets, forks: [_lab_plan(t.name) for t in targets])
     report_path = tmp_path / "report.json"
 

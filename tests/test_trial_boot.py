@@ -18,9 +18,9 @@ import pytest
 from gpuhost.errors import InputError
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.inventory.plan_settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTING_OPTIONS_ENV
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.model import TRIAL_MARKER
-from gpuhost.plan.settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTING_OPTIONS_ENV
 from tests.helpers import FIXTURES, SNAPSHOTS
 
 LAB_VARS = {"gpuhost_gpus": ["1234:1111"], "gpuhost_hugepages": 1}
@@ -74,7 +74,7 @@ def test_ext4_boot_allows_the_trial_and_btrfs_boot_is_refused_unless_no_trial(tm
     without = plan_of(root, gpuhost_trial_boot=False)
     assert without.applicable and without.trial.enabled is False
     # gpuhost plan says how the host will boot.
-    from gpuhost.cli.plan import describe_plan
+    from gpuhost.cli.views import describe_plan
 
     assert any("boot: straight into the new command line" in line for line in describe_plan(without))
     (root / "proc/mounts").write_text((SNAPSHOTS / "lab-gpu-pair-fresh/proc/mounts").read_text())

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from gpuhost.bench.rules import CheckOutcome, Status, found, passed
+from gpuhost.problems import Stage, register
+
 ProcessKind = Literal["compute", "graphics"]
 Phase = Literal["before", "during", "after"]
 
@@ -105,3 +108,51 @@ def merge(processes: Iterable[GpuProcess]) -> tuple[GpuProcess, ...]:
             known.gpu, known.pid, known.name, max(memories) if memories else None, known.kind, seen
         )
     return tuple(sorted(merged.values(), key=lambda p: (p.gpu, p.pid, p.kind)))
+
+
+CONTENTION = register(
+    "smoke.contention",
+    Stage.SMOKE_TEST,
+    None,
+    "another process used the GPU (warning; the run is not representative) or the processes are unreadable (info)",
+)
+
+
+def judge_contention(contention: Contention | None) -> list[CheckOutcome]:
+    """Other processes on the GPUs around the run (none: a recorded run from before issue 14)."""
+    if contention is None:
+        return []
+    if contention.busy:
+        by_gpu: dict[int, list[str]] = {}
+        for process in contention.processes:
+            by_gpu.setdefault(process.gpu, []).append(process.describe())
+        return [
+            found(
+                CONTENTION,
+                Status.WARN,
+                "contention",
+                f"another process used the GPU around the run: {'; '.join(described)}. The figures measure a "
+                "shared GPU, not its capability: stop it and run again (or pass --allow-busy to judge them anyway)",
+                gpu,
+                "stop the other process and run again (or pass --allow-busy)",
+            )
+            for gpu, described in sorted(by_gpu.items())
+        ]
+    if not contention.readable:
+        return [
+            found(
+                CONTENTION,
+                Status.INFO,
+                "contention",
+                "NVML could not list the processes on the GPU: another process there would go unnoticed",
+            )
+        ]
+    utilization = ", ".join(
+        f"GPU {index} {'?' if pct is None else pct}%" for index, pct in enumerate(contention.utilization_before_pct)
+    )
+    return [
+        passed(
+            "contention",
+            f"no other process on the GPU before, during or after the run (utilization before it: {utilization})",
+        )
+    ]

@@ -12,7 +12,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from gpuhost.bench.verdict import CheckOutcome, Status, found, passed
+from gpuhost.bench.rules import CheckOutcome, Status, found, passed
 from gpuhost.problems import Severity, Stage, register
 
 XID_LINE = re.compile(

@@ -73,9 +73,10 @@ from gpuhost.bench.environment import (
 from gpuhost.bench.health import Health, XidEvent
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
+from gpuhost.bench.rules import CheckOutcome
 from gpuhost.bench.spread import Spread
 from gpuhost.bench.strictjson import read_json_file
-from gpuhost.bench.verdict import CheckOutcome, Verdict
+from gpuhost.bench.verdict import Verdict
 from gpuhost.errors import GpuhostError, InputError
 
 SCHEMA = "gpuhost-smoke-test/1"

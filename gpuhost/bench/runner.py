@@ -23,11 +23,13 @@ from gpuhost.bench.environment import (
     open_nvml,
     read_environment,
 )
+from gpuhost.bench.environment_judge import fabric_problems, judge_environment
 from gpuhost.bench.health import Health, judge_health, lines_since, parse_xid_lines, read_kernel_log
 from gpuhost.bench.jsonout import BuildInfo, Timings, load_baseline, load_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import SuiteRun, parse_suite_document
-from gpuhost.bench.verdict import Status, Verdict, fabric_problems, judge, judge_environment, rule_for
+from gpuhost.bench.rules import Status, rule_for
+from gpuhost.bench.verdict import Verdict, judge
 from gpuhost.errors import EXIT_FINDINGS, GpuhostError, InputError
 
 SUITE_TIMEOUT_S = 600

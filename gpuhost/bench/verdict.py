@@ -30,223 +30,30 @@ microsecond launch latencies, which jitter by ~10% run to run, PASS within 1.33x
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuhost.bench.contention import Contention
-from gpuhost.bench.environment import (
-    VIRTUALIZATION_MODES,
-    Environment,
-    FabricReading,
-    FabricState,
-    GpuEnvironment,
-    RunSamples,
-)
+from gpuhost.bench.contention import Contention, judge_contention
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import Measurement, SuiteRun
+from gpuhost.bench.rules import (
+    BASELINE_WHY,
+    FULL_METRICS,
+    NO_CUBLAS,
+    P2P_RULE,
+    QUICK_METRICS,
+    CheckOutcome,
+    Rule,
+    Status,
+    absolute_status,
+    found,
+    rule_for,
+    threshold_status,
+    worst,
+)
 from gpuhost.bench.spread import CAPABILITY_PERCENTILE, Spread, figures_of, spread_of
 from gpuhost.problems import Problem, Severity, Stage, register
-
-
-class Status(enum.Enum):
-    PASS = "PASS"  # noqa: S105 (a verdict, not a password)
-    INFO = "INFO"  # reported, not judged
-    WARN = "WARN"
-    FAIL = "FAIL"
-
-    @property
-    def rank(self) -> int:
-        return {"PASS": 0, "INFO": 0, "WARN": 1, "FAIL": 2}[self.value]
-
-
-def worst(statuses: Iterable[Status]) -> Status:
-    result = Status.PASS
-    for status in statuses:
-        if status.rank > result.rank:
-            result = status
-    return result
-
-
-@dataclass(frozen=True)
-class Rule:
-    metric: str
-    label: str
-    reference: str | None  # datasheet kind (GpuModel.peak) or None for absolute limits
-    pass_at: float | None  # fraction of the reference, or an absolute limit; None: not judged
-    fail_below: float | None  # for lower-is-better rules: the limit above which it fails
-    why: str
-    lower_is_better: bool = False
-    # Against a baseline run: PASS at or above this fraction of its figure, FAIL below the second.
-    baseline_pass: float = 0.95
-    baseline_fail: float = 0.90
-
-
-RULES: tuple[Rule, ...] = (
-    Rule(
-        "copy",
-        "copy, bytes read + written",
-        "memory_bandwidth",
-        0.80,
-        0.70,
-        "STREAM-like copy reaches 84-93% of datasheet bandwidth on HBM parts; below 70% the memory "
-        "clock or the GPU is held back",
-    ),
-    Rule("triad", "triad a*b+c (fused)", "memory_bandwidth", 0.80, 0.70, "same as copy: three streams in, one out"),
-    Rule(
-        "fused_vs_unfused",
-        "fused vs unfused A*B+C speed-up",
-        None,
-        1.30,
-        None,
-        "fusion moves 4 instead of 6 arrays (1.5x less); near 1.0x the kernels are not memory-bound as they should be",
-    ),
-    Rule(
-        "dot",
-        "dot product (shared-memory reduction)",
-        "memory_bandwidth",
-        0.75,
-        0.60,
-        "a reduction streams its inputs like a copy, plus one block reduction",
-    ),
-    Rule(
-        "roofline",
-        "FMA roofline plateau (FP32, no tensor cores)",
-        "fp32",
-        0.80,
-        0.60,
-        "a pure FMA stream runs at the SM clock's FP32 rate; a shortfall means clocks held back",
-    ),
-    Rule(
-        "sgemm", "our tiled SGEMM", "fp32", 0.55, 0.40, "a cp.async-pipelined 128x128 SGEMM reaches 60-75% of FP32 peak"
-    ),
-    Rule(
-        "cublas_bf16",
-        "cuBLASLt BF16 GEMM",
-        "bf16",
-        0.70,
-        0.60,
-        "cuBLAS reaches 75-87% of dense BF16 peak on random data",
-    ),
-    Rule("cublas_fp16", "cuBLASLt FP16 GEMM", "fp16", 0.70, 0.60, "as BF16"),
-    Rule("cublas_tf32", "cuBLASLt TF32 GEMM", "tf32", 0.65, 0.50, "cuBLAS reaches ~80% of dense TF32 peak"),
-    Rule(
-        "cublas_fp32",
-        "cuBLASLt FP32 GEMM (no TF32)",
-        "fp32",
-        0.65,
-        0.50,
-        "cuBLAS SGEMM reaches ~77% of FP32 peak on an H100",
-    ),
-    Rule(
-        "softmax_online",
-        "online softmax (1 read + 1 write)",
-        "memory_bandwidth",
-        0.70,
-        0.55,
-        "one read and one write per element plus the exponentials",
-    ),
-    Rule(
-        "softmax_three_pass",
-        "three-pass softmax (counted as 1 read + 1 write)",
-        "memory_bandwidth",
-        0.60,
-        None,
-        "its re-reads mostly hit the caches; reported beside the online version",
-    ),
-    Rule(
-        "softmax_online_speedup",
-        "online vs three-pass softmax speed-up",
-        None,
-        None,
-        None,
-        "one memory read instead of three; the caches catch most re-reads of a 16 KB row",
-    ),
-    Rule(
-        "h2d_pinned",
-        "host to device, pinned",
-        "pcie",
-        0.75,
-        0.60,
-        "pinned copies reach 80-87% of the link's per-direction ceiling",
-    ),
-    Rule("d2h_pinned", "device to host, pinned", "pcie", 0.75, 0.60, "as host to device"),
-    Rule(
-        "bidir_pinned",
-        "both directions at once, pinned",
-        "pcie_both",
-        0.55,
-        None,
-        "full duplex is bounded by the host's memory system and root complex as much as by the link",
-    ),
-    Rule(
-        "h2d_pageable",
-        "host to device, pageable",
-        None,
-        None,
-        None,
-        "staged through the driver's buffers; varies with the host (6-16 GB/s on the reference guest)",
-    ),
-    Rule("d2h_pageable", "device to host, pageable", None, None, None, "as host to device, pageable"),
-    Rule(
-        "launch_queued",
-        "kernel launch, back to back",
-        None,
-        10.0,
-        50.0,
-        "a launch costs 2-5 us; passthrough adds no VM exits to the launch path",
-        lower_is_better=True,
-        # A few microseconds jitter by a microsecond run to run: only a large change is a finding.
-        baseline_pass=0.75,
-        baseline_fail=0.50,
-    ),
-    Rule(
-        "launch_roundtrip",
-        "kernel launch + synchronize",
-        None,
-        25.0,
-        100.0,
-        "5-11 us with the wait; more means trapped doorbells/interrupts or a starved vCPU",
-        lower_is_better=True,
-        # A few microseconds jitter by a microsecond run to run: only a large change is a finding.
-        baseline_pass=0.75,
-        baseline_fail=0.50,
-    ),
-)
-P2P_RULE = Rule(
-    "p2p",
-    "peer-to-peer copy",
-    "nvlink",
-    0.70,
-    0.30,
-    "a direct peer path runs near link speed; staged through host memory it runs far below",
-)
-BASELINE_WHY = "well-configured passthrough reaches 98-100% of bare metal; 5% allows run-to-run noise"
-
-QUICK_METRICS = (
-    "copy",
-    "triad",
-    "fused_vs_unfused",
-    "cublas_bf16",
-    "h2d_pinned",
-    "d2h_pinned",
-    "bidir_pinned",
-    "launch_queued",
-    "launch_roundtrip",
-    "p2p_access",
-)
-FULL_METRICS = (*(rule.metric for rule in RULES), "p2p_access")
-NO_CUBLAS = "built without cuBLAS"
-
-
-def rule_for(metric: str) -> Rule | None:
-    for rule in RULES:
-        if rule.metric == metric:
-            return rule
-    if re.fullmatch(r"p2p_\d+_to_\d+", metric):
-        return P2P_RULE
-    return None
 
 
 @dataclass(frozen=True)
@@ -267,84 +74,19 @@ class MetricVerdict:
     spread: Spread | None = None  # of the timed repetitions; None for untimed results
 
 
-# The smoke-test's problem codes: one per check (its severity varies with the case where None).
-MODEL_UNKNOWN = register("smoke.model.unknown", Stage.SMOKE_TEST, Severity.WARNING, "GPU not in the model table")
-PCIE_LINK = register(
-    "smoke.pcie-link", Stage.SMOKE_TEST, None, "PCIe link down-trained (error), capped or unreadable (warning)"
-)
-VIRTUALIZATION = register(
-    "smoke.virtualization", Stage.SMOKE_TEST, None, "not a passthrough guest: bare metal (info) or vGPU/other (warning)"
-)
-ECC = register("smoke.ecc", Stage.SMOKE_TEST, None, "ECC unreadable (info) or disabled (warning on datacenter GPUs)")
-MEMORY_HEALTH = register(
-    "smoke.memory-health",
-    Stage.SMOKE_TEST,
-    None,
-    "row remapping failed (error), remaps/retirements pending or uncorrectable (warning), unreadable (info)",
-)
-CLOCKS = register(
-    "smoke.clocks", Stage.SMOKE_TEST, None, "hardware slowdown (error), thermal slowdown (warning), not sampled (info)"
-)
-BAR1 = register("smoke.bar1", Stage.SMOKE_TEST, None, "BAR1 smaller than GPU memory (warning) or unreadable (info)")
-PERSISTENCE = register("smoke.persistence", Stage.SMOKE_TEST, Severity.INFO, "persistence mode off or unreadable")
-FABRIC = register(
-    "smoke.fabric",
-    Stage.SMOKE_TEST,
-    None,
-    "a GPU on an NVSwitch fabric has not joined it: Fabric Manager, CUDA error 802 (error); an unknown state (warning)",
-)
-GPUS = register("smoke.gpus", Stage.SMOKE_TEST, Severity.INFO, "the GPUs the run saw")
-DRIVER = register("smoke.driver", Stage.SMOKE_TEST, Severity.INFO, "the driver and CUDA versions")
-CONTENTION = register(
-    "smoke.contention",
-    Stage.SMOKE_TEST,
-    None,
-    "another process used the GPU (warning; the run is not representative) or the processes are unreadable (info)",
-)
 BASELINE_OTHER_GPU = register(
     "smoke.baseline.other-gpu", Stage.SMOKE_TEST, Severity.WARNING, "the baseline ran on another GPU model"
 )
+
 BENCHMARK_NO_CUBLAS = register(
     "smoke.benchmark.no-cublas", Stage.SMOKE_TEST, Severity.WARNING, "suite built without cuBLAS: GEMMs unmeasured"
 )
+
 BENCHMARK_FAILED = register("smoke.benchmark.failed", Stage.SMOKE_TEST, Severity.ERROR, "a benchmark did not complete")
+
 METRIC_MISSING = register(
     "smoke.metric.missing", Stage.SMOKE_TEST, Severity.WARNING, "an expected measurement is missing"
 )
-
-_SEVERITY_OF = {Status.FAIL: Severity.ERROR, Status.WARN: Severity.WARNING, Status.INFO: Severity.INFO}
-_STATUS_OF = {severity: status for status, severity in _SEVERITY_OF.items()}
-
-
-@dataclass(frozen=True)
-class CheckOutcome:
-    """One row of the environment table: a check that passed, or the Problem it found.
-
-    Problem has no PASS (a pass is not a problem), but the table and the JSON `checks` list show
-    passing checks too, so a row carries either nothing (passed) or its Problem.
-    """
-
-    check: str  # e.g. 'pcie link', 'xid 79'
-    detail: str  # the row's text, as the table and the JSON show it
-    gpu: int | None = None
-    problem: Problem | None = None  # None: the check passed
-
-    @property
-    def status(self) -> Status:
-        return Status.PASS if self.problem is None else _STATUS_OF[self.problem.severity]
-
-
-def passed(check: str, detail: str, gpu: int | None = None) -> CheckOutcome:
-    return CheckOutcome(check, detail, gpu)
-
-
-def found(code: str, status: Status, check: str, detail: str, gpu: int | None = None, remedy: str = "") -> CheckOutcome:
-    """A check's INFO/WARN/FAIL row, its Problem naming the GPU (or 'environment') and the value."""
-    if status is Status.PASS:
-        raise ValueError(f"check {check!r}: a pass is not a problem (use passed())")
-    subject = f"GPU {gpu}" if gpu is not None else "environment"
-    message = f"{check} (GPU {gpu}): {detail}" if gpu is not None else f"{check}: {detail}"
-    return CheckOutcome(check, detail, gpu, Problem(code, _SEVERITY_OF[status], subject, message, remedy))
 
 
 @dataclass(frozen=True)
@@ -376,24 +118,6 @@ NOT_REPRESENTATIVE = "NOT REPRESENTATIVE"
 
 def _fmt(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
-
-
-def _threshold_status(fraction: float, rule: Rule) -> Status:
-    assert rule.pass_at is not None
-    if fraction >= rule.pass_at:
-        return Status.PASS
-    if rule.fail_below is not None and fraction < rule.fail_below:
-        return Status.FAIL
-    return Status.WARN
-
-
-def _absolute_status(value: float, rule: Rule) -> Status:
-    assert rule.pass_at is not None
-    if rule.lower_is_better:
-        if value <= rule.pass_at:
-            return Status.PASS
-        return Status.FAIL if rule.fail_below is not None and value > rule.fail_below else Status.WARN
-    return _threshold_status(value, rule)
 
 
 def _p2p_reference(measurement: Measurement, model: GpuModel | None) -> tuple[str | None, float | None]:
@@ -485,7 +209,7 @@ def judge_measurement(
             if reference is not None and reference > 0:
                 percent = 100.0 * value / reference
                 if rule.pass_at is not None:
-                    status = _threshold_status(value / reference, rule)
+                    status = threshold_status(value / reference, rule)
                     statuses.append(status)
                     needed = f"PASS needs >= {rule.pass_at:.0%}"
                     reasons.append(f"{percent:.0f}% of {_fmt(reference, measurement.unit)} ({needed}): {rule.why}")
@@ -500,7 +224,7 @@ def judge_measurement(
                     + ("" if rule is not P2P_RULE or measurement.params.get("peer_access") else "; staged through host")
                 )
         elif rule.pass_at is not None:
-            status = _absolute_status(value, rule)
+            status = absolute_status(value, rule)
             statuses.append(status)
             bound = "<=" if rule.lower_is_better else ">="
             reasons.append(f"PASS needs {bound} {rule.pass_at:g} {measurement.unit}: {rule.why}")
@@ -564,266 +288,6 @@ def judge_measurement(
         judged_value=value,
         spread=spread,
     )
-
-
-# ---------------------------------------------------------------- environment
-HARDWARE_SLOWDOWN = 0x8 | 0x40 | 0x80  # hw slowdown, hw thermal, hw power brake
-SOFTWARE_THERMAL = 0x20
-
-
-def _link_text(gen: int | None, width: int | None) -> str:
-    return f"Gen{gen if gen is not None else '?'} x{width if width is not None else '?'}"
-
-
-# Each per-GPU check's code and what to check when it is not a pass.
-_GPU_CHECKS: dict[str, tuple[str, str]] = {
-    "model": (MODEL_UNKNOWN, "add its datasheet figures to gpuhost/data/gpu_models.json (or pass --gpu-table)"),
-    "pcie link": (PCIE_LINK, "reseat the GPU or riser; check the slot's BIOS link speed and the VM's root port"),
-    "virtualization": (VIRTUALIZATION, "none on bare metal; in a guest, pass the GPU through with vfio-pci"),
-    "ecc": (ECC, "enable ECC (nvidia-smi -e 1) and reset the GPU"),
-    "memory health": (MEMORY_HEALTH, "reset the GPU from the host; if remapping failed, have it serviced"),
-    "clocks": (CLOCKS, "check the GPU's cooling and power delivery (not sampled: check NVML in the guest)"),
-    "bar1": (BAR1, "enlarge the VM's 64-bit MMIO window (or enable resizable BAR)"),
-    "persistence": (PERSISTENCE, "run nvidia-persistenced in the guest"),
-    "fabric": (
-        FABRIC,
-        "run Fabric Manager of exactly the driver's version in the guest (`systemctl enable --now "
-        "nvidia-fabricmanager`; `gpuhost guest up` installs and starts it for a VM given the NVSwitches); its "
-        "journal names a version mismatch",
-    ),
-}
-# What CUDA does on a GPU whose fabric has not been trained: cuInit fails with
-# CUDA_ERROR_SYSTEM_NOT_READY (802), "system not yet initialized".
-FABRIC_NOT_READY = "CUDA fails on it with error 802 (system not yet initialized) until Fabric Manager trains the fabric"
-
-
-def judge_fabric(fabric: FabricReading | None) -> tuple[Status, str] | None:
-    """A GPU's NVSwitch fabric state (nvmlDeviceGetGpuFabricInfo): None, no row, for a GPU without
-    a fabric (NOT_SUPPORTED: a PCIe GPU, or an SXM one given alone) or where NVML cannot say."""
-    if fabric is None or fabric.state is FabricState.NOT_SUPPORTED:
-        return None
-    if fabric.state is FabricState.COMPLETED:
-        if fabric.status == 0:
-            return Status.PASS, f"joined its NVSwitch fabric (clique {fabric.clique_id})"
-        return (
-            Status.FAIL,
-            f"its NVSwitch fabric registration completed with NVML error {fabric.status}: {FABRIC_NOT_READY}",
-        )
-    if fabric.state is FabricState.NOT_STARTED:
-        return Status.FAIL, f"attached to an NVSwitch fabric that no Fabric Manager has trained: {FABRIC_NOT_READY}"
-    if fabric.state is FabricState.IN_PROGRESS:
-        return Status.FAIL, f"attached to an NVSwitch fabric still being trained: {FABRIC_NOT_READY}"
-    return Status.WARN, "NVML reports a fabric state this gpuhost does not know: check `nvidia-smi -q` (Fabric)"
-
-
-def fabric_problems(environment: Environment) -> tuple[Problem, ...]:
-    """The GPUs whose fabric is not ready, as the verdict's rows would name them: said with a
-    suite that could not run at all (CUDA error 802 stops it before any result)."""
-    code, remedy = _GPU_CHECKS["fabric"]
-    problems = []
-    for gpu in environment.gpus:
-        judged = judge_fabric(gpu.fabric)
-        if judged is not None and judged[0] is not Status.PASS:
-            outcome = found(code, judged[0], "fabric", judged[1], gpu.index, remedy)
-            assert outcome.problem is not None
-            problems.append(outcome.problem)
-    return tuple(problems)
-
-
-def judge_gpu(gpu: GpuEnvironment, samples: RunSamples | None, model: GpuModel | None) -> list[CheckOutcome]:
-    outcomes: list[CheckOutcome] = []
-
-    def add(check: str, status: Status, detail: str) -> None:
-        if status is Status.PASS:
-            outcomes.append(passed(check, detail, gpu.index))
-        else:
-            code, remedy = _GPU_CHECKS[check]
-            outcomes.append(found(code, status, check, detail, gpu.index, remedy))
-
-    pci_id = f"10de:{gpu.pci_device_id:04x}"
-    if model is None:
-        add(
-            "model",
-            Status.WARN,
-            f"{gpu.name} ({pci_id}) is not in the GPU model table: measured and reported without percentages",
-        )
-    else:
-        add("model", Status.PASS, f"{gpu.name} ({pci_id}) = {model.name} in the model table")
-
-    # PCIe link: judged on the widest/fastest state seen while the suite ran, because GPUs
-    # drop to Gen1 when idle.
-    link = gpu.link
-    gen = samples.max_link_gen if samples is not None and samples.max_link_gen is not None else link.current_gen
-    width = samples.max_link_width if samples is not None and samples.max_link_width is not None else link.current_width
-    under = "under load" if samples is not None and samples.count > 0 else "at rest"
-    if gen is None or width is None or link.max_gen is None or link.max_width is None:
-        add("pcie link", Status.WARN, "NVML could not read the PCIe link")
-    elif gen < link.max_gen or width < link.max_width:
-        add(
-            "pcie link",
-            Status.FAIL,
-            f"trained at {_link_text(gen, width)} {under}, below the {_link_text(link.max_gen, link.max_width)} "
-            "that GPU and slot support: down-trained link (reseat the GPU or riser, check the slot's BIOS "
-            "link-speed setting and the host's `lspci -vv` LnkSta)",
-        )
-    else:
-        detail = f"{_link_text(gen, width)} {under} (max {_link_text(link.max_gen, link.max_width)})"
-        if link.gpu_max_gen is not None and link.max_gen < link.gpu_max_gen:
-            add(
-                "pcie link",
-                Status.WARN,
-                f"{detail}, but the GPU supports Gen{link.gpu_max_gen}: the slot or the VM's emulated root port "
-                "caps the link",
-            )
-        elif model is not None and (link.max_gen < model.pcie_gen or link.max_width < model.pcie_width):
-            add("pcie link", Status.WARN, f"{detail}, below the model's {_link_text(model.pcie_gen, model.pcie_width)}")
-        else:
-            add("pcie link", Status.PASS, detail)
-
-    mode = gpu.virtualization_mode
-    mode_name = VIRTUALIZATION_MODES.get(mode, f"mode {mode}") if mode is not None else "unknown"
-    if mode == 1:
-        add("virtualization", Status.PASS, "passthrough (NVML virtualization mode 1)")
-    elif mode == 0:
-        add("virtualization", Status.INFO, "none: not a passthrough guest (bare metal, fine for a baseline run)")
-    else:
-        add("virtualization", Status.WARN, f"{mode_name}: expected passthrough")
-
-    if gpu.ecc_current is None:
-        add("ecc", Status.INFO, "ECC not supported or not readable on this GPU")
-    elif gpu.ecc_current:
-        pending = "" if gpu.ecc_pending in (None, True) else " (disabled at next reset)"
-        add("ecc", Status.PASS, "enabled" + pending)
-    else:
-        datacenter = model is None or model.datacenter
-        add(
-            "ecc",
-            Status.WARN if datacenter else Status.INFO,
-            "disabled: memory errors go undetected (datacenter GPUs ship with ECC on)",
-        )
-
-    if gpu.remapped_rows_failure:
-        add("memory health", Status.FAIL, "row remapping failed: the GPU needs service (RMA)")
-    elif gpu.remapped_rows_pending:
-        add("memory health", Status.WARN, "row remapping pending: reset the GPU (from the host) to apply it")
-    elif gpu.remapped_rows_uncorrectable:
-        add("memory health", Status.WARN, f"{gpu.remapped_rows_uncorrectable} rows remapped for uncorrectable errors")
-    elif gpu.retired_pages_pending:
-        add("memory health", Status.WARN, "page retirement pending: reset the GPU to apply it")
-    elif gpu.retired_pages_double_bit:
-        add("memory health", Status.WARN, f"{gpu.retired_pages_double_bit} pages retired for double-bit errors")
-    elif gpu.remapped_rows_correctable is None and gpu.retired_pages_pending is None:
-        add("memory health", Status.INFO, "neither remapped rows nor retired pages readable")
-    else:
-        rows = gpu.remapped_rows_correctable or 0
-        add("memory health", Status.PASS, f"no pending remaps or retirements ({rows} rows remapped, correctable)")
-
-    if samples is None or samples.count == 0:
-        add("clocks", Status.INFO, "not sampled during the run")
-    else:
-        clock = (
-            f"SM clock {samples.min_sm_clock_mhz}-{samples.max_sm_clock_mhz} MHz "
-            f"(max {gpu.max_sm_clock_mhz}), {samples.count} samples"
-        )
-        names = ", ".join(samples.throttle_names) or "none"
-        if samples.throttle_reasons & HARDWARE_SLOWDOWN:
-            add(
-                "clocks",
-                Status.FAIL,
-                f"{clock}; hardware slowdown during the run ({names}): cooling or power delivery is failing, "
-                "the figures are not the GPU's",
-            )
-        elif samples.throttle_reasons & SOFTWARE_THERMAL:
-            add("clocks", Status.WARN, f"{clock}; thermal slowdown during the run ({names})")
-        else:
-            add("clocks", Status.PASS, f"{clock}; clock limits seen: {names} (power cap under GEMM is normal)")
-
-    if gpu.bar1_bytes is None:
-        add("bar1", Status.INFO, "BAR1 size not readable")
-    elif gpu.memory_bytes is not None and gpu.bar1_bytes < gpu.memory_bytes:
-        add(
-            "bar1",
-            Status.WARN,
-            f"BAR1 {gpu.bar1_bytes / 2**30:.3g} GiB is smaller than the {gpu.memory_bytes / 2**30:.0f} GiB of GPU "
-            "memory: the VM's 64-bit MMIO window (or resizable BAR) is small; GPUDirect and large mappings suffer",
-        )
-    else:
-        add("bar1", Status.PASS, f"{gpu.bar1_bytes / 2**30:.0f} GiB")
-
-    fabric = judge_fabric(gpu.fabric)
-    if fabric is not None:
-        add("fabric", *fabric)
-
-    if gpu.persistence_mode is None:
-        add("persistence", Status.INFO, "persistence mode not readable")
-    elif gpu.persistence_mode:
-        add("persistence", Status.PASS, "enabled")
-    else:
-        add(
-            "persistence",
-            Status.INFO,
-            "disabled: the driver re-initialises the GPU for each first CUDA process (slower start); "
-            "run nvidia-persistenced in the guest",
-        )
-    return outcomes
-
-
-def judge_environment(
-    environment: Environment,
-    samples: tuple[RunSamples, ...],
-    models: dict[int, GpuModel | None],
-) -> list[CheckOutcome]:
-    cuda = environment.cuda_driver_version
-    cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "unknown"
-    names = ", ".join(f"{g.index}: {g.name} (10de:{g.pci_device_id:04x}) at {g.pci_bus_id}" for g in environment.gpus)
-    outcomes = [
-        found(GPUS, Status.INFO, "gpus", f"{len(environment.gpus)} visible: {names}"),
-        found(DRIVER, Status.INFO, "driver", f"driver {environment.driver_version}, CUDA {cuda_text}"),
-    ]
-    by_index = {s.index: s for s in samples}
-    for gpu in environment.gpus:
-        outcomes.extend(judge_gpu(gpu, by_index.get(gpu.index), models.get(gpu.index)))
-    return outcomes
-
-
-def judge_contention(contention: Contention | None) -> list[CheckOutcome]:
-    """Other processes on the GPUs around the run (none: a recorded run from before issue 14)."""
-    if contention is None:
-        return []
-    if contention.busy:
-        by_gpu: dict[int, list[str]] = {}
-        for process in contention.processes:
-            by_gpu.setdefault(process.gpu, []).append(process.describe())
-        return [
-            found(
-                CONTENTION,
-                Status.WARN,
-                "contention",
-                f"another process used the GPU around the run: {'; '.join(described)}. The figures measure a "
-                "shared GPU, not its capability: stop it and run again (or pass --allow-busy to judge them anyway)",
-                gpu,
-                "stop the other process and run again (or pass --allow-busy)",
-            )
-            for gpu, described in sorted(by_gpu.items())
-        ]
-    if not contention.readable:
-        return [
-            found(
-                CONTENTION,
-                Status.INFO,
-                "contention",
-                "NVML could not list the processes on the GPU: another process there would go unnoticed",
-            )
-        ]
-    utilization = ", ".join(
-        f"GPU {index} {'?' if pct is None else pct}%" for index, pct in enumerate(contention.utilization_before_pct)
-    )
-    return [
-        passed(
-            "contention",
-            f"no other process on the GPU before, during or after the run (utilization before it: {utilization})",
-        )
-    ]
 
 
 def judge(

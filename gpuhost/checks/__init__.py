@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gpuhost.checks.base import AuditPolicy, CheckContext, Role
+from gpuhost.checks.base import CheckContext
 from gpuhost.checks.firmware import check_firmware
 from gpuhost.checks.gpus import check_gpu_cards, check_gpu_presence, check_nvswitches
 from gpuhost.checks.guest import check_guest
@@ -12,7 +12,9 @@ from gpuhost.checks.host_software import check_initramfs, check_modprobe, check_
 from gpuhost.checks.memory import check_hugepages, check_hugepages_per_node
 from gpuhost.checks.platform import check_bootloader, check_command_line, check_cpu, check_iommu
 from gpuhost.checks.rescue import check_rescue
-from gpuhost.facts.model import VENDOR_NVIDIA, HostFacts
+from gpuhost.facts.model import HostFacts
+from gpuhost.facts.pci import VENDOR_NVIDIA
+from gpuhost.inventory.policy import AuditPolicy, Role
 from gpuhost.passthrough import gpu_cards
 from gpuhost.problems import Problem, Severity
 from gpuhost.selection import GpuSelection, select_gpus

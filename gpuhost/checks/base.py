@@ -3,35 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from gpuhost.facts.model import HostFacts, PciFunction, TextEnum
+from gpuhost.facts.model import HostFacts
+from gpuhost.facts.pci import PciFunction
+
+# AuditPolicy is re-exported: the collection's plugins (playbooks/) import it from here.
+from gpuhost.inventory.policy import AuditPolicy as AuditPolicy
+from gpuhost.inventory.policy import Role
 from gpuhost.problems import Problem, Severity
-from gpuhost.selection import GpuSelection, GpuSelector
-
-if TYPE_CHECKING:
-    from gpuhost.render.spec import VmSpec
-
-
-class Role(TextEnum):
-    """What the audit judges a machine as (gpuhost_role / --role)."""
-
-    AUTO = "auto"  # detect: a VM without an IOMMU whose NVIDIA GPU runs nvidia is a guest, else a host
-    HOST = "host"  # a VM host that passes GPUs through
-    GUEST = "guest"  # a passthrough guest, seen from inside
-
-
-ROLES = tuple(Role)  # the accepted values, for validation messages
-
-
-@dataclass(frozen=True)
-class AuditPolicy:
-    """What the operator asked for: which GPUs, and whether the host is a VM host or a guest."""
-
-    gpus: GpuSelector
-    role: str = Role.AUTO  # a Role value (targets validate the inventory's string against ROLES)
-    allow_shared_group: tuple[str, ...] = ()  # addresses whose group may hold other devices
-    vms: tuple[VmSpec, ...] = ()  # gpuhost_vms: the VMs whose memory the host's NUMA nodes must hold
+from gpuhost.selection import GpuSelection
 
 
 @dataclass(frozen=True)

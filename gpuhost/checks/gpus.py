@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext, class_name, describe_function
-from gpuhost.facts.model import GIB_BYTES, GIB_KIB, MIB_BYTES, PciFunction
+from gpuhost.facts.model import GIB_BYTES, GIB_KIB, MIB_BYTES
+from gpuhost.facts.pci import PciFunction
 from gpuhost.passthrough import GpuCard, GroupListing, analyse_group
 from gpuhost.problems import Problem, Severity, Stage, listed, register
 from gpuhost.selection import NvSwitchModel, nvswitch_functions_to_bind

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _ask(targets: list[Target], serial: str, console: Console) -> int | None:
     """Show the plans and ask; the exit code when not going ahead (None: go ahead)."""
-    from gpuhost.cli.plan import print_plan_outcome
+    from gpuhost.cli.views import print_plan_outcome
     from gpuhost.plan.fleet import plan_fleet
 
     outcomes = plan_fleet(targets, forks=10)

@@ -17,7 +17,7 @@ from gpuhost.checks import Role, Severity
 from gpuhost.cli.common import add_target_options, positive_int, resolve_targets
 from gpuhost.cli.text import make_console, untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, MissingDependencyError
-from gpuhost.facts.model import PciFunction
+from gpuhost.facts.pci import PciFunction
 from gpuhost.metrics import audit_metrics, check_textfile_path, write_textfile
 from gpuhost.output import check_outputs
 from gpuhost.passthrough import functions_to_bind

@@ -25,7 +25,7 @@ from gpuhost.targets import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from gpuhost.render.spec import HostPolicy, VmSpec
+    from gpuhost.inventory.spec import HostPolicy, VmSpec
 
 
 RESULT_STYLE = {
@@ -117,7 +117,7 @@ def resolve_targets(args: argparse.Namespace) -> list[Target]:
 
 def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, HostPolicy]:
     """The inventory host of --host, its VM --vm from gpuhost_vms, and its render policy (render, guest)."""
-    from gpuhost.render.spec import validate_name
+    from gpuhost.inventory.spec import validate_name
 
     if args.inventory is None:
         raise InputError(f"gpuhost {verb} needs the inventory that describes the VM: -i inventory.yml.")

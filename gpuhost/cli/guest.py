@@ -21,7 +21,7 @@ from gpuhost.cli.common import add_target_options, resolve_vm
 from gpuhost.cli.text import printable
 from gpuhost.errors import EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.guest.state import GuestDir, default_state_root
-from gpuhost.render.spec import HostPolicy, VmSpec
+from gpuhost.inventory.spec import HostPolicy, VmSpec
 from gpuhost.targets import Target
 
 ACTIONS = {

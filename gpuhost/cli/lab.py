@@ -26,6 +26,7 @@ from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.lab import fake_nvidia, fleet
 from gpuhost.lab import image as lab_image
 from gpuhost.lab.boot import BootMode, Firmware, Loader, boot_mode
+from gpuhost.lab.builder import ensure_image
 from gpuhost.lab.paths import IMAGE_DIR_ENV, LAB_DIR_ENV, LabPaths
 from gpuhost.lab.recipe import VARIANTS
 from gpuhost.lab.topology import TOPOLOGIES, parse_memory
@@ -191,9 +192,7 @@ def run(args: argparse.Namespace) -> int:
 def _image(paths: LabPaths, args: argparse.Namespace) -> int:
     started = time.monotonic()
     layout = _boot_mode(args).layout
-    image = lab_image.ensure_image(
-        paths, args.variant, layout, mirror=args.mirror, force=args.force, progress=_progress
-    )
+    image = ensure_image(paths, args.variant, layout, mirror=args.mirror, force=args.force, progress=_progress)
     name = lab_image.image_name(args.variant, layout)
     if image.reused:
         print(

@@ -20,10 +20,11 @@ from gpuhost.errors import EXIT_OK, GpuhostError, InputError
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import HostFacts
 from gpuhost.facts.snapshot import open_snapshot
+from gpuhost.inventory.spec import validate_cpulist, validate_name
 from gpuhost.output import check_outputs, write_output
-from gpuhost.render.domain import parse_cpulist, render_domain
-from gpuhost.render.spec import validate_cpulist, validate_name
+from gpuhost.render.domain import parse_cpulist
 from gpuhost.render.validate import validate_domain_xml
+from gpuhost.render.xml import render_domain
 from gpuhost.selection import GpuSelector
 from gpuhost.targets import SNAPSHOT, Target
 

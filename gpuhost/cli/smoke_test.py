@@ -135,8 +135,8 @@ def _run_all(args: argparse.Namespace) -> int:
     """--all (or --replay of an --all document): every GPU's report, then the node's."""
     from gpuhost.bench import jsonout, report
     from gpuhost.bench.node import build_node_document, gpu_document, render_node, replay_all, run_all
+    from gpuhost.bench.rules import Status
     from gpuhost.bench.strictjson import read_json_file
-    from gpuhost.bench.verdict import Status
     from gpuhost.metrics import smoke_node_metrics
 
     options = _options(args)
@@ -172,8 +172,8 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so that `gpuhost --help` stays fast and import errors surface as errors.
     from gpuhost.bench import jsonout, report
     from gpuhost.bench.environment import Environment
+    from gpuhost.bench.rules import Status
     from gpuhost.bench.runner import replay, smoke_test
-    from gpuhost.bench.verdict import Status
 
     if args.prometheus is not None:
         check_textfile_path(args.prometheus)

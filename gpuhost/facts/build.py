@@ -26,11 +26,10 @@ from gpuhost.facts.model import (
     NumaNode,
     NvidiaInstall,
     Package,
-    PcieLinkStatus,
-    PciFunction,
     VfioPci,
     VirtualizationSoftware,
 )
+from gpuhost.facts.pci import PcieLinkStatus, PciFunction
 from gpuhost.facts.snapshot import Tree
 
 PCI_DEVICES = "/sys/bus/pci/devices"

@@ -10,7 +10,6 @@ import shlex
 from dataclasses import dataclass
 
 from gpuhost.facts.model import (
-    Bar,
     CpuInfo,
     HugePagePool,
     KernelCommandLine,
@@ -21,6 +20,7 @@ from gpuhost.facts.model import (
     OutOfTreeModule,
     Package,
 )
+from gpuhost.facts.pci import Bar
 
 _PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _HEX_FIELD = re.compile(r"^(0[xX])?[0-9a-fA-F]+$")

@@ -27,7 +27,7 @@ from urllib.parse import quote
 from xml.sax.saxutils import escape
 
 from gpuhost.errors import InputError, MissingDependencyError
-from gpuhost.render.spec import validate_path
+from gpuhost.inventory.spec import validate_path
 from gpuhost.targets import LOCAL, Target
 from gpuhost.transport.ssh import SshOptions
 

@@ -20,36 +20,37 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from gpuhost.audit import audit_target, open_transport
 from gpuhost.errors import GpuhostError, InputError
-from gpuhost.guest import libvirt_host, nouveau, pins, provision
+from gpuhost.guest import libvirt_host, nouveau, provision
 from gpuhost.guest.errors import GuestStepError
 from gpuhost.guest.keys import generate_ed25519
 from gpuhost.guest.seed import GUEST_USER, SeedConfig, build_seed_iso
 from gpuhost.guest.state import GuestDir
+from gpuhost.guest.steps import Progress, Steps, StepTime
 from gpuhost.guest.wheels import GUEST_PROJECTS, Wheel, prepare_wheels, select_wheels
-from gpuhost.render.domain import plan_domain, render_plan
-from gpuhost.render.spec import HostPolicy, VmSpec
+from gpuhost.inventory import pins
+from gpuhost.inventory.spec import HostPolicy, VmSpec
+from gpuhost.render.domain import plan_domain
 from gpuhost.render.validate import validate_domain_xml, validator_available
+from gpuhost.render.xml import render_plan
 from gpuhost.targets import LOCAL, Target
 from gpuhost.transport import CommandResult, Transport, TransportError
 from gpuhost.transport.ssh import SshOptions
 
-T = TypeVar("T")
-Progress = Callable[[str], None]
 SERIAL_TAIL_BYTES = 256 * 1024
-
 
 # What a bigger guest adds to the boot steps (start, address, ssh): before Linux 6.12 the host
 # spends about 30 s per GPU in PCI init (a 4-GPU H100 guest about 2 minutes) and QEMU faults in
 # (or with huge pages, preallocates) the guest's memory; the smoke-test runs every GPU in turn.
 BOOT_PER_GPU_S = 60.0
+
 BOOT_PER_64_GIB_S = 30.0
+
 SMOKE_TEST_PER_GPU_S = 300.0
 
 
@@ -110,13 +111,6 @@ class UpOptions:
 
 
 @dataclass(frozen=True)
-class StepTime:
-    step: str
-    seconds: float
-    detail: str = ""
-
-
-@dataclass(frozen=True)
 class GuestUpResult:
     host: str
     vm: str
@@ -147,69 +141,6 @@ class GuestDownResult:
     destroyed: bool
     undefined: bool
     removed_volumes: tuple[str, ...]
-
-
-class _Steps:
-    """Runs each step on a worker thread so that a hung libvirt or SSH call still ends in a
-    timeout error naming the step; records the time of each."""
-
-    def __init__(self, vm: str, host: str, progress: Progress) -> None:
-        self.vm, self.host, self.progress = vm, host, progress
-        self.times: list[StepTime] = []
-        self.created = False  # once something exists on the host, a failure says how to remove it
-
-    def run(self, step: str, timeout: float, action: Callable[[], T], detail: Callable[[T], str] | None = None) -> T:
-        self.progress(f"{step} ...")
-        started = time.monotonic()
-        box: dict[str, Any] = {}
-
-        def work() -> None:
-            try:
-                box["value"] = action()
-            except BaseException as error:  # handed to the caller's thread
-                box["error"] = error
-
-        worker = threading.Thread(target=work, name=f"gpuhost-guest-{step}", daemon=True)
-        worker.start()
-        # The action's own timeouts come first; this one is the backstop for calls that have none.
-        worker.join(timeout + 30.0)
-        seconds = time.monotonic() - started
-        hint = (
-            "\n(what was created stays for inspection, e.g. `gpuhost guest logs`; `gpuhost guest down` removes it)"
-            if self.created
-            else ""
-        )
-        if worker.is_alive():
-            raise GuestStepError(step, self.vm, self.host, f"did not finish within {timeout:g} s{hint}")
-        error = box.get("error")
-        if error is not None:
-            raise GuestStepError(step, self.vm, self.host, _describe(error) + hint) from error
-        value: T = box["value"]
-        text = detail(value) if detail is not None else ""
-        self.times.append(StepTime(step, seconds, text))
-        self.progress(f"{step}: {seconds:.1f} s{f' ({text})' if text else ''}")
-        return value
-
-    def skipped(self, step: str, why: str) -> None:
-        self.times.append(StepTime(step, 0.0, f"skipped: {why}"))
-        self.progress(f"{step}: skipped ({why})")
-
-
-def _describe(error: BaseException) -> str:
-    libvirt = _libvirt_or_none()
-    if libvirt is not None and isinstance(error, libvirt.libvirtError):
-        return f"libvirt: {error.get_error_message()}"
-    if isinstance(error, TimeoutError):
-        return str(error) or "timed out"
-    return str(error) or type(error).__name__
-
-
-def _libvirt_or_none() -> Any:
-    try:
-        import libvirt
-    except ImportError:
-        return None
-    return libvirt
 
 
 def volume_names(vm: str) -> tuple[str, str]:
@@ -273,7 +204,7 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
     timeouts = options.timeouts.overridden(spec.timeouts, f"inventory host {host}: VM {vm}")
     state = options.state
     state.make()
-    steps = _Steps(vm, host, progress)
+    steps = Steps(vm, host, progress)
     uri = libvirt_uri(target, state, options.libvirt_uri)
     disk_name, seed_name = volume_names(vm)
     conn = steps.run("connect", timeouts.connect, lambda: _connect_and_check(uri, vm, policy, target), lambda _: uri)
@@ -487,7 +418,7 @@ def _user_key(value: str | None, host: str, vm: str) -> str | None:
         raise InputError(
             f"inventory host {host}: VM {vm}: ssh_key {value}: cannot read it ({error.strerror})."
         ) from error
-    from gpuhost.render.spec import validate_ssh_key
+    from gpuhost.inventory.spec import validate_ssh_key
 
     key = validate_ssh_key(text.splitlines()[0] if text else "", f"inventory host {host}: VM {vm}: ssh_key {value}")
     if " " not in key:

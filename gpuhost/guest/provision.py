@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuhost.errors import GpuhostError, InputError
-from gpuhost.guest import pins
+from gpuhost.facts.parsers import parse_os_release
 from gpuhost.guest.wheels import Wheel
+from gpuhost.inventory import pins
 from gpuhost.transport import CommandResult, Transport, TransportError
 
 GUEST_DIR = "/opt/gpuhost"
@@ -98,16 +99,6 @@ def wait_for_ssh(connect: Callable[[], Transport], timeout: float) -> Transport:
 def wait_for_cloud_init(transport: Transport, *, log: Log, timeout: float) -> None:
     # 2: finished with recoverable errors (cloud-init >= 23.4); the provisioning checks what it needs.
     run_checked(transport, ["cloud-init", "status", "--wait"], log=log, timeout=timeout, ok=(0, 2))
-
-
-def parse_os_release(text: str) -> dict[str, str]:
-    """/etc/os-release -> {'ID': 'ubuntu', 'VERSION_ID': '22.04', ...} (quotes removed)."""
-    values: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.strip().partition("=")
-        if sep and key and not key.startswith("#"):
-            values[key] = value.strip().strip("\"'")
-    return values
 
 
 def cuda_repo(os_release: Mapping[str, str]) -> str:

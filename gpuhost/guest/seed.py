@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gpuhost.errors import InputError, MissingDependencyError
 from gpuhost.guest.keys import KeyPair
-from gpuhost.render.spec import SSH_KEY, validate_name
+from gpuhost.inventory.spec import SSH_KEY, validate_name
 
 SEED_LABEL = "cidata"
 GUEST_USER = "gpuhost"

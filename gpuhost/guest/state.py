@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuhost.render.spec import validate_name
+from gpuhost.inventory.spec import validate_name
 
 STATE_ENV = "GPUHOST_GUEST_STATE_DIR"
 

@@ -19,6 +19,7 @@ from gpuhost.errors import InputError
 from gpuhost.lab import image as lab_image
 from gpuhost.lab import resume
 from gpuhost.lab.boot import BIOS_GRUB, BootMode
+from gpuhost.lab.builder import ensure_image
 from gpuhost.lab.errors import LabError
 from gpuhost.lab.inventory import InventoryHost, known_hosts_text, render_inventory
 from gpuhost.lab.paths import LabPaths
@@ -346,7 +347,7 @@ def up(
                     + (f" --firmware {boot.firmware.value} --boot {boot.loader.value}" if boot != BIOS_GRUB else "")
                 )
             progress(f"building the {name} image (once; cached in {paths.images})")
-            image = lab_image.ensure_image(paths, variant, boot.layout, progress=progress)
+            image = ensure_image(paths, variant, boot.layout, progress=progress)
         check_memory(hosts, memory_mib, mem_available_mib(Path("/proc/meminfo").read_text()))
         for directory in (paths.overlays, paths.logs):
             directory.mkdir(parents=True, exist_ok=True)

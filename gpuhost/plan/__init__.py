@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gpuhost.inventory.plan_settings import PlanSettings
 from gpuhost.plan.model import HostPlan, PlanRefused
 from gpuhost.plan.planner import plan_host
-from gpuhost.plan.settings import PlanSettings
 
 __all__ = ["HostPlan", "PlanRefused", "PlanSettings", "plan_host"]

@@ -33,11 +33,18 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuhost.checks.memory import hugepage_recommendation
 from gpuhost.facts.model import GIB_KIB, HostFacts
+from gpuhost.inventory.plan_settings import PlanSettings
+from gpuhost.numa import declared_vm_pages, pages_by_node
+from gpuhost.plan.model import HugePagePlan
+from gpuhost.plan.platform import Refuse
+from gpuhost.problems import Severity, Stage, register
+from gpuhost.selection import GpuSelection, card_numa_node
 
 GUIDE_TABLE: tuple[tuple[int, int], ...] = (
     (768, 700),
@@ -215,3 +222,139 @@ def node_form_supported(kernel_release: str | None) -> bool:
     """Whether the running kernel reads hugepages=<node>:<count> (Linux 5.16 on)."""
     match = re.match(r"(\d+)\.(\d+)", kernel_release or "")
     return match is not None and (int(match.group(1)), int(match.group(2))) >= NODE_FORM_KERNEL
+
+
+REFUSE_HUGEPAGES_MEMORY_UNKNOWN = register(
+    "hugepages.memory_unknown", Stage.PLAN, Severity.ERROR, "huge pages asked for, but /proc/meminfo is unreadable"
+)
+
+REFUSE_HUGEPAGES_UNSUPPORTED = register(
+    "hugepages.unsupported", Stage.PLAN, Severity.ERROR, "1 GiB pages asked for, but the CPU has no pdpe1gb"
+)
+
+REFUSE_HUGEPAGES_TOO_MANY = register(
+    "hugepages.too_many", Stage.PLAN, Severity.ERROR, "the huge pages would leave the host less than it needs to boot"
+)
+
+REFUSE_HUGEPAGES_NODE_TOO_SMALL = register(
+    "hugepages.node_too_small",
+    Stage.PLAN,
+    Severity.ERROR,
+    "a NUMA node's share of the pages would leave it too little memory",
+)
+
+REFUSE_HUGEPAGES_OLD_KERNEL = register(
+    "hugepages.old_kernel",
+    Stage.PLAN,
+    Severity.ERROR,
+    "the pages must go on chosen NUMA nodes, but the kernel is older than 5.16 (no hugepages=<node>:<count>)",
+)
+
+REFUSE_HUGEPAGES_VMS_EXCEED = register(
+    "hugepages.vms_exceed",
+    Stage.PLAN,
+    Severity.ERROR,
+    "the VMs declared for the host (gpuhost_vms) need more 1 GiB pages than gpuhost_hugepages gives",
+)
+
+
+def plan_hugepages(facts: HostFacts, settings: PlanSettings, selection: GpuSelection, refuse: Refuse) -> HugePagePlan:
+    total = facts.memory.total_kib if facts.memory and facts.memory.total_kib else None
+    mount = settings.hugetlbfs_mount
+    if total is None:
+        if settings.hugepages not in ("0", "auto"):
+            refuse(
+                REFUSE_HUGEPAGES_MEMORY_UNKNOWN,
+                "huge pages",
+                "/proc/meminfo could not be read.",
+                "Connect as a user that can read /proc/meminfo.",
+            )
+        return HugePagePlan(0, settings.hugepages, "memory unknown: no huge pages", (), 0, mount)
+    pages, rule = requested_pages(settings.hugepages, total)
+    keeps = total - pages * GIB_KIB
+    minimum = host_minimum_kib(total)
+    need = pages_by_node(declared_vm_pages(facts, settings.gpus, settings.vms))
+    gpu_nodes = [card_numa_node(facts, card) for card in selection.passthrough]
+    gpus_per_node = None if None in gpu_nodes else dict(Counter(node for node in gpu_nodes if node is not None))
+    placement = place_on_nodes(facts, pages, gpus_per_node, need, node_capacity(facts, total, minimum))
+    if pages and facts.cpu is not None and "pdpe1gb" not in facts.cpu.flags:
+        refuse(
+            REFUSE_HUGEPAGES_UNSUPPORTED,
+            "huge pages",
+            f"{pages} 1 GiB huge pages are asked for ({rule}) but the CPU has no pdpe1gb flag.",
+            "Set gpuhost_hugepages: 0 (use 2 MiB pages for guest memory instead).",
+        )
+    if pages and sum(need.values()) > pages:
+        wanted = ", ".join(f"{count} on NUMA node {node}" for node, count in need.items())
+        refuse(
+            REFUSE_HUGEPAGES_VMS_EXCEED,
+            "huge pages",
+            f"the VMs declared for the host (gpuhost_vms) need {sum(need.values())} 1 GiB pages ({wanted}), "
+            f"more than the {pages} planned ({rule}).",
+            f"Set gpuhost_hugepages to at least {sum(need.values())}, or give the VMs less memory (or hugepages: off).",
+        )
+    if pages and keeps < minimum:
+        refuse(
+            REFUSE_HUGEPAGES_TOO_MANY,
+            "huge pages",
+            f"{pages} 1 GiB huge pages ({rule}) would leave the host {max(keeps, 0) / GIB_KIB:.1f} GiB of its "
+            f"{total / GIB_KIB:.1f} GiB; it needs at least {minimum / GIB_KIB:.1f} GiB, and with too many pages "
+            "the machine does not boot.",
+            f"Lower gpuhost_hugepages to at most {(total - minimum) // GIB_KIB}."
+            if total - minimum >= GIB_KIB
+            else "Set gpuhost_hugepages: 0: this host is too small to give up any 1 GiB page.",
+        )
+    elif pages:
+        _check_nodes(facts, pages, placement, total, minimum, refuse)
+    if pages and placement.node_form and not node_form_supported(facts.kernel_release):
+        refuse(
+            REFUSE_HUGEPAGES_OLD_KERNEL,
+            "kernel",
+            f"the 1 GiB pages go on chosen NUMA nodes ({_describe_nodes(placement.per_node)}: {placement.how}), "
+            f"which the command line says as hugepages=<node>:<count>, read by Linux 5.16 on; the host runs "
+            f"{facts.kernel_release or 'an unknown kernel'}, which would take the first node number for the count.",
+            "Install a kernel of 5.16 or later (Ubuntu 22.04: linux-generic-hwe-22.04) and reboot into it, "
+            "then run gpuhost apply again.",
+        )
+    return HugePagePlan(
+        pages,
+        settings.hugepages,
+        rule,
+        placement.per_node,
+        max(keeps, 0),
+        mount if pages else None,
+        node_form=placement.node_form and pages > 0,
+        placement=placement.how,
+        vms_per_node=tuple(need.items()),
+    )
+
+
+def _check_nodes(facts: HostFacts, pages: int, placement: Placement, total: int, minimum: int, refuse: Refuse) -> None:
+    """Each node keeps its share of the host's minimum (prorated by its memory) after its pages,
+    and the gigabytes the kernel's boot allocations can break (hugepages.node_page_limit)."""
+    nodes = {node.node_id: node for node in facts.numa_nodes}
+    for node_id, node_pages in placement.per_node:
+        node = nodes.get(node_id)
+        if node is None or not node.mem_total_kib:
+            continue
+        most = node_page_limit(node.mem_total_kib, total, minimum)
+        if node_pages > most:
+            why = (
+                f"the plan puts {node_pages} of the {pages} pages on NUMA node {node_id} ({placement.how})"
+                if placement.node_form
+                else f"the kernel spreads hugepages={pages} evenly, {node_pages} on NUMA node {node_id}"
+            )
+            node_minimum = minimum * node.mem_total_kib // total
+            refuse(
+                REFUSE_HUGEPAGES_NODE_TOO_SMALL,
+                f"NUMA node {node_id}",
+                f"{why}, which has only {node.mem_total_kib / GIB_KIB:.1f} GiB: at most {most} fit, as the node keeps "
+                f"{node_minimum / GIB_KIB:.1f} GiB (its share of host memory) and {BOOT_TAKES_GIB} gigabytes that "
+                "the kernel's own boot allocations can break (a 1 GiB page needs a whole aligned gigabyte).",
+                f"Lower gpuhost_hugepages so that NUMA node {node_id} gets at most {most} pages, or give the node "
+                "more memory.",
+            )
+
+
+def _describe_nodes(per_node: tuple[tuple[int, int], ...]) -> str:
+    return ", ".join(f"{count} on node {node}" for node, count in per_node)

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost.audit import AuditStatus
-from gpuhost.checks import AuditPolicy, run_checks
-from gpuhost.checks.base import Role
+from gpuhost.checks import run_checks
 from gpuhost.facts.model import GIB_KIB, BootloaderKind, HostFacts
+from gpuhost.inventory.plan_settings import PlanSettings
+from gpuhost.inventory.policy import AuditPolicy, Role
 from gpuhost.passthrough import analyse_groups
+from gpuhost.plan.driver import forbidden_loaded_modules
 from gpuhost.plan.model import GRUB_DROPIN_PATH, TRIAL_MARKER
-from gpuhost.plan.planner import forbidden_loaded_modules
-from gpuhost.plan.settings import PlanSettings
 from gpuhost.problems import Problem, Severity, Stage, errors, register
 from gpuhost.selection import select_gpus
 

@@ -1,26 +1,20 @@
 """`gpuhost render`: libvirt domain XML with a host's GPUs passed through, validated.
 
-Pure: (host facts, VM spec from `gpuhost_vms`, host policy) -> XML text, from
+Pure: (host facts, VM spec from `gpuhost_vms` (gpuhost.inventory.spec), host policy) -> XML text, from
 templates/domain.xml.j2; `validate_domain_xml` runs libvirt's own schema check on it.
 """
 
 from __future__ import annotations
 
-from gpuhost.render.domain import DomainPlan, RenderRefused, plan_domain, render_domain, render_plan
-from gpuhost.render.spec import HostPolicy, VmSpec, find_vm, host_policy, parse_vm, parse_vms
+from gpuhost.render.domain import DomainPlan, RenderRefused, plan_domain
 from gpuhost.render.validate import InvalidDomainError, Validation, validate_domain_xml
+from gpuhost.render.xml import render_domain, render_plan
 
 __all__ = [
     "DomainPlan",
-    "HostPolicy",
     "InvalidDomainError",
     "RenderRefused",
     "Validation",
-    "VmSpec",
-    "find_vm",
-    "host_policy",
-    "parse_vm",
-    "parse_vms",
     "plan_domain",
     "render_domain",
     "render_plan",

@@ -23,6 +23,7 @@ from gpuhost.cli.main import main
 from gpuhost.lab import fleet
 from gpuhost.lab import image as lab_image
 from gpuhost.lab.boot import BootMode
+from gpuhost.lab.builder import ensure_image
 from gpuhost.lab.image import Image
 from gpuhost.lab.paths import IMAGE_DIR_ENV, LabPaths, default_lab_dir
 from gpuhost.lab.state import VmRecord
@@ -54,7 +55,7 @@ def base_image(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ima
     if cached is None and os.geteuid() != 0:
         pytest.skip(f"no cached lab image in {image_dir} and building one needs root")
     started = time.monotonic()
-    built = lab_image.ensure_image(paths, "base")
+    built = ensure_image(paths, "base")
     _timing(f"image {'reused' if built.reused else 'built'} in {time.monotonic() - started:.1f} s: {built.disk}")
     return built
 

@@ -55,11 +55,11 @@ import pytest
 
 from gpuhost.audit import AuditStatus, audit_target
 from gpuhost.cli.main import main
+from gpuhost.inventory.plan_settings import FORCE_PAST_REFUSALS_ENV
 from gpuhost.lab import fleet
 from gpuhost.lab.image import Image
 from gpuhost.lab.recipe import KERNEL_CMDLINE
 from gpuhost.lab.state import is_our_process, load_state, process_start_ticks, save_state
-from gpuhost.plan.settings import FORCE_PAST_REFUSALS_ENV
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
 from .rollout_lab import (

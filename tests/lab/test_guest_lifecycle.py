@@ -44,7 +44,7 @@ from test_guest_offline_install import build_repository
 from gpuhost.guest import libvirt_host
 from gpuhost.guest.provision import COPIED_REPO_DIR
 from gpuhost.guest.wheels import prepare_wheels
-from gpuhost.lab import image as lab_image
+from gpuhost.lab.builder import ensure_image
 from gpuhost.lab.paths import LabPaths
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400), pytest.mark.xdist_group("lab-rest")]
@@ -107,7 +107,7 @@ def pool(libvirt_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
     image_dir = Path(os.environ.get("GPUHOST_LAB_IMAGE_DIR", str(Path("~/.cache/gpuhost/lab/images").expanduser())))
     paths = LabPaths(root=tmp_path_factory.mktemp("lab-image"), images=image_dir)
     started = time.monotonic()
-    image = lab_image.ensure_image(paths, "guest")
+    image = ensure_image(paths, "guest")
     _timing(f"guest image {'reused' if image.reused else 'built'} in {time.monotonic() - started:.1f} s")
     # pytest's tmp dirs are private to root; QEMU runs as libvirt-qemu and must read the base image.
     directory = Path(tempfile.mkdtemp(prefix="gpuhost-guest-test-", dir="/var/tmp"))

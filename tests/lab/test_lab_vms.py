@@ -24,7 +24,7 @@ import pytest
 
 from gpuhost.cli.main import main
 from gpuhost.lab import fake_nvidia, resume
-from gpuhost.lab import image as lab_image
+from gpuhost.lab.builder import ensure_image
 from gpuhost.lab.image import Image
 from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.state import is_our_process, process_start_ticks
@@ -93,7 +93,7 @@ def audit(host: LabHost) -> tuple[int, list[dict[str, Any]]]:
 def test_cached_image_is_reused_without_rebuilding(base_image: Image) -> None:
     paths = LabPaths(root=base_image.disk.parent, images=base_image.disk.parent.parent)
     started = time.monotonic()
-    again = lab_image.ensure_image(paths, "base")
+    again = ensure_image(paths, "base")
     assert again.reused and again.disk == base_image.disk
     assert time.monotonic() - started < 5
 

@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 
 from gpuhost.cli.main import main
+from gpuhost.inventory.plan_settings import TRIAL_TESTING_OPTIONS_ENV
 from gpuhost.lab import fleet
 from gpuhost.lab.boot import boot_mode
 from gpuhost.lab.paths import LabPaths
 from gpuhost.plan.model import TRIAL_MARKER
-from gpuhost.plan.settings import TRIAL_TESTING_OPTIONS_ENV
 from tests.lab.conftest import _timing, audit_report, on_lab_host, uefi_lab_host
 from tests.lab.rollout_lab import OPTIONS, PANIC_TRIAL_OPTION, console_since, panicked_and_rebooted
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost.errors import InputError
-from gpuhost.render.spec import VmSpec, parse_vms, vm_defaults
+from gpuhost.inventory.spec import VmSpec, parse_vms, vm_defaults
 from gpuhost.selection import GpuSelector, allowed_shared_groups
 
 HUGEPAGES_AUTO = "auto"

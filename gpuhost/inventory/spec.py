@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhost.checks.base import AuditPolicy
 from gpuhost.errors import InputError
-from gpuhost.guest.pins import CudaPin, resolve_pin, validate_driver_branch
+from gpuhost.inventory.pins import CudaPin, resolve_pin, validate_driver_branch
+from gpuhost.inventory.policy import AuditPolicy
 from gpuhost.selection import GpuSelector
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

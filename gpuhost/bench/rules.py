@@ -1,0 +1,267 @@
+"""The statuses a judge returns and the thresholds a measurement is judged by (gpuhost.bench.verdict explains them)."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpuhost.problems import Problem, Severity
+
+
+class Status(enum.Enum):
+    PASS = "PASS"  # noqa: S105 (a verdict, not a password)
+    INFO = "INFO"  # reported, not judged
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+    @property
+    def rank(self) -> int:
+        return {"PASS": 0, "INFO": 0, "WARN": 1, "FAIL": 2}[self.value]
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    result = Status.PASS
+    for status in statuses:
+        if status.rank > result.rank:
+            result = status
+    return result
+
+
+@dataclass(frozen=True)
+class Rule:
+    metric: str
+    label: str
+    reference: str | None  # datasheet kind (GpuModel.peak) or None for absolute limits
+    pass_at: float | None  # fraction of the reference, or an absolute limit; None: not judged
+    fail_below: float | None  # for lower-is-better rules: the limit above which it fails
+    why: str
+    lower_is_better: bool = False
+    # Against a baseline run: PASS at or above this fraction of its figure, FAIL below the second.
+    baseline_pass: float = 0.95
+    baseline_fail: float = 0.90
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "copy",
+        "copy, bytes read + written",
+        "memory_bandwidth",
+        0.80,
+        0.70,
+        "STREAM-like copy reaches 84-93% of datasheet bandwidth on HBM parts; below 70% the memory "
+        "clock or the GPU is held back",
+    ),
+    Rule("triad", "triad a*b+c (fused)", "memory_bandwidth", 0.80, 0.70, "same as copy: three streams in, one out"),
+    Rule(
+        "fused_vs_unfused",
+        "fused vs unfused A*B+C speed-up",
+        None,
+        1.30,
+        None,
+        "fusion moves 4 instead of 6 arrays (1.5x less); near 1.0x the kernels are not memory-bound as they should be",
+    ),
+    Rule(
+        "dot",
+        "dot product (shared-memory reduction)",
+        "memory_bandwidth",
+        0.75,
+        0.60,
+        "a reduction streams its inputs like a copy, plus one block reduction",
+    ),
+    Rule(
+        "roofline",
+        "FMA roofline plateau (FP32, no tensor cores)",
+        "fp32",
+        0.80,
+        0.60,
+        "a pure FMA stream runs at the SM clock's FP32 rate; a shortfall means clocks held back",
+    ),
+    Rule(
+        "sgemm", "our tiled SGEMM", "fp32", 0.55, 0.40, "a cp.async-pipelined 128x128 SGEMM reaches 60-75% of FP32 peak"
+    ),
+    Rule(
+        "cublas_bf16",
+        "cuBLASLt BF16 GEMM",
+        "bf16",
+        0.70,
+        0.60,
+        "cuBLAS reaches 75-87% of dense BF16 peak on random data",
+    ),
+    Rule("cublas_fp16", "cuBLASLt FP16 GEMM", "fp16", 0.70, 0.60, "as BF16"),
+    Rule("cublas_tf32", "cuBLASLt TF32 GEMM", "tf32", 0.65, 0.50, "cuBLAS reaches ~80% of dense TF32 peak"),
+    Rule(
+        "cublas_fp32",
+        "cuBLASLt FP32 GEMM (no TF32)",
+        "fp32",
+        0.65,
+        0.50,
+        "cuBLAS SGEMM reaches ~77% of FP32 peak on an H100",
+    ),
+    Rule(
+        "softmax_online",
+        "online softmax (1 read + 1 write)",
+        "memory_bandwidth",
+        0.70,
+        0.55,
+        "one read and one write per element plus the exponentials",
+    ),
+    Rule(
+        "softmax_three_pass",
+        "three-pass softmax (counted as 1 read + 1 write)",
+        "memory_bandwidth",
+        0.60,
+        None,
+        "its re-reads mostly hit the caches; reported beside the online version",
+    ),
+    Rule(
+        "softmax_online_speedup",
+        "online vs three-pass softmax speed-up",
+        None,
+        None,
+        None,
+        "one memory read instead of three; the caches catch most re-reads of a 16 KB row",
+    ),
+    Rule(
+        "h2d_pinned",
+        "host to device, pinned",
+        "pcie",
+        0.75,
+        0.60,
+        "pinned copies reach 80-87% of the link's per-direction ceiling",
+    ),
+    Rule("d2h_pinned", "device to host, pinned", "pcie", 0.75, 0.60, "as host to device"),
+    Rule(
+        "bidir_pinned",
+        "both directions at once, pinned",
+        "pcie_both",
+        0.55,
+        None,
+        "full duplex is bounded by the host's memory system and root complex as much as by the link",
+    ),
+    Rule(
+        "h2d_pageable",
+        "host to device, pageable",
+        None,
+        None,
+        None,
+        "staged through the driver's buffers; varies with the host (6-16 GB/s on the reference guest)",
+    ),
+    Rule("d2h_pageable", "device to host, pageable", None, None, None, "as host to device, pageable"),
+    Rule(
+        "launch_queued",
+        "kernel launch, back to back",
+        None,
+        10.0,
+        50.0,
+        "a launch costs 2-5 us; passthrough adds no VM exits to the launch path",
+        lower_is_better=True,
+        # A few microseconds jitter by a microsecond run to run: only a large change is a finding.
+        baseline_pass=0.75,
+        baseline_fail=0.50,
+    ),
+    Rule(
+        "launch_roundtrip",
+        "kernel launch + synchronize",
+        None,
+        25.0,
+        100.0,
+        "5-11 us with the wait; more means trapped doorbells/interrupts or a starved vCPU",
+        lower_is_better=True,
+        # A few microseconds jitter by a microsecond run to run: only a large change is a finding.
+        baseline_pass=0.75,
+        baseline_fail=0.50,
+    ),
+)
+
+P2P_RULE = Rule(
+    "p2p",
+    "peer-to-peer copy",
+    "nvlink",
+    0.70,
+    0.30,
+    "a direct peer path runs near link speed; staged through host memory it runs far below",
+)
+
+BASELINE_WHY = "well-configured passthrough reaches 98-100% of bare metal; 5% allows run-to-run noise"
+
+QUICK_METRICS = (
+    "copy",
+    "triad",
+    "fused_vs_unfused",
+    "cublas_bf16",
+    "h2d_pinned",
+    "d2h_pinned",
+    "bidir_pinned",
+    "launch_queued",
+    "launch_roundtrip",
+    "p2p_access",
+)
+
+FULL_METRICS = (*(rule.metric for rule in RULES), "p2p_access")
+
+NO_CUBLAS = "built without cuBLAS"
+
+
+def rule_for(metric: str) -> Rule | None:
+    for rule in RULES:
+        if rule.metric == metric:
+            return rule
+    if re.fullmatch(r"p2p_\d+_to_\d+", metric):
+        return P2P_RULE
+    return None
+
+
+_SEVERITY_OF = {Status.FAIL: Severity.ERROR, Status.WARN: Severity.WARNING, Status.INFO: Severity.INFO}
+
+_STATUS_OF = {severity: status for status, severity in _SEVERITY_OF.items()}
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One row of the environment table: a check that passed, or the Problem it found.
+
+    Problem has no PASS (a pass is not a problem), but the table and the JSON `checks` list show
+    passing checks too, so a row carries either nothing (passed) or its Problem.
+    """
+
+    check: str  # e.g. 'pcie link', 'xid 79'
+    detail: str  # the row's text, as the table and the JSON show it
+    gpu: int | None = None
+    problem: Problem | None = None  # None: the check passed
+
+    @property
+    def status(self) -> Status:
+        return Status.PASS if self.problem is None else _STATUS_OF[self.problem.severity]
+
+
+def passed(check: str, detail: str, gpu: int | None = None) -> CheckOutcome:
+    return CheckOutcome(check, detail, gpu)
+
+
+def found(code: str, status: Status, check: str, detail: str, gpu: int | None = None, remedy: str = "") -> CheckOutcome:
+    """A check's INFO/WARN/FAIL row, its Problem naming the GPU (or 'environment') and the value."""
+    if status is Status.PASS:
+        raise ValueError(f"check {check!r}: a pass is not a problem (use passed())")
+    subject = f"GPU {gpu}" if gpu is not None else "environment"
+    message = f"{check} (GPU {gpu}): {detail}" if gpu is not None else f"{check}: {detail}"
+    return CheckOutcome(check, detail, gpu, Problem(code, _SEVERITY_OF[status], subject, message, remedy))
+
+
+def threshold_status(fraction: float, rule: Rule) -> Status:
+    assert rule.pass_at is not None
+    if fraction >= rule.pass_at:
+        return Status.PASS
+    if rule.fail_below is not None and fraction < rule.fail_below:
+        return Status.FAIL
+    return Status.WARN
+
+
+def absolute_status(value: float, rule: Rule) -> Status:
+    assert rule.pass_at is not None
+    if rule.lower_is_better:
+        if value <= rule.pass_at:
+            return Status.PASS
+        return Status.FAIL if rule.fail_below is not None and value > rule.fail_below else Status.WARN
+    return threshold_status(value, rule)

@@ -1,0 +1,103 @@
+"""Printing helpers that several verbs share (plan shows the plans; apply shows them before it asks)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpuhost.cli.text import printable, untrusted
+from gpuhost.plan.model import (
+    BACKUP_DIR,
+    GRUB_DROPIN_PATH,
+    INITRAMFS_MODULES_PATH,
+    INITRAMFS_SCRIPT_PATH,
+    KERNEL_CMDLINE_PATH,
+    TRIAL_ENTRY_ID,
+    HostPlan,
+    KernelCmdlineWriter,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpuhost.plan.fleet import PlanOutcome
+
+
+def print_plan_outcome(outcome: PlanOutcome, console: Console, show_files: bool = False) -> None:
+    """A host's plan, or why it has none (plan, and apply before it asks)."""
+    if outcome.plan is None:
+        console.print(f"[bold]{untrusted(outcome.host)}[/]: [red]cannot plan[/]: {untrusted(outcome.error)}")
+        return
+    for line in describe_plan(outcome.plan, show_files=show_files):
+        console.print(printable(line), markup=False) if not line.startswith("[") else console.print(line)
+
+
+def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:
+    """The plan as lines of text (rich markup only at the start of headline lines)."""
+    if plan.refusals:
+        lines = [f"[bold]{untrusted(plan.host)}[/]: [red]refused[/], nothing will be written"]
+        lines += [f"  - {r.message}\n    fix: {r.remedy}" for r in plan.refusals]
+        return lines
+    lines = [
+        f"[bold]{untrusted(plan.host)}[/]: "
+        + ("[yellow]reboot needed[/]" if plan.reboot_needed else "[green]no reboot[/]")
+    ]
+    for function in plan.functions:
+        lines.append(f"  vfio-pci <- {function.address} [{function.vendor_device}] (now: {function.driver or 'none'})")
+    how = "vfio-pci.ids=" + ",".join(plan.vfio_ids) if plan.vfio_ids else "driver_override by address"
+    lines.append(f"  binding: {how}")
+    sdboot = plan.systemd_boot
+    if sdboot is None:
+        lines.append(f"  {GRUB_DROPIN_PATH}: adds {' '.join(plan.kernel_options)}")
+        lines.append(f"    GRUB line now: {plan.current_grub_line or '(empty)'}")
+        lines.append(f"    GRUB line then: {plan.desired_grub_line}")
+    else:
+        refresh = (
+            "proxmox-boot-tool refresh"
+            if sdboot.writer is KernelCmdlineWriter.PROXMOX_BOOT_TOOL
+            else "kernel-install add for every installed kernel"
+        )
+        lines.append(f"  {KERNEL_CMDLINE_PATH}: adds {' '.join(plan.kernel_options)}; then {refresh}")
+        lines.append(f"    now: {sdboot.current_kernel_cmdline or '(absent)'}")
+        lines.append(f"    then: {sdboot.kernel_cmdline.strip()}")
+    if plan.initramfs_modules:
+        lines.append(f"  {INITRAMFS_MODULES_PATH}: {' '.join(plan.initramfs_modules)}; update-initramfs -u -k all")
+    if plan.initramfs_script:
+        early = f"driver_override for {' '.join(plan.override_addresses)}, " if plan.override_addresses else ""
+        lines.append(f"  {INITRAMFS_SCRIPT_PATH}: {early}vfio-pci loaded before udev")
+    lines.append(f"  huge pages: {plan.hugepages.pages} x 1 GiB ({plan.hugepages.rule})")
+    if plan.hugepages.pages and len(plan.hugepages.per_node) > 1:
+        nodes = ", ".join(f"node {node}: {count}" for node, count in plan.hugepages.per_node)
+        lines.append(f"    per NUMA node: {nodes} ({plan.hugepages.kernel_option}; {plan.hugepages.placement})")
+    lines.append(f"  host driver: {plan.driver_removal.note}")
+    if plan.backup_files:
+        lines.append(
+            f"  backed up to {BACKUP_DIR} first (gpuhost rollback restores them): {' '.join(plan.backup_files)}"
+        )
+    lines.extend(f"  reboot: {reason}" for reason in plan.reboot_reasons)
+    if plan.reboot_needed and plan.trial.enabled and sdboot is not None:
+        lines.append(
+            f"  boot: trial first, the loader entry {sdboot.trial_entry_path} (a copy of {sdboot.default_entry} with "
+            f"the new options and panic={plan.trial.panic_seconds}) booted once by bootctl set-oneshot; "
+            f"{KERNEL_CMDLINE_PATH} and the entries change only once it verified"
+        )
+    elif plan.reboot_needed and plan.trial.enabled:
+        lines.append(
+            f"  boot: trial first, the one-shot GRUB entry '{TRIAL_ENTRY_ID}' with panic={plan.trial.panic_seconds}; "
+            f"the default only once it verified (/boot/grub: {plan.trial.boot_filesystem})"
+        )
+    elif plan.reboot_needed:
+        lines.append("  boot: straight into the new command line (no trial: --no-trial or gpuhost_trial_boot: false)")
+    lines.extend(f"  note: {note}" for note in plan.notes)
+    if show_files and sdboot is not None:
+        lines.append(f"  --- {KERNEL_CMDLINE_PATH}")
+        lines.extend("  | " + line for line in sdboot.kernel_cmdline.splitlines())
+        if plan.reboot_needed and plan.trial.enabled:
+            lines.append(f"  --- {sdboot.trial_entry_path}")
+            lines.extend("  | " + line for line in sdboot.trial_entry.splitlines())
+    elif show_files:
+        lines.append(f"  --- {GRUB_DROPIN_PATH}")
+        lines.extend("  | " + line for line in plan.grub_dropin.splitlines())
+    if show_files and plan.initramfs_script:
+        lines.append(f"  --- {INITRAMFS_SCRIPT_PATH}")
+        lines.extend("  | " + line for line in plan.initramfs_script.splitlines())
+    return lines

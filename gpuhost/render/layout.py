@@ -1,0 +1,115 @@
+"""The guest's PCI layout: root ports, expander buses per NUMA cell, and the functions behind them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuhost.facts.pci import PciFunction
+from gpuhost.inventory.spec import VmSpec
+from gpuhost.render.devices import Group
+
+PXB_BUS_STEP = 0x20  # guest bus numbers reserved per pcie-expander-bus
+
+MAX_CELLS = 7
+
+FIRST_PORT_SLOT = 0x02  # pcie.0 slot of the first root port (0x00 host bridge, 0x1f ICH9)
+
+LAST_PORT_SLOT = 0x1E
+
+GPU_PURPOSE = "GPU "  # a root port's purpose: 'GPU 0000:41:00.0'
+
+NVSWITCH_PURPOSE = "NVSwitch "
+
+
+@dataclass(frozen=True)
+class GuestFunction:
+    host: PciFunction
+    guest_function: int
+    multifunction: bool  # function 0 of a device with several functions
+
+
+@dataclass(frozen=True)
+class RootPort:
+    """A pcie-root-port controller and what sits behind it (one device, maybe multifunction)."""
+
+    index: int  # controller index = the guest bus its device is addressed on
+    chassis: int
+    port: int
+    bus: int  # controller index of its parent (0: pcie.0, else a pcie-expander-bus)
+    slot: int
+    purpose: str  # 'GPU 0000:41:00.0', 'disk', 'network', 'rng'
+    functions: tuple[GuestFunction, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExpanderBus:
+    index: int
+    bus_nr: int
+    cell: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A guest NUMA cell bound to one host node."""
+
+    cell_id: int
+    host_node: int
+    first_vcpu: int
+    last_vcpu: int
+    memory_kib: int
+
+
+def pci_layout(
+    spec: VmSpec,
+    groups: Sequence[Group],
+    node_of: Mapping[str, int | None],
+    nodes: Sequence[int],
+    nvswitches: Sequence[PciFunction] = (),
+) -> tuple[tuple[ExpanderBus, ...], tuple[RootPort, ...]]:
+    """Controller indices, pcie.0 slots and guest buses, all explicit so the XML is stable."""
+    slots = iter(range(FIRST_PORT_SLOT, LAST_PORT_SLOT + 1))
+    index = 1
+    expanders: list[ExpanderBus] = []
+    parent_of: dict[int | None, int] = {}
+    if len(nodes) > 1:
+        for cell, node in enumerate(nodes):
+            expanders.append(ExpanderBus(index=index, bus_nr=PXB_BUS_STEP * (cell + 1), cell=cell, slot=next(slots)))
+            parent_of[node] = index
+            index += 1
+    ports: list[RootPort] = []
+    chassis = 1
+    for group in groups:
+        parent = parent_of.get(node_of[group.card.gpu.address], 0)
+        for device in group.devices:
+            # A pxb's own root ports sit on its bus, slot 0 upwards; pcie.0's take the next free slot.
+            slot = sum(1 for p in ports if p.bus == parent) if parent else next(slots)
+            multifunction = len(device) > 1
+            functions = tuple(
+                GuestFunction(host=f, guest_function=i, multifunction=multifunction and i == 0)
+                for i, f in enumerate(device)
+            )
+            ports.append(
+                RootPort(index, chassis, 0x10 + chassis - 1, parent, slot, GPU_PURPOSE + device[0].address, functions)
+            )
+            index += 1
+            chassis += 1
+    # NVSwitches on pcie.0, each behind its own root port: the guest's Fabric Manager only needs to
+    # find them; NVLink traffic never crosses the guest's PCI topology.
+    for nvswitch in nvswitches:
+        function = GuestFunction(host=nvswitch, guest_function=0, multifunction=False)
+        ports.append(
+            RootPort(
+                index, chassis, 0x10 + chassis - 1, 0, next(slots), NVSWITCH_PURPOSE + nvswitch.address, (function,)
+            )
+        )
+        index += 1
+        chassis += 1
+    extras = (("disk", spec.has_disk), ("network", spec.network is not None), ("virtio-serial", True), ("rng", True))
+    for purpose, wanted in extras:
+        if wanted:
+            ports.append(RootPort(index, chassis, 0x10 + chassis - 1, 0, next(slots), purpose))
+            index += 1
+            chassis += 1
+    return tuple(expanders), tuple(ports)
