@@ -143,16 +143,14 @@ def test_a_kernel_image_without_an_xz_elf_payload_is_refused(image: bytes, messa
 
 
 def test_molecules_passthrough_proof_boots_what_the_nested_image_holds() -> None:
-    """Molecule's verify (playbooks/molecule/default) boots the nested variant's tiny guest by path
-    and reads its markers: both are the recipe's, which YAML cannot import."""
+    """Molecule's verify (playbooks/molecule/default) starts the nested variant's tiny guest by path:
+    the recipe's, which YAML cannot import."""
     scenario = Path(__file__).resolve().parents[1] / "playbooks/molecule/default"
     variables = yaml.safe_load((scenario / "vars/main.yml").read_text())
     vm = variables["gpuhost_molecule_proof_vm"]
     assert vm["kernel"] == f"{NESTED_GUEST_DIR}/vmlinux" and vm["initrd"] == f"{NESTED_GUEST_DIR}/initrd.gz"
     assert GUEST_SPEED_OPTIONS in vm["cmdline"].split()
     assert variables["gpuhost_molecule_hosts"]["pair-1"]["variant"] == "nested"
-    begin, end = variables["gpuhost_molecule_guest_pci_markers"]
-    assert f'echo "{begin}"' in NESTED_GUEST_INIT and f'echo "{end}"' in NESTED_GUEST_INIT
     assert fake_nvidia.CALLS_FILE in (scenario / "verify.yml").read_text()
 
 

@@ -24,8 +24,8 @@ nothing of gpuhost's left.
 What this module does not repeat (each ran on the same playbook, on the same kind of host):
 - Molecule's scenario (tests/lab/test_molecule.py, playbooks/molecule/default) converges a stand-in
   NVIDIA host (driver purged, the .run installer's uninstaller run), proves check mode changes
-  nothing and a second converge changes nothing, and starts `gpuhost render`'s domain on it: the
-  guest sees the GPU's functions.
+  nothing and a second converge changes nothing, and starts `gpuhost render`'s domain on it: its
+  QEMU holds the GPU's VFIO group and the 1 GiB page.
 - Fault 2's other half, a trial kernel that panics for real and comes back on its old command
   line by itself (panic=N, GRUB's one-shot used up), runs on the Secure Boot host
   (tests/lab/test_uefi_lab.py: the same drop-in, trial script and grubenv under signed GRUB) and
