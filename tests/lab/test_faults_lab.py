@@ -11,6 +11,8 @@ In this order, on A unless said:
 3. A's QEMU killed as its trial kernel boots: the batch fails after the reboot timeout, the report
    names A as unreachable, B (the next batch) is not reached and untouched; A started again (the
    operator's power cycle) is on its old command line;
+2. A's trial kernel panics for real (testing-only rdinit=): panic=N, and the host comes back on
+   its old command line by itself;
 4. an invalid /etc/default/grub is refused, nothing written;
 6. and 5. B's host key changes after an audit: B is aborted (unreachable), A goes on, with an
    unusual but valid /etc/default/grub (CRLF, single quotes, a continuation, a cloud drop-in
@@ -26,12 +28,10 @@ What this module does not repeat (each ran on the same playbook, on the same kin
   NVIDIA host (driver purged, the .run installer's uninstaller run), proves check mode changes
   nothing and a second converge changes nothing, and starts `gpuhost render`'s domain on it: its
   QEMU holds the GPU's VFIO group and the 1 GiB page.
-- Fault 2's other half, a trial kernel that panics for real and comes back on its old command
-  line by itself (panic=N, GRUB's one-shot used up), runs on the Secure Boot host
-  (tests/lab/test_uefi_lab.py: the same drop-in, trial script and grubenv under signed GRUB) and
-  on the systemd-boot host (tests/lab/test_systemd_boot_lab.py). It ran here too until CI's time
-  went over budget (issue 26); on this BIOS GRUB host fault 3's power cycle shows the one-shot
-  entry used up.
+- The panicking trial kernel (fault 2's second half) runs here again, between faults 3 and 4: without
+  it, fault 6 failed in CI (2026-11-26, run 2: A's committed line lost the host's own 'quiet' and
+  'net.ifnames=0'), so fault 6 depends on the state it leaves after fault 3's killed trial. That
+  dependence is a finding to chase (issue 27), not a reason to drop either test.
 - Fault 7 (hostile inventory values) and the pure half of 4 need no VM:
   tests/test_hostile_inventory.py and tests/test_trial_boot.py.
 Run alone: `pytest -m lab tests/lab/test_faults_lab.py -n 0 -s`; the times are printed as
@@ -55,21 +55,25 @@ import pytest
 
 from gpuhost.audit import AuditStatus, audit_target
 from gpuhost.cli.main import main
-from gpuhost.inventory.plan_settings import FORCE_PAST_REFUSALS_ENV
+from gpuhost.inventory.plan_settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTING_OPTIONS_ENV
 from gpuhost.lab import fleet
 from gpuhost.lab.image import Image
 from gpuhost.lab.recipe import KERNEL_CMDLINE
 from gpuhost.lab.state import is_our_process, load_state, process_start_ticks, save_state
+from gpuhost.plan.model import TRIAL_MARKER
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
 from .rollout_lab import (
     GPU_FUNCTIONS,
     OPTIONS,
+    PANIC_TRIAL_OPTION,
     Host,
     HostLayout,
     Lab,
     apply,
     booted_lab,
+    console_since,
+    panicked_and_rebooted,
     timing,
 )
 
@@ -197,6 +201,26 @@ def test_fault3_host_killed_during_its_reboot_fails_the_batch_and_the_next_is_un
     timing(f"fault3: A started again (the operator's power cycle) and back on SSH in {_start_again(host_a):.0f} s")
     # GRUB used up the one-shot entry on the killed boot: the power cycle lands on the old default.
     assert host_a.cmdline() == original[A]["cmdline"]
+
+
+def test_fault2_panicking_trial_kernel_comes_back_on_the_old_command_line_by_itself(
+    lab: Lab, original: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trial entry's kernel panics for real (rdinit= names no file: no root can be mounted), and
+    panic=N reboots it; GRUB has cleared its one-shot entry, so the host boots the old default."""
+    host_a = lab.hosts[A]
+    serial_log = Path(host_a.record.serial_log)
+    log_before = serial_log.stat().st_size
+    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, PANIC_TRIAL_OPTION)
+    code, report, _ = apply(lab, lab.inventory("fault2-panic"), "fault2-panic")
+    entry = report["hosts"][A]
+    assert code != 0 and entry["status"] == "trial reverted", entry
+    assert "came back without the trial entry" in entry["message"], entry
+    panicked_and_rebooted(console_since(serial_log, log_before), TRIAL_MARKER)
+    assert host_a.cmdline() == original[A]["cmdline"]
+    state = host_a.sh("ls /etc/default/gpuhost-trial.cfg 2>&1; grep -c gpuhost-trial /boot/grub/grub.cfg || true")
+    assert "No such file" in state and state.strip().endswith("0"), state
+    assert lab.hosts[B].hashes() == original[B]["hashes"], "the rollout went on past the reverted host"
 
 
 UNUSUAL_GRUB = (
