@@ -29,7 +29,7 @@ from tests.lab.conftest import _timing, audit_report, on_lab_host, uefi_lab_host
 
 # An uncached image build and an OVMF boot under TCG pass the suite-wide 900 s. In the group that
 # ends first (lab-faults): a clean-clone CI run ended it about 300 s before lab-rest.
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-faults")]
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-rest")]
 
 UEFI_GRUB = boot_mode("uefi", "grub")
 BMC_DISPLAY = "0000:00:02.0"
