@@ -28,10 +28,10 @@ What this module does not repeat (each ran on the same playbook, on the same kin
   NVIDIA host (driver purged, the .run installer's uninstaller run), proves check mode changes
   nothing and a second converge changes nothing, and starts `gpuhost render`'s domain on it: its
   QEMU holds the GPU's VFIO group and the 1 GiB page.
-- The panicking trial kernel (fault 2's second half) runs here again, between faults 3 and 4: without
-  it, fault 6 failed in CI (2026-11-26, run 2: A's committed line lost the host's own 'quiet' and
-  'net.ifnames=0'), so fault 6 depends on the state it leaves after fault 3's killed trial. That
-  dependence is a finding to chase (issue 27), not a reason to drop either test.
+- The panicking trial kernel (fault 2's second half) stays here, between faults 3 and 4. Without
+  it (2026-11-26), fault 6's trial booted a stale entry: its settings were the very ones fault 3's
+  killed trial left behind, so update-grub did not run. Apply now runs update-grub for every trial
+  (gpuhost_vfio's tasks); a fault that proves that alone is still to write.
 - Fault 7 (hostile inventory values) and the pure half of 4 need no VM:
   tests/test_hostile_inventory.py and tests/test_trial_boot.py.
 Run alone: `pytest -m lab tests/lab/test_faults_lab.py -n 0 -s`; the times are printed as
