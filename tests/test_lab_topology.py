@@ -37,7 +37,7 @@ def test_gpu_pair_argv_is_exactly_this() -> None:
     assert argv[0] == "qemu-system-x86_64"
     assert option(argv, "-machine") == "q35,kernel-irqchip=split"
     assert option(argv, "-accel") == "tcg,thread=single,tb-size=256"
-    assert option(argv, "-cpu") == "max,vendor=GenuineIntel"
+    assert option(argv, "-cpu") == "max,vendor=GenuineIntel,-avx,-avx2,-fma,-f16c"
     assert option(argv, "-m") == "4096"
     assert option(argv, "-smp") == "2"
     assert devices(argv) == [
@@ -160,7 +160,7 @@ def test_parse_memory_refuses_nonsense() -> None:
 
 def test_numa_gpus_puts_a_second_card_with_a_1_tib_bar_on_node_1_and_widens_the_cpu() -> None:
     argv = qemu_argv(spec("numa-gpus", cpus=4, memory_mib=6144))
-    assert option(argv, "-cpu") == "max,vendor=GenuineIntel,phys-bits=42"
+    assert option(argv, "-cpu") == "max,vendor=GenuineIntel,-avx,-avx2,-fma,-f16c,phys-bits=42"
     assert devices(argv)[6:9] == [
         "pcie-root-port,id=gpu2port,chassis=2,bus=node1bus,addr=0x1",
         "virtio-gpu-pci,id=gpu2,bus=gpu2port,addr=0x0.0,multifunction=on",
@@ -168,4 +168,4 @@ def test_numa_gpus_puts_a_second_card_with_a_1_tib_bar_on_node_1_and_widens_the_
     ]
     assert TOPOLOGIES["numa-gpus"].gpus == ("1234:1111", "1af4:1050")
     # The other topologies keep QEMU's default address width.
-    assert option(qemu_argv(spec("numa-pair", cpus=2, memory_mib=4096)), "-cpu") == "max,vendor=GenuineIntel"
+    assert option(qemu_argv(spec("numa-pair", cpus=2, memory_mib=4096)), "-cpu") == "max,vendor=GenuineIntel,-avx,-avx2,-fma,-f16c"
