@@ -168,4 +168,5 @@ def test_numa_gpus_puts_a_second_card_with_a_1_tib_bar_on_node_1_and_widens_the_
     ]
     assert TOPOLOGIES["numa-gpus"].gpus == ("1234:1111", "1af4:1050")
     # The other topologies keep QEMU's default address width.
-    assert option(qemu_argv(spec("numa-pair", cpus=2, memory_mib=4096)), "-cpu") == "max,vendor=GenuineIntel,-avx,-avx2,-fma,-f16c"
+    numa_pair_cpu = option(qemu_argv(spec("numa-pair", cpus=2, memory_mib=4096)), "-cpu")
+    assert numa_pair_cpu == "max,vendor=GenuineIntel,-avx,-avx2,-fma,-f16c"
