@@ -16,6 +16,9 @@ from gpuhost.problems import Problem
 
 GRUB_DROPIN_PATH = GPUHOST_GRUB_DROPIN
 INITRAMFS_MODULES_PATH = "/etc/initramfs-tools/modules"
+# gpuhost's block in the host's own INITRAMFS_MODULES_PATH ({mark}: BEGIN, END). The rollback role
+# removes the block by the same marker: a change here must keep finding the blocks of earlier applies.
+INITRAMFS_MODULES_MARKER = "# {mark} gpuhost: vfio-pci must own the passthrough GPUs before any host driver"
 INITRAMFS_SCRIPT_PATH = "/etc/initramfs-tools/scripts/init-top/gpuhost-vfio"
 APT_PIN_PATH = "/etc/apt/preferences.d/gpuhost-no-nvidia-driver"
 # The trial boot: the new command line as a GRUB entry of its own, booted once with grub-reboot.
@@ -148,6 +151,42 @@ class ModprobeConflict:
     line_number: int
 
 
+class FileState(TextEnum):
+    """What a FileChange leaves at its path."""
+
+    PRESENT = "present"  # a file with exactly the content
+    ABSENT = "absent"
+    DIRECTORY = "directory"
+    BLOCK = "block"  # gpuhost's marked block in a file of the host's, the rest kept (empty content: no block)
+
+
+class Regenerates(TextEnum):
+    """What the host builds again from a changed file before its next boot (the playbooks' handlers)."""
+
+    INITRAMFS = "initramfs"  # update-initramfs -u -k all
+    GRUB = "grub"  # update-grub
+    LOADER_ENTRIES = "loader-entries"  # systemd-boot: SystemdBootPlan.refresh_command
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str
+    state: FileState
+    content: str = ""  # PRESENT: the whole file; BLOCK: the block's lines
+    mode: str = "0644"  # PRESENT, BLOCK (a file it creates) and DIRECTORY; owner and group are root
+    regenerates: Regenerates | None = None
+    marker: str = ""  # BLOCK: the marker line ({mark}: BEGIN, END)
+
+
+@dataclass(frozen=True)
+class HostFiles:
+    """gpuhost's file changes on one host, by phase of apply (gpuhost.plan.files says which and why)."""
+
+    configure: tuple[FileChange, ...]  # before the reboot (the trial entry's files, on a trial)
+    commit: tuple[FileChange, ...]  # once the trial booted and verified: the default entry's
+    revert: tuple[FileChange, ...]  # when the trial did not verify: the trial entry's files removed
+
+
 @dataclass(frozen=True)
 class HostPlan:
     host: str
@@ -172,11 +211,17 @@ class HostPlan:
     systemd_boot: SystemdBootPlan | None  # None on GRUB hosts
     modprobe_conflicts: tuple[ModprobeConflict, ...]  # commented out by apply (the file backed up first)
     backup_files: tuple[str, ...]  # files apply overwrites or deletes, copied to BACKUP_DIR first (once)
+    files: HostFiles
     reboot_needed: bool
     reboot_reasons: tuple[str, ...]
     verify_command: str  # shell: exit 0 when the host booted into the planned state (reboot test_command)
     notes: tuple[str, ...]
     refusals: tuple[Problem, ...]  # Stage.PLAN problems; nothing is written to a host with one
+
+    @property
+    def trial_now(self) -> bool:
+        """This apply boots the new command line once, as a trial entry, before it becomes the default."""
+        return self.trial.enabled and self.reboot_needed
 
     @property
     def applicable(self) -> bool:
@@ -206,6 +251,7 @@ class HostPlan:
         data["trial"]["entry_id"] = TRIAL_ENTRY_ID
         data["trial"]["marker"] = TRIAL_MARKER
         data["trial"]["loader_entry_id"] = TRIAL_LOADER_ENTRY_ID
+        data["trial"]["now"] = self.trial_now
         # A refusal's JSON keeps the keys it had before it was a Problem (host, fix) next to the Problem's own.
         data["refusals"] = [{**r.as_dict(), "host": self.host, "fix": r.remedy} for r in self.refusals]
         plain: dict[str, Any] = _plain(data)

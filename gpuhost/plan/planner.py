@@ -26,6 +26,7 @@ from gpuhost.plan.driver import (
     plan_driver_removal,
     vfio_initramfs_modules,
 )
+from gpuhost.plan.files import plan_files
 from gpuhost.plan.hugepages import plan_hugepages
 from gpuhost.plan.model import (
     KERNEL_CMDLINE_PATH,
@@ -177,11 +178,11 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         ),
         boot_filesystem=boot_filesystem,
     )
+    # HostPlan.trial_now: the same answer, for the playbooks.
+    trial_now = trial.enabled and bool(reasons)
     systemd_boot = None
     if facts.bootloader.kind is BootloaderKind.SYSTEMD_BOOT:
-        systemd_boot = plan_systemd_boot(
-            facts, writer, desired, settings, trial_wanted=settings.trial_boot and bool(reasons), refuse=refuse
-        )
+        systemd_boot = plan_systemd_boot(facts, writer, desired, settings, trial_wanted=trial_now, refuse=refuse)
     if settings.trial_boot and reasons and grubenv_problem and writer is KernelCmdlineWriter.UPDATE_GRUB:
         refuse(
             REFUSE_TRIAL_GRUBENV_UNWRITABLE,
@@ -226,6 +227,16 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         systemd_boot=systemd_boot,
         modprobe_conflicts=conflicts,
         backup_files=backups,
+        files=plan_files(
+            trial_now=trial_now,
+            trial=trial,
+            systemd_boot=systemd_boot,
+            grub_dropin=dropin,
+            driver_removal=removal,
+            initramfs_modules=modules,
+            initramfs_script=initramfs_script,
+            hugetlbfs_mount_point=pages.mount_point,
+        ),
         reboot_needed=bool(reasons),
         reboot_reasons=reasons,
         verify_command=_verify_command(tuple(options), functions, removal.pin),

@@ -1,0 +1,255 @@
+"""The collection's host_files module, run as Ansible runs a module (its file and a JSON args file), on
+real files under a temporary directory; and the plan's phases it carries out (gpuhost.plan.files).
+
+Where the module stands in for a builtin (blockinfile for the initramfs module list), the builtin is
+run on the same input and the two files must be equal byte for byte: the rollback role still removes
+the block with blockinfile, and a host's blocks from earlier applies must be found.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuhost.plan.files import APT_PIN, plan_files
+from gpuhost.plan.model import (
+    GRUB_DROPIN_PATH,
+    INITRAMFS_MODULES_MARKER,
+    INITRAMFS_MODULES_PATH,
+    INITRAMFS_SCRIPT_PATH,
+    KERNEL_CMDLINE_PATH,
+    TRIAL_GRUB_SCRIPT_PATH,
+    TRIAL_SETTINGS_PATH,
+    DriverRemoval,
+    FileState,
+    KernelCmdlineWriter,
+    Regenerates,
+    SystemdBootPlan,
+    TrialBoot,
+)
+from tests.helpers import COLLECTION
+
+MODULE = COLLECTION / "plugins" / "modules" / "host_files.py"
+BLOCKINFILE = "ansible.modules.blockinfile"
+MODULES_FILE = "# /etc/initramfs-tools/modules: modules to include in the initramfs\nloop\n"
+
+
+def run_module(
+    module: Path | str, tmp_path: Path, args: dict[str, Any], check: bool = False, diff: bool = False
+) -> dict[str, Any]:
+    """`module`: a module's file, or the name of a builtin (run with -m: beside its file, ansible's own
+    tempfile module would shadow the standard library's)."""
+    arguments = tmp_path / "args.json"
+    payload = {**args, "_ansible_check_mode": check, "_ansible_diff": diff, "_ansible_tmpdir": str(tmp_path)}
+    arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
+    program = [str(module)] if isinstance(module, Path) else ["-m", module]
+    done = subprocess.run([sys.executable, *program, str(arguments)], capture_output=True, text=True, timeout=60)
+    result: dict[str, Any] = json.loads(done.stdout)
+    assert not result.get("failed"), result
+    return result
+
+
+def change(path: Path, state: str, content: str = "", **extra: str) -> dict[str, str]:
+    return {"path": str(path), "state": state, "content": content, **extra}
+
+
+def test_a_file_is_written_once_with_its_mode_and_a_diff(tmp_path: Path) -> None:
+    target = tmp_path / "etc" / "default" / "grub.d" / "gpuhost.cfg"
+    files = [change(target, "present", "GRUB_CMDLINE_LINUX_DEFAULT=x\n", mode="0755", regenerates="grub")]
+    first = run_module(MODULE, tmp_path, {"files": files}, diff=True)
+    assert first["changed"] and first["changed_paths"] == [str(target)] and first["regenerate"] == ["grub"]
+    assert first["diff"] == [
+        {"before_header": str(target), "after_header": str(target), "before": "", "after": files[0]["content"]}
+    ]
+    assert target.read_text() == "GRUB_CMDLINE_LINUX_DEFAULT=x\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755 and target.stat().st_uid == 0
+    again = run_module(MODULE, tmp_path, {"files": files})
+    assert not again["changed"] and again["regenerate"] == []
+    target.chmod(0o600)
+    mode_only = run_module(MODULE, tmp_path, {"files": files})
+    assert mode_only["changed"] and stat.S_IMODE(target.stat().st_mode) == 0o755
+
+
+def test_check_mode_reports_every_change_and_writes_nothing(tmp_path: Path) -> None:
+    kept = tmp_path / "kept.conf"
+    kept.write_text("old\n")
+    files = [
+        change(tmp_path / "new.cfg", "present", "new\n", regenerates="initramfs"),
+        change(kept, "absent", regenerates="grub"),
+        change(tmp_path / "hugepages1G", "directory", mode="0755"),
+        change(tmp_path / "modules", "block", "vfio\n", marker=INITRAMFS_MODULES_MARKER),
+    ]
+    result = run_module(MODULE, tmp_path, {"files": files}, check=True, diff=True)
+    assert result["changed_paths"] == [f["path"] for f in files]
+    assert result["regenerate"] == ["initramfs", "grub"]
+    assert len(result["diff"]) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["args.json", "kept.conf"]
+
+
+def test_absent_removes_a_file_and_then_finds_nothing_to_do(tmp_path: Path) -> None:
+    target = tmp_path / "nvidia.conf"
+    target.write_text("options nvidia NVreg_PreserveVideoMemoryAllocations=1\n")
+    files = [change(target, "absent", regenerates="initramfs")]
+    assert run_module(MODULE, tmp_path, {"files": files})["regenerate"] == ["initramfs"]
+    assert not target.exists()
+    assert not run_module(MODULE, tmp_path, {"files": files})["changed"]
+
+
+@pytest.mark.parametrize(
+    ("start", "block"),
+    [
+        (None, "vfio\nvfio_iommu_type1\nvfio_pci\n"),  # no file yet: blockinfile's create
+        (MODULES_FILE, "vfio\nvfio_iommu_type1\nvfio_pci\n"),  # the host's file, no block
+        (MODULES_FILE.rstrip("\n"), "vfio\n"),  # no newline at the end
+        (
+            "loop\n# BEGIN gpuhost: vfio-pci must own the passthrough GPUs before any host driver\nvfio\n"
+            "# END gpuhost: vfio-pci must own the passthrough GPUs before any host driver\nafter\n",
+            "vfio\nvfio_pci\n",
+        ),  # an earlier apply's block, with a line of the host's after it
+        (
+            "loop\n# BEGIN gpuhost: vfio-pci must own the passthrough GPUs before any host driver\nvfio\n"
+            "# END gpuhost: vfio-pci must own the passthrough GPUs before any host driver\n",
+            "",
+        ),  # removed
+    ],
+)
+def test_a_block_is_what_blockinfile_leaves(tmp_path: Path, start: str | None, block: str) -> None:
+    ours, builtin = tmp_path / "ours" / "modules", tmp_path / "builtin" / "modules"
+    for path in (ours, builtin):
+        path.parent.mkdir()
+        if start is not None:
+            path.write_text(start)
+    run_module(MODULE, tmp_path, {"files": [change(ours, "block", block, marker=INITRAMFS_MODULES_MARKER)]})
+    run_module(
+        BLOCKINFILE,
+        tmp_path,
+        {
+            "path": str(builtin),
+            "marker": INITRAMFS_MODULES_MARKER,
+            "block": block.rstrip("\n"),
+            "state": "present" if block else "absent",
+            "create": True,
+        },
+    )
+    assert ours.exists() == builtin.exists()
+    if builtin.exists():
+        assert ours.read_bytes() == builtin.read_bytes()
+    again = run_module(MODULE, tmp_path, {"files": [change(ours, "block", block, marker=INITRAMFS_MODULES_MARKER)]})
+    assert not again["changed"]
+
+
+def test_backups_keep_the_first_copy_and_skip_missing_files(tmp_path: Path) -> None:
+    source = tmp_path / "etc" / "modprobe.d" / "nvidia.conf"
+    source.parent.mkdir(parents=True)
+    source.write_text("original\n")
+    source.chmod(0o640)
+    backup_dir = tmp_path / "backup"
+    args = {"backup": [str(source), str(tmp_path / "missing.conf")], "backup_dir": str(backup_dir)}
+    first = run_module(MODULE, tmp_path, args)
+    copy = Path(f"{backup_dir}{source}")
+    assert first["backed_up"] == [str(source)] and copy.read_text() == "original\n"
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o640 and stat.S_IMODE(backup_dir.stat().st_mode) == 0o700
+    source.write_text("changed by apply\n")
+    assert not run_module(MODULE, tmp_path, args)["changed"]
+    assert copy.read_text() == "original\n"
+
+
+def test_a_directory_where_a_file_should_be_fails_with_the_path(tmp_path: Path) -> None:
+    arguments = tmp_path / "args.json"
+    target = tmp_path / "gpuhost.cfg"
+    target.mkdir()
+    payload = {"files": [change(target, "present", "x\n")], "_ansible_tmpdir": str(tmp_path)}
+    arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
+    done = subprocess.run([sys.executable, str(MODULE), str(arguments)], capture_output=True, text=True, timeout=60)
+    result = json.loads(done.stdout)
+    assert result["failed"] and str(target) in result["msg"] and "move it away" in result["msg"]
+
+
+TRIAL = TrialBoot(True, 10, "trial settings\n", "grub script\n", "/dev/vda1 (ext4)")
+NO_REMOVAL = DriverRemoval((), False, (), False, "")
+SYSTEMD_BOOT = SystemdBootPlan(
+    KernelCmdlineWriter.KERNEL_INSTALL,
+    "root=/dev/vda2 ro\n",
+    "root=/dev/vda2 ro intel_iommu=on\n",
+    "/boot/efi/loader/entries/debian.conf",
+    "/boot/efi/loader/entries/gpuhost-trial.conf",
+    "title trial\n",
+    "kernel-install add ...",
+)
+
+
+def phases(trial_now: bool, systemd_boot: SystemdBootPlan | None = None, **kwargs: Any) -> Any:
+    arguments: dict[str, Any] = {
+        "trial_now": trial_now,
+        "trial": TRIAL,
+        "systemd_boot": systemd_boot,
+        "grub_dropin": "dropin\n",
+        "driver_removal": NO_REMOVAL,
+        "initramfs_modules": ("vfio", "vfio_pci"),
+        "initramfs_script": None,
+        "hugetlbfs_mount_point": None,
+        **kwargs,
+    }
+    return plan_files(**arguments)
+
+
+def paths(changes: Any) -> list[tuple[str, FileState]]:
+    return [(c.path, c.state) for c in changes]
+
+
+def test_a_grub_trial_writes_the_trial_settings_and_leaves_the_default_entry_to_commit() -> None:
+    files = phases(trial_now=True)
+    assert paths(files.configure) == [
+        (TRIAL_GRUB_SCRIPT_PATH, FileState.PRESENT),
+        (TRIAL_SETTINGS_PATH, FileState.PRESENT),
+        (INITRAMFS_MODULES_PATH, FileState.BLOCK),
+        (INITRAMFS_SCRIPT_PATH, FileState.ABSENT),
+    ]
+    assert files.configure[2].content == "vfio\nvfio_pci\n"
+    assert paths(files.commit) == [(GRUB_DROPIN_PATH, FileState.PRESENT), (TRIAL_SETTINGS_PATH, FileState.ABSENT)]
+    assert paths(files.revert) == [(TRIAL_SETTINGS_PATH, FileState.ABSENT)]
+    assert {c.regenerates for c in files.commit} == {Regenerates.GRUB}
+
+
+def test_without_a_trial_the_default_entry_is_written_and_a_left_trial_removed() -> None:
+    files = phases(trial_now=False, trial=TrialBoot(False, 10, "s\n", "g\n", ""))
+    assert paths(files.configure)[:2] == [
+        (GRUB_DROPIN_PATH, FileState.PRESENT),
+        (TRIAL_SETTINGS_PATH, FileState.ABSENT),
+    ]
+    assert TRIAL_GRUB_SCRIPT_PATH not in [c.path for c in files.configure]
+
+
+def test_systemd_boot_phases_write_the_trial_entry_then_kernel_cmdline() -> None:
+    trial = phases(trial_now=True, systemd_boot=SYSTEMD_BOOT)
+    assert paths(trial.configure)[0] == (SYSTEMD_BOOT.trial_entry_path, FileState.PRESENT)
+    assert trial.configure[0].mode == "0700" and trial.configure[0].regenerates is None
+    assert paths(trial.commit) == [
+        (KERNEL_CMDLINE_PATH, FileState.PRESENT),
+        (SYSTEMD_BOOT.trial_entry_path, FileState.ABSENT),
+    ]
+    assert trial.commit[0].regenerates is Regenerates.LOADER_ENTRIES
+    plain = phases(trial_now=False, systemd_boot=SYSTEMD_BOOT)
+    assert paths(plain.configure)[:2] == [
+        (KERNEL_CMDLINE_PATH, FileState.PRESENT),
+        (SYSTEMD_BOOT.trial_entry_path, FileState.ABSENT),
+    ]
+
+
+def test_driver_files_pin_script_and_mount_point_are_in_the_configure_phase() -> None:
+    removal = DriverRemoval(("nvidia-driver",), False, ("/etc/modprobe.d/nvidia.conf",), True, "")
+    files = phases(
+        trial_now=True, driver_removal=removal, initramfs_script="#!/bin/sh\n", hugetlbfs_mount_point="/dev/hugepages1G"
+    )
+    by_path = {c.path: c for c in files.configure}
+    assert by_path["/etc/modprobe.d/nvidia.conf"].state is FileState.ABSENT
+    assert by_path["/etc/modprobe.d/nvidia.conf"].regenerates is Regenerates.INITRAMFS
+    assert by_path["/etc/apt/preferences.d/gpuhost-no-nvidia-driver"].content == APT_PIN
+    assert by_path[INITRAMFS_SCRIPT_PATH].mode == "0755"
+    assert by_path["/dev/hugepages1G"].state is FileState.DIRECTORY
