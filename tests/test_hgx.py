@@ -177,3 +177,29 @@ def test_a_device_in_an_nvswitch_s_group_is_refused_by_plan_and_render():
     with pytest.raises(RenderRefused) as refused:
         plan_domain(shared, spec, HostPolicy(gpus=ALL), host="hgx")
     assert "render.group.intruder" in {c.code for c in refused.value.conflicts if c.subject == nic.address}
+
+
+@pytest.mark.parametrize("cpu_bits", [43, 44, 46])
+def test_audit_and_render_agree_on_whether_the_cpu_holds_the_full_passthrough_bars(cpu_bits):
+    """Issue 27 item 6: the audit said READY where render then refused the one VM a full-passthrough
+    HGX host can have. Its 8 GPUs (16 MiB + 128 GiB + 32 MiB BARs each, a 256 GiB window each) and 4
+    NVSwitches take a 2 TiB window, which the firmware of a 44-bit guest holds (2^41), not a 43-bit one."""
+    host = hgx_h100_host()
+    assert host.cpu is not None
+    host = dataclasses.replace(host, cpu=dataclasses.replace(host.cpu, physical_address_bits=cpu_bits))
+    _, _, findings = run_checks("hgx", host, AuditPolicy(gpus=ALL))
+    audit = [f for f in findings if f.code == "gpu.bars.address_width"]
+    spec = parse_vm({"name": "train-8", "vcpus": 16, "memory": "64G", "gpus": "all"}, "test")
+    try:
+        plan_domain(host, spec, HostPolicy(gpus=ALL), host="hgx")
+        render = []
+    except RenderRefused as refused:
+        render = [c for c in refused.conflicts if c.code == "render.bars.address_width"]
+    assert bool(audit) == bool(render) == (cpu_bits < 44)
+    if audit:
+        (finding,) = audit
+        assert finding.severity.name == "ERROR" and "2 TiB 64-bit PCI window" in finding.message
+        assert f"{cpu_bits} physical address bits" in finding.message and "at least 44" in finding.remedy
+    # Four GPUs of one node, NVSwitches on the host (the shared model): no VM of all of them, no finding.
+    shared = run_checks("hgx", host, AuditPolicy(gpus=GpuSelector.parse(NODE0_GPUS, "t")))[2]
+    assert "gpu.bars.address_width" not in [f.code for f in shared]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from gpuhost.checks.address_space import check_address_space
 from gpuhost.checks.base import CheckContext
 from gpuhost.checks.firmware import check_firmware
 from gpuhost.checks.gpus import check_gpu_cards, check_gpu_presence, check_nvswitches
@@ -28,6 +29,7 @@ HOST_CHECKS: tuple[Check, ...] = (
     check_gpu_presence,
     check_gpu_cards,
     check_nvswitches,
+    check_address_space,
     check_nvidia_driver,
     check_modprobe,
     check_initramfs,

@@ -109,12 +109,6 @@ GPU_NUMA = register(
 GPU_NUMA_HUGEPAGES = register(
     "gpu.numa.hugepages", Stage.AUDIT, Severity.WARNING, "no 1 GiB pages on the GPU's NUMA node"
 )
-GPU_P2P_IOMMU_WIDTH = register(
-    "gpu.p2p.iommu_width",
-    Stage.AUDIT,
-    Severity.WARNING,
-    "the IOMMU remaps fewer address bits than the CPU has (2 GPUs or more): BARs above its width break peer-to-peer",
-)
 GPU_BOOT_DISPLAY = register(
     "gpu.boot_display", Stage.AUDIT, Severity.WARNING, "the GPU is the boot display (efifb/simpledrm)"
 )
@@ -216,28 +210,6 @@ def check_gpu_cards(ctx: CheckContext) -> Iterator[Problem]:
         yield from check_numa(ctx, card.gpu)
         yield from _check_boot_display(ctx, card.gpu)
     yield from _check_kept_gpus(ctx)
-    yield from _check_iommu_width(ctx)
-
-
-def _check_iommu_width(ctx: CheckContext) -> Iterator[Problem]:
-    """With <maxphysaddr mode='passthrough'/> the guest's OVMF sizes its 64-bit window from the CPU's
-    address width and may place BARs above what the IOMMU can remap: DMA between the passed GPUs
-    then fails, though each works alone. Said where at least two GPUs are passed."""
-    facts = ctx.facts
-    cpu_bits = facts.cpu.physical_address_bits if facts.cpu is not None else None
-    iommu_bits = facts.kernel_log.iommu_address_bits if facts.kernel_log is not None else None
-    if len(ctx.selection.passthrough) < 2 or cpu_bits is None or iommu_bits is None or iommu_bits >= cpu_bits:
-        return  # one GPU has no GPU peer
-    yield ctx.finding(
-        GPU_P2P_IOMMU_WIDTH,
-        WARNING,
-        "IOMMU",
-        f"the IOMMU remaps {iommu_bits}-bit addresses (its capability register in the kernel log) and the CPU has "
-        f"{cpu_bits} physical address bits: a guest rendered with maxphysaddr passthrough may get its GPUs' BARs "
-        f"above 2^{iommu_bits}, where the IOMMU cannot map them, so peer-to-peer between the GPUs fails",
-        "Check peer-to-peer in the guest (gpuhost smoke-test); where it fails, keep the BARs below the IOMMU's "
-        "width (a maxphysaddr limit, or a BIOS setting that widens the IOMMU's address width).",
-    )
 
 
 def _check_group(ctx: CheckContext, card: GpuCard) -> Iterator[Problem]:

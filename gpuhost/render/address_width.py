@@ -6,6 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuhost.bar_window import (
+    QEMU_DEFAULT_PHYS_BITS,
+    bar_window_bytes,
+    bits_for_window,
+    describe_size,
+    window_of_bits,
+)
 from gpuhost.facts.model import GIB_KIB, HostFacts
 from gpuhost.inventory.spec import VmSpec
 from gpuhost.problems import Problem, Severity, Stage, register
@@ -13,25 +20,13 @@ from gpuhost.render.conflicts import render_conflict
 from gpuhost.render.layout import RootPort
 from gpuhost.render.memory import KIB_PER_MIB
 
-HOLE64_MIN_BYTES = 32 << 30  # QEMU's q35 default pci-hole64-size
-
 # What libvirt itself allows beyond guest memory for a VFIO domain's locked memory when no limit is
 # given (the devices' I/O space and QEMU's own locked allocations).
 VFIO_LOCK_ALLOWANCE_KIB = GIB_KIB
 
 MAXPHYSADDR_LIBVIRT = (8, 7)  # the first libvirt with <maxphysaddr>
 
-# The guest's physical address width where nothing sets it: TCG's (and any CPU model but host's).
-QEMU_DEFAULT_PHYS_BITS = 40
-
 TCG_MAX_PHYS_BITS = 52  # x86-64's architectural limit, QEMU's TARGET_PHYS_ADDR_SPACE_BITS
-
-# OVMF (edk2-stable202211 on, PlatformDynamicMmioWindow) puts its 64-bit PCI window in the top
-# eighth of the guest's address space: a width of B bits holds a window of 2^(B-3). SeaBIOS places
-# BARs above the guest's memory whatever the width, and QEMU refuses a hole past the width, so the
-# OVMF rule also bounds a SeaBIOS guest's hole. Measured under TCG (40 bits): OVMF 2022.11 put a
-# 64 GiB BAR at 896 GiB; SeaBIOS 1.16 put a 1 TiB BAR at 1 TiB, which the guest kernel dropped.
-FIRMWARE_WINDOW_SHARE_BITS = 3
 
 # OVMF sizes its 64-bit PCI aperture from the guest's physical address width from edk2-stable202211
 # on; older builds keep 32 GiB unless fw_cfg opt/ovmf/X-PciMmio64Mb says otherwise.
@@ -89,8 +84,8 @@ def guest_address_width(
     KVM: the host's width (passthrough), refused where the host CPU's own width is too narrow.
     TCG: QEMU's 40 bits are left alone where they suffice, else the fewest bits that do (emulate).
     Either needs libvirt 8.7; an older one is refused, naming it."""
-    needed = max(QEMU_DEFAULT_PHYS_BITS, (hole64 - 1).bit_length() + FIRMWARE_WINDOW_SHARE_BITS)
-    window = f"a {_gib(hole64)} 64-bit PCI window (the BARs of the passed functions)"
+    needed = bits_for_window(hole64)
+    window = f"a {describe_size(hole64)} 64-bit PCI window (the BARs of the passed functions)"
     if spec.domain_type == "kvm":
         cpu_bits = facts.cpu.physical_address_bits if facts.cpu is not None else None
         if cpu_bits is not None and cpu_bits < needed:
@@ -99,7 +94,7 @@ def guest_address_width(
                     BARS_ADDRESS_WIDTH,
                     "BARs",
                     f"the VM needs {window}, but the host's CPU has {cpu_bits} physical address bits, which leave the "
-                    f"guest's firmware a window of {_gib(1 << (cpu_bits - FIRMWARE_WINDOW_SHARE_BITS))}: the BARs that "
+                    f"guest's firmware a window of {describe_size(window_of_bits(cpu_bits))}: the BARs that "
                     "do not fit are not assigned;",
                     f"give the VM fewer GPUs (or GPUs with smaller BARs), or run it on a host whose CPU has at least "
                     f"{needed} physical address bits.",
@@ -122,16 +117,12 @@ def guest_address_width(
     else:
         notes.append(
             f"the guest CPU gets {needed} physical address bits (QEMU's default {QEMU_DEFAULT_PHYS_BITS} leave the "
-            f"firmware a {_gib(1 << (QEMU_DEFAULT_PHYS_BITS - FIRMWARE_WINDOW_SHARE_BITS))} window; the VM needs "
+            f"firmware a {describe_size(window_of_bits(QEMU_DEFAULT_PHYS_BITS))} window; the VM needs "
             f"{window})"
         )
         width = GuestAddressWidth("emulate", needed)
     _check_maxphysaddr_libvirt(facts, conflicts, notes)
     return width
-
-
-def _gib(size: int) -> str:
-    return f"{size >> 30} GiB" if size < 1 << 40 or size % (1 << 40) else f"{size >> 40} TiB"
 
 
 def _check_maxphysaddr_libvirt(facts: HostFacts, conflicts: list[Problem], notes: list[str]) -> None:
@@ -221,17 +212,5 @@ def lock_limit_kib(memory_kib: int, ports: Sequence[RootPort], tcg_tb_cache_mib:
 
 
 def hole64_bytes(ports: Sequence[RootPort]) -> int:
-    """64-bit prefetchable BARs per root port, each window aligned to its largest BAR, summed and
-    rounded up to a power of two; at least QEMU's default."""
-    total = 0
-    for port in ports:
-        sizes = sorted(
-            (bar.size for f in port.functions for bar in f.host.bars if bar.is_64bit and bar.is_prefetchable),
-            reverse=True,
-        )
-        if sizes:
-            total += -(-sum(sizes) // sizes[0]) * sizes[0]
-    hole = HOLE64_MIN_BYTES
-    while hole < total:
-        hole <<= 1
-    return hole
+    """The 64-bit PCI window of the VM's root ports (gpuhost.bar_window says how)."""
+    return bar_window_bytes(tuple(f.host for f in port.functions) for port in ports)
