@@ -39,6 +39,8 @@ class CpuInfo:
     logical_cpus: int
     flags: frozenset[str]
     physical_address_bits: int | None = None  # 'address sizes: 46 bits physical' (None: not reported)
+    family: int | None = None  # 'cpu family' (6 on Intel's cores, 25 on AMD Zen 4); None: not reported
+    model: int | None = None  # 'model', the number (0x8f: Sapphire Rapids); None: not reported
 
     @property
     def has_virtualization(self) -> bool:

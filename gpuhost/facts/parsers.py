@@ -121,6 +121,8 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     flags: frozenset[str] = frozenset()
     processors = 0
     physical_bits: int | None = None
+    family: int | None = None
+    model_number: int | None = None
     for line in text.splitlines():
         key, sep, value = line.partition(":")
         if not sep:
@@ -137,8 +139,18 @@ def parse_cpuinfo(text: str) -> CpuInfo:
             flags = frozenset(value.split())
         elif key == "address sizes" and physical_bits is None:
             physical_bits = _physical_address_bits(value)
+        elif key == "cpu family" and family is None and value.isdigit():
+            family = int(value)
+        elif key == "model" and model_number is None and value.isdigit():
+            model_number = int(value)
     return CpuInfo(
-        vendor=vendor, model_name=model, logical_cpus=processors, flags=flags, physical_address_bits=physical_bits
+        vendor=vendor,
+        model_name=model,
+        logical_cpus=processors,
+        flags=flags,
+        physical_address_bits=physical_bits,
+        family=family,
+        model=model_number,
     )
 
 
