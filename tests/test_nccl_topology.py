@@ -7,6 +7,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from gpuhost.facts.parsers import parse_nccl_topology
 from gpuhost.guest.provision import NCCL_CONF_SET_TOPOLOGY
 from gpuhost.inventory.spec import parse_vm
 from gpuhost.render.domain import plan_domain
@@ -14,7 +15,6 @@ from gpuhost.render.layout import ExpanderBus, RootPort
 from gpuhost.render.nccl_topology import (
     cpumap,
     guest_bus_numbers,
-    parse_topology_busids,
     topology_for_guest,
     topology_for_plan,
     topology_path_for,
@@ -95,7 +95,7 @@ def test_the_file_is_what_nccl_reads():
     assert all(p.get("link_speed") == "32.0 GT/s PCIe" and p.get("link_width") == "16" for p in pcis)
     assert all(p.get("class") == "0x030200" and p.get("device") == "0x2330" for p in pcis)
     assert not root.findall(".//gpu")  # NCCL adds <gpu> from NVML: its NVLinks, dev, sm and rank
-    assert parse_topology_busids(text) == {p.get("busid"): 0 for p in pcis}
+    assert parse_nccl_topology(text) == {p.get("busid"): 0 for p in pcis}
 
 
 def test_host_text_is_escaped():

@@ -26,6 +26,7 @@ from typing import Any
 
 from gpuhost.audit import audit_target, open_transport
 from gpuhost.errors import GpuhostError, InputError
+from gpuhost.facts.model import NCCL_CONF
 from gpuhost.guest import libvirt_host, nouveau, provision
 from gpuhost.guest.errors import GuestStepError
 from gpuhost.guest.keys import generate_ed25519
@@ -36,7 +37,7 @@ from gpuhost.guest.wheels import GUEST_PROJECTS, Wheel, prepare_wheels, select_w
 from gpuhost.inventory import pins
 from gpuhost.inventory.spec import HostPolicy, VmSpec
 from gpuhost.render.domain import plan_domain
-from gpuhost.render.nccl_topology import NCCL_CONF, topology_for_plan, topology_xml
+from gpuhost.render.nccl_topology import topology_for_plan, topology_xml
 from gpuhost.render.validate import validate_domain_xml, validator_available
 from gpuhost.render.xml import render_plan
 from gpuhost.targets import LOCAL, Target

@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuhost.errors import GpuhostError, InputError
+from gpuhost.facts.model import NCCL_CONF, NCCL_GUEST_TOPOLOGY
 from gpuhost.facts.parsers import parse_os_release
 from gpuhost.guest.wheels import Wheel
 from gpuhost.inventory import pins
-from gpuhost.render.nccl_topology import GUEST_TOPOLOGY_PATH, NCCL_CONF
 from gpuhost.transport import CommandResult, Transport, TransportError
 
 GUEST_DIR = "/opt/gpuhost"
@@ -472,25 +472,25 @@ def install_gpuhost(transport: Transport, wheels: tuple[Wheel, ...], *, log: Log
 
 
 def install_nccl_topology(transport: Transport, topology_xml: str, *, log: Log, timeout: float) -> str:
-    """Copy the VM's NCCL topology file in (GUEST_TOPOLOGY_PATH) and name it in /etc/nccl.conf; its path."""
+    """Copy the VM's NCCL topology file in (NCCL_GUEST_TOPOLOGY) and name it in /etc/nccl.conf; its path."""
     deadline = time.monotonic() + timeout
 
     def left() -> float:
         return max(1.0, deadline - time.monotonic())
 
-    directory = GUEST_TOPOLOGY_PATH.rsplit("/", 1)[0]
+    directory = NCCL_GUEST_TOPOLOGY.rsplit("/", 1)[0]
     run_checked(transport, ["mkdir", "-p", directory], log=log, timeout=left())
     run_checked(
         transport,
-        ["dd", f"of={GUEST_TOPOLOGY_PATH}", "status=none"],
+        ["dd", f"of={NCCL_GUEST_TOPOLOGY}", "status=none"],
         stdin=topology_xml.encode(),
         log=log,
         timeout=left(),
     )
     run_checked(
-        transport, ["sh", "-c", NCCL_CONF_SET_TOPOLOGY, "sh", NCCL_CONF, GUEST_TOPOLOGY_PATH], log=log, timeout=left()
+        transport, ["sh", "-c", NCCL_CONF_SET_TOPOLOGY, "sh", NCCL_CONF, NCCL_GUEST_TOPOLOGY], log=log, timeout=left()
     )
-    return GUEST_TOPOLOGY_PATH
+    return NCCL_GUEST_TOPOLOGY
 
 
 def run_smoke_test(transport: Transport, *, log: Log, timeout: float, quick: bool) -> SmokeTestRun:

@@ -32,8 +32,6 @@ from gpuhost.render.domain import DomainPlan
 from gpuhost.render.layout import ExpanderBus, RootPort
 
 TOPOLOGY_XML_VERSION = 1  # NCCL_TOPO_XML_VERSION: NCCL refuses a file of another version
-NCCL_CONF = "/etc/nccl.conf"
-GUEST_TOPOLOGY_PATH = "/etc/gpuhost/nccl-topology.xml"  # where `gpuhost guest up` installs it
 TOPOLOGY_SUFFIX = ".nccl-topo.xml"  # beside the domain XML: train-1.xml -> train-1.nccl-topo.xml
 
 
@@ -174,26 +172,6 @@ def topology_xml(topology: NcclTopology) -> str:
             ET.SubElement(cpu_element, "pci", pci)
     ET.indent(system, space="  ")
     return ET.tostring(system, encoding="unicode") + "\n"
-
-
-def parse_topology_busids(text: str) -> dict[str, int]:
-    """A topology file's GPU-class <pci> bus IDs -> the numaid of the <cpu> above each; raises
-    ET.ParseError on text that is no XML. For the audit and the tests: what NCCL would match."""
-    # A guest's file: ElementTree resolves no external entity, and expat caps entity expansion.
-    root = ET.fromstring(text)  # noqa: S314
-    found: dict[str, int] = {}
-    if root.tag != "system":
-        return found
-    for cpu in root.iter("cpu"):
-        try:
-            numa = int(cpu.get("numaid", "-1"))
-        except ValueError:
-            numa = -1
-        for pci in cpu.iter("pci"):
-            busid = pci.get("busid")
-            if busid is not None and (pci.get("class") or "").lower().startswith("0x03"):
-                found[busid.lower()] = numa
-    return found
 
 
 def topology_path_for(domain_xml_path: str) -> str:
