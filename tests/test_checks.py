@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from gpuhost.checks import AuditPolicy, Severity, run_checks
+from gpuhost.facts.model import NcclTopologyFile
+from gpuhost.facts.parsers import parse_nccl_topology
 from gpuhost.facts.pci import PciFunction
+from gpuhost.render.nccl_topology import topology_for_guest, topology_xml
 from gpuhost.selection import GpuSelector, select_gpus
 from tests.helpers import FIXTURES, guide_host, snapshot_facts
 from tests.test_parsers import GUIDE_CMDLINE
@@ -22,10 +25,45 @@ def test_h100_guest_is_a_clean_passthrough_guest():
     role, selection, findings = run_checks("h100", facts, ALL_NVIDIA)
     assert role == "guest"
     assert [card.gpu.address for card in selection.passthrough] == ["0000:00:06.0"]
-    assert codes(findings, Severity.ERROR) == [] and codes(findings, Severity.WARNING) == []
+    # A flat bus with no NCCL topology file: the one warning, with its fix.
+    assert codes(findings, Severity.ERROR) == [] and codes(findings, Severity.WARNING) == ["guest.topology.flat"]
+    flat = next(f for f in findings if f.code == "guest.topology.flat")
+    assert "0000:00:06.0" in flat.message and "NCCL_TOPO_FILE" in flat.remedy and "gpuhost guest up" in flat.remedy
     messages = " ".join(f.message for f in findings)
     assert "passthrough guest" in messages and "no IOMMU" in messages and "Gen5 x16" in messages
-    assert "guest.topology.flat" in codes(findings)
+    (none,) = (f for f in findings if f.code == "guest.nccl.topology")
+    assert none.severity == Severity.INFO and "no NCCL topology file" in none.message
+
+
+def h100_guest_with(topology: NcclTopologyFile | None):
+    """The recorded H100 guest (one GPU, 0000:00:06.0, on its root bus) with `topology` as NCCL's file."""
+    return dataclasses.replace(snapshot_facts("h100-guest"), nccl_topology=topology)
+
+
+def test_a_flat_guest_whose_nccl_topology_lists_its_gpu_is_told_so():
+    # The file gpuhost builds from this guest's own snapshot, as `gpuhost guest up` would install it.
+    built = topology_xml(topology_for_guest(snapshot_facts("h100-guest")))
+    installed = NcclTopologyFile("/etc/gpuhost/nccl-topology.xml", "/etc/nccl.conf", parse_nccl_topology(built), None)
+    _, _, findings = run_checks("h100", h100_guest_with(installed), ALL_NVIDIA)
+    assert codes(findings, Severity.WARNING) == [] and codes(findings, Severity.ERROR) == []
+    (flat,) = (f for f in findings if f.code == "guest.topology.flat")
+    assert flat.severity == Severity.INFO and flat.subject == "0000:00:06.0" and "NUMA node 0" in flat.message
+    (told,) = (f for f in findings if f.code == "guest.nccl.topology")
+    assert told.severity == Severity.INFO and "lists all 1 GPU(s)" in told.message
+    assert "named in /etc/nccl.conf" in told.message
+
+
+def test_a_topology_file_that_leaves_the_gpu_out_or_cannot_be_read_is_a_warning():
+    other = NcclTopologyFile("/etc/t.xml", "/etc/nccl.conf", {"0000:01:00.0": 0}, None)  # another VM's layout
+    _, _, findings = run_checks("h100", h100_guest_with(other), ALL_NVIDIA)
+    assert sorted(codes(findings, Severity.WARNING)) == ["guest.nccl.topology", "guest.topology.flat"]
+    (left_out,) = (f for f in findings if f.code == "guest.nccl.topology")
+    assert "does not list 0000:00:06.0" in left_out.message and left_out.remedy
+    broken = NcclTopologyFile("/etc/t.xml", "/etc/nccl.conf", None, "not XML (syntax error: line 1, column 0)")
+    _, _, findings = run_checks("h100", h100_guest_with(broken), ALL_NVIDIA)
+    assert sorted(codes(findings, Severity.WARNING)) == ["guest.nccl.topology", "guest.topology.flat"]
+    (unusable,) = (f for f in findings if f.code == "guest.nccl.topology")
+    assert "not XML" in unusable.message and "/etc/t.xml" in unusable.message
 
 
 def test_h100_judged_as_a_host_is_not_ready_for_the_right_reasons():

@@ -283,3 +283,15 @@ def test_a_snapshot_of_another_host_is_refused_naming_both(tmp_path, capsys):
     err = capsys.readouterr().err
     assert status == 2 and f"--from-snapshot {LAB_FRESH}: it is a snapshot of 'lab-1', not of --host gpu02" in err
     assert "--host lab-1" in err and "gpuhost snapshot -i INVENTORY gpu02 -o DIR" in err
+
+
+def test_render_to_a_file_writes_the_nccl_topology_beside_it(inventory, applied_snapshot, tmp_path, capsys):
+    out = tmp_path / "nested-proof.xml"
+    args = ["render", "-i", str(inventory), "--host", "lab-1", "--vm", "nested-proof", "--no-validate"]
+    status = main([*args, "--from-snapshot", str(applied_snapshot), "-o", str(out)])
+    assert status == 0, capsys.readouterr().err
+    assert ET.fromstring(out.read_text()).findtext("name") == "nested-proof"
+    topology = ET.fromstring((tmp_path / "nested-proof.nccl-topo.xml").read_text())
+    # The stand-in GPU's display function, behind the domain's first root port: guest bus 1.
+    assert [(p.get("busid"), p.get("vendor")) for p in topology.iter("pci")] == [("0000:01:00.0", "0x1234")]
+    assert [c.get("numaid") for c in topology.iter("cpu")] == ["0"]

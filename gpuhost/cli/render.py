@@ -6,6 +6,10 @@ The host is audited read-only (one round trip, as `gpuhost audit`) for its facts
 read from a capture with --from-snapshot DIR. The VM, the host's other VMs (CPUs are allocated
 for all of them, in inventory order) and the host's policy come from the inventory. Exit
 status: 0 rendered (and valid), 2 refused or bad input (the message names each conflict).
+
+With -o FILE.xml it also writes FILE.nccl-topo.xml beside it: the VM's NCCL topology file (which
+guest NUMA node each GPU hangs off, at its guest bus ID, with the host's PCIe link), the file
+`gpuhost guest up` installs and names in the guest's /etc/nccl.conf (NCCL_TOPO_FILE).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from gpuhost.facts.model import HostFacts
 from gpuhost.facts.snapshot import open_snapshot
 from gpuhost.inventory.spec import validate_cpulist, validate_name
 from gpuhost.output import check_outputs, write_output
-from gpuhost.render.domain import parse_cpulist
+from gpuhost.render.domain import parse_cpulist, plan_domain
+from gpuhost.render.nccl_topology import topology_for_plan, topology_path_for, topology_xml
 from gpuhost.render.validate import validate_domain_xml
-from gpuhost.render.xml import render_domain
+from gpuhost.render.xml import render_plan
 from gpuhost.selection import GpuSelector
 from gpuhost.targets import SNAPSHOT, Target
 
@@ -54,22 +59,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="CPULIST=DOMAIN",
         help="host CPUs another defined domain's vCPUs are pinned to (repeatable); `guest up` reads these from libvirt",
     )
-    parser.add_argument("-o", "--output", metavar="FILE", help="write the XML here instead of stdout")
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the XML here instead of stdout, and the VM's NCCL topology file beside it (FILE.nccl-topo.xml)",
+    )
     parser.add_argument("--no-validate", action="store_true", help="skip libvirt's schema check (virt-xml-validate)")
 
 
 def run(args: argparse.Namespace) -> int:
-    check_outputs([("-o", args.output)], [("-i", args.inventory)])
+    topology_path = topology_path_for(args.output) if args.output is not None else None
+    check_outputs([("-o", args.output), ("-o (its NCCL topology)", topology_path)], [("-i", args.inventory)])
     target, spec, policy = resolve_vm(args, "render")
     host = target.name
     facts = _facts(target, args.snapshot_dir)
     vms = target.require_config().vms  # the host's other VMs: CPUs are allocated for them all
     taken, cpus_taken = parse_taken(args.taken), parse_taken_cpus(args.taken_cpus)
-    xml = render_domain(facts, spec, policy, host=host, taken=taken, host_vms=vms, cpus_taken=cpus_taken)
+    plan = plan_domain(facts, spec, policy, host=host, taken=taken, host_vms=vms, cpus_taken=cpus_taken)
+    xml = render_plan(plan)
     if not args.no_validate:
         validate_domain_xml(xml)
     if args.output is not None:
         write_output(args.output, xml, "-o")
+        assert topology_path is not None
+        write_output(topology_path, topology_xml(topology_for_plan(facts, plan)), "-o (its NCCL topology)")
     else:
         sys.stdout.write(xml)
     return EXIT_OK

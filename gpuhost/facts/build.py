@@ -9,6 +9,8 @@ from gpuhost.facts import parsers as p
 from gpuhost.facts import rescue
 from gpuhost.facts.model import (
     GPUHOST_GRUB_DROPIN,
+    NCCL_CONF,
+    NCCL_DEFAULT_TOPOLOGY,
     ActiveLoader,
     Bootloader,
     BootloaderKind,
@@ -23,6 +25,7 @@ from gpuhost.facts.model import (
     LoaderEntryFile,
     ModprobeDirective,
     Modules,
+    NcclTopologyFile,
     NumaNode,
     NvidiaInstall,
     Package,
@@ -83,7 +86,29 @@ def build_facts(tree: Tree) -> HostFacts:
         thread_siblings=_thread_siblings(tree),
         rescue=_rescue(tree, exists, status),
         xorg_conf=_present(tree, exists, XORG_CONF),
+        nccl_topology=_nccl_topology(tree),
     )
+
+
+def _nccl_topology(tree: Tree) -> NcclTopologyFile | None:
+    """The topology file NCCL_CONF names (the gather records it as commands/nccl-topology when it is
+    an absolute .xml path to a readable file of at most 1 MiB), else NCCL's default file."""
+    conf = tree.read(NCCL_CONF)
+    named = p.parse_nccl_conf_topology(conf) if conf is not None else None
+    if named is not None:
+        text, where = tree.command("nccl-topology"), NCCL_CONF
+        path = named
+    else:
+        text, where = tree.read(NCCL_DEFAULT_TOPOLOGY), None
+        path = NCCL_DEFAULT_TOPOLOGY
+        if text is None:
+            return None
+    if text is None:
+        return NcclTopologyFile(path, where, None, "missing, unreadable, not an absolute .xml path, or over 1 MiB")
+    try:
+        return NcclTopologyFile(path, where, p.parse_nccl_topology(text), None)
+    except ValueError as error:
+        return NcclTopologyFile(path, where, None, str(error))
 
 
 def _first_line(text: str | None) -> str | None:

@@ -92,7 +92,20 @@ copy_files \
     /sys/class/watchdog/watchdog*/state /sys/class/watchdog/watchdog*/nowayout \
     /proc/sys/kernel/panic /proc/sys/kernel/panic_on_oops /proc/sys/kernel/softlockup_panic \
     /proc/sys/kernel/hung_task_panic /proc/sys/kernel/hardlockup_panic \
-    /etc/systemd/system.conf /etc/systemd/system.conf.d/*.conf /usr/lib/systemd/system.conf.d/*.conf
+    /etc/systemd/system.conf /etc/systemd/system.conf.d/*.conf /usr/lib/systemd/system.conf.d/*.conf \
+    /etc/nccl.conf /var/run/nvidia-topologyd/virtualTopology.xml
+# The NCCL topology file /etc/nccl.conf names (its first NCCL_TOPO_FILE= line, as NCCL reads it),
+# as commands/nccl-topology.txt. Only an absolute path ending in .xml to a readable regular file of
+# at most 1 MiB: the gather copies nothing else a configuration file points it at.
+nccl_topology=$(sed -n 's/^NCCL_TOPO_FILE=//p' /etc/nccl.conf 2> /dev/null | head -n 1 | tr -d '\r')
+case $nccl_topology in
+    /*.xml)
+        if [ -f "$nccl_topology" ] && [ -r "$nccl_topology" ] &&
+            [ "$(wc -c < "$nccl_topology" 2> /dev/null)" -le 1048576 ] 2> /dev/null; then
+            run_command nccl-topology cat -- "$nccl_topology"
+        fi
+        ;;
+esac
 # The watchdog devices (what can reset a host whose boot hangs); its exit status marks that this
 # gather read them: an older snapshot has no such line, and its rescue facts are unknown.
 run_command watchdogs ls /sys/class/watchdog

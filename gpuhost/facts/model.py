@@ -39,6 +39,8 @@ class CpuInfo:
     logical_cpus: int
     flags: frozenset[str]
     physical_address_bits: int | None = None  # 'address sizes: 46 bits physical' (None: not reported)
+    family: int | None = None  # 'cpu family' (6 on Intel's cores, 25 on AMD Zen 4); None: not reported
+    model: int | None = None  # 'model', the number (0x8f: Sapphire Rapids); None: not reported
 
     @property
     def has_virtualization(self) -> bool:
@@ -407,6 +409,23 @@ class VirtualizationSoftware:
         return int(match.group(1) + match.group(2)) if match else None
 
 
+NCCL_CONF = "/etc/nccl.conf"
+NCCL_GUEST_TOPOLOGY = "/etc/gpuhost/nccl-topology.xml"  # where `gpuhost guest up` installs the VM's file
+# Where NCCL looks for a topology file when NCCL_TOPO_FILE is not set (src/graph/topo.cc).
+NCCL_DEFAULT_TOPOLOGY = "/var/run/nvidia-topologyd/virtualTopology.xml"
+
+
+@dataclass(frozen=True)
+class NcclTopologyFile:
+    """The NCCL topology file NCCL will read on this machine (as root, without NCCL_TOPO_FILE in
+    its environment or ~/.nccl.conf), as the gather found it."""
+
+    path: str
+    named_in: str | None  # NCCL_CONF (its NCCL_TOPO_FILE line); None: NCCL's default path
+    gpus: dict[str, int] | None  # the bus IDs of its GPU <pci> nodes -> their <cpu>'s numaid; None: see error
+    error: str | None  # why gpus is None: missing or unreadable, or not an NCCL topology
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """Everything the audit read from one host."""
@@ -441,6 +460,7 @@ class HostFacts:
     # What can reset the host when a boot hangs (watchdogs, the BMC); None: not gathered.
     rescue: RescueFacts | None = None
     xorg_conf: bool | None = None  # /etc/X11/xorg.conf exists (None: unknown)
+    nccl_topology: NcclTopologyFile | None = None  # None: none named in NCCL_CONF and none at the default path
 
     def function(self, address: str) -> PciFunction | None:
         return self._functions_by_address.get(address)

@@ -26,6 +26,7 @@ from typing import Any
 
 from gpuhost.audit import audit_target, open_transport
 from gpuhost.errors import GpuhostError, InputError
+from gpuhost.facts.model import NCCL_CONF
 from gpuhost.guest import libvirt_host, nouveau, provision
 from gpuhost.guest.errors import GuestStepError
 from gpuhost.guest.keys import generate_ed25519
@@ -36,6 +37,7 @@ from gpuhost.guest.wheels import GUEST_PROJECTS, Wheel, prepare_wheels, select_w
 from gpuhost.inventory import pins
 from gpuhost.inventory.spec import HostPolicy, VmSpec
 from gpuhost.render.domain import plan_domain
+from gpuhost.render.nccl_topology import topology_for_plan, topology_xml
 from gpuhost.render.validate import validate_domain_xml, validator_available
 from gpuhost.render.xml import render_plan
 from gpuhost.targets import LOCAL, Target
@@ -346,6 +348,14 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
             timeouts.install,
             lambda: provision.install_gpuhost(guest, wheels, log=log, timeout=timeouts.install),
         )
+        if plan.gpu_ports:
+            topology = topology_xml(topology_for_plan(facts, plan))
+            steps.run(
+                "nccl-topology",
+                timeouts.install,
+                lambda: provision.install_nccl_topology(guest, topology, log=log, timeout=timeouts.install),
+                lambda path: f"{path}, named in {NCCL_CONF}",
+            )
         smoke = steps.run(
             "smoke-test",
             timeouts.smoke_test,

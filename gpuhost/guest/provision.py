@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuhost.errors import GpuhostError, InputError
+from gpuhost.facts.model import NCCL_CONF, NCCL_GUEST_TOPOLOGY
 from gpuhost.facts.parsers import parse_os_release
 from gpuhost.guest.wheels import Wheel
 from gpuhost.inventory import pins
@@ -31,6 +32,13 @@ PIP_FROM_WHEEL = (
     "wheel=$(ls /usr/share/python-wheels/pip-*.whl 2>/dev/null | tail -n 1); "
     'if [ -n "$wheel" ]; then pip="$wheel/pip"; else "$python" -m ensurepip -q; pip="-m pip"; fi; '
     'exec "$python" $pip install -q --no-index --disable-pip-version-check --no-warn-script-location "$@"'
+)
+# Names the topology file in nccl.conf (NCCL reads NCCL_TOPO_FILE from it): every other line of the
+# file is kept, an earlier NCCL_TOPO_FILE line replaced. A fixed script; the two paths are its arguments.
+NCCL_CONF_SET_TOPOLOGY = (
+    'set -e; conf=$1; { if [ -f "$conf" ]; then '
+    'grep -v "^[[:space:]]*NCCL_TOPO_FILE[[:space:]]*=" "$conf" || true; fi; '
+    'printf "NCCL_TOPO_FILE=%s\\n" "$2"; } > "$conf.gpuhost-new"; mv "$conf.gpuhost-new" "$conf"'
 )
 GUEST_PATH = "/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CUDA_REPO_BASE = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -461,6 +469,28 @@ def install_gpuhost(transport: Transport, wheels: tuple[Wheel, ...], *, log: Log
     # the guest needs pip only this once. Where that wheel is missing, ensurepip it is.
     run_checked(transport, ["python3", "-m", "venv", "--clear", "--without-pip", VENV], log=log, timeout=left())
     run_checked(transport, ["sh", "-c", PIP_FROM_WHEEL, "sh", *paths], log=log, timeout=left())
+
+
+def install_nccl_topology(transport: Transport, topology_xml: str, *, log: Log, timeout: float) -> str:
+    """Copy the VM's NCCL topology file in (NCCL_GUEST_TOPOLOGY) and name it in /etc/nccl.conf; its path."""
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return max(1.0, deadline - time.monotonic())
+
+    directory = NCCL_GUEST_TOPOLOGY.rsplit("/", 1)[0]
+    run_checked(transport, ["mkdir", "-p", directory], log=log, timeout=left())
+    run_checked(
+        transport,
+        ["dd", f"of={NCCL_GUEST_TOPOLOGY}", "status=none"],
+        stdin=topology_xml.encode(),
+        log=log,
+        timeout=left(),
+    )
+    run_checked(
+        transport, ["sh", "-c", NCCL_CONF_SET_TOPOLOGY, "sh", NCCL_CONF, NCCL_GUEST_TOPOLOGY], log=log, timeout=left()
+    )
+    return NCCL_GUEST_TOPOLOGY
 
 
 def run_smoke_test(transport: Transport, *, log: Log, timeout: float, quick: bool) -> SmokeTestRun:
