@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from gpuhost.errors import InputError
+from gpuhost.facts.model import Firmware
 from gpuhost.inventory.pins import CudaPin, resolve_pin, validate_driver_branch
 from gpuhost.inventory.policy import AuditPolicy
 from gpuhost.selection import GpuSelector
@@ -37,7 +39,6 @@ DISK_MAX_GIB = 64 * 1024
 VCPUS_MAX = 4096
 
 DOMAIN_TYPES = ("kvm", "qemu")
-FIRMWARES = ("uefi", "bios")
 HUGEPAGES = ("auto", "on", "off")
 
 DEFAULT_OVMF_CODE = "/usr/share/OVMF/OVMF_CODE_4M.fd"
@@ -97,7 +98,7 @@ class VmSpec:
     hugepages: str = "auto"  # auto: 1 GiB pages when the host has reserved them; on: required; off
     network: str | None = "default"  # a libvirt network name; None: no network device
     domain_type: str = "kvm"  # kvm, or qemu (TCG) for tests and emulated lab hosts
-    firmware: str = "uefi"  # uefi (OVMF), or bios (SeaBIOS) for tiny test guests
+    firmware: Firmware = Firmware.UEFI  # uefi (OVMF), or bios (SeaBIOS) for tiny test guests
     kernel: str | None = None  # direct kernel boot (tests): paths on the host
     initrd: str | None = None
     cmdline: str | None = None
@@ -251,7 +252,7 @@ def parse_vm(entry: object, where: str, defaults: Mapping[str, object] | None = 
         hugepages=_choice(entry.get("hugepages", "auto"), f"{where}: hugepages", HUGEPAGES),
         network=_network(entry.get("network", "default"), f"{where}: network"),
         domain_type=_choice(entry.get("domain_type", "kvm"), f"{where}: domain_type", DOMAIN_TYPES),
-        firmware=_choice(entry.get("firmware", "uefi"), f"{where}: firmware", FIRMWARES),
+        firmware=_enum_choice(entry.get("firmware", "uefi"), f"{where}: firmware", Firmware),
         kernel=_optional(entry, "kernel", where, validate_path),
         initrd=_optional(entry, "initrd", where, validate_path),
         cmdline=_optional(entry, "cmdline", where, validate_cmdline),
@@ -406,6 +407,18 @@ def _choice(value: object, where: str, choices: tuple[str, ...]) -> str:
     if text not in choices:
         raise InputError(f"{where}: {value!r} is not one of {', '.join(choices)}.")
     return text
+
+
+_Choice = TypeVar("_Choice", bound=Enum)
+
+
+def _enum_choice(value: object, where: str, choices: type[_Choice]) -> _Choice:
+    """`value` as a member of the closed set `choices`, by its inventory word."""
+    text = str(value)
+    for choice in choices:
+        if choice.value == text:
+            return choice
+    raise InputError(f"{where}: {value!r} is not one of {', '.join(str(choice.value) for choice in choices)}.")
 
 
 def _network(value: object, where: str) -> str | None:

@@ -344,7 +344,7 @@ def up(
                     f"no lab image ({name}) for the current recipe in {paths.images}; "
                     "build it first with: sudo gpuhost lab image"
                     + (f" --variant {variant}" if variant != "base" else "")
-                    + (f" --firmware {boot.firmware.value} --boot {boot.loader.value}" if boot != BIOS_GRUB else "")
+                    + (f" --firmware {boot.firmware_option} --boot {boot.loader.value}" if boot != BIOS_GRUB else "")
                 )
             progress(f"building the {name} image (once; cached in {paths.images})")
             image = ensure_image(paths, variant, boot.layout, progress=progress)
@@ -474,7 +474,7 @@ def _check_firmware_files(boot: BootMode) -> None:
     for path in (boot.ovmf.code, boot.ovmf.vars_template):
         if not path.exists():
             raise LabError(
-                f"--firmware {boot.firmware.value} needs {path}, which is missing: install Debian's "
+                f"--firmware {boot.firmware_option} needs {path}, which is missing: install Debian's "
                 "ovmf package (apt-get install ovmf)"
             )
 

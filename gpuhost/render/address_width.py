@@ -13,7 +13,7 @@ from gpuhost.bar_window import (
     describe_size,
     window_of_bits,
 )
-from gpuhost.facts.model import GIB_KIB, HostFacts
+from gpuhost.facts.model import GIB_KIB, Firmware, HostFacts
 from gpuhost.inventory.spec import VmSpec
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.render.conflicts import render_conflict
@@ -180,7 +180,7 @@ def check_q35_vcpus(facts: HostFacts, spec: VmSpec, conflicts: list[Problem]) ->
 def older_ovmf_mmio64_mib(facts: HostFacts, spec: VmSpec, hole64: int, notes: list[str]) -> int | None:
     """The 64-bit aperture to hand an OVMF older than edk2-stable202211 through fw_cfg (it keeps 32 GiB
     otherwise, and a larger BAR is not assigned); None where OVMF sizes it itself or is not used."""
-    if spec.firmware != "uefi":
+    if spec.firmware is not Firmware.UEFI:
         return None
     software = facts.virtualization
     release = software.ovmf_release if software is not None else None

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuhost.errors import InputError
-from gpuhost.facts.model import HostFacts
+from gpuhost.facts.model import Firmware, HostFacts
 from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
 from gpuhost.inventory.spec import HostPolicy, VmSpec
 from gpuhost.problems import Problem, Severity, Stage, register
@@ -99,7 +99,7 @@ class DomainPlan:
     vcpus: int
     memory_kib: int
     hugepages: bool
-    firmware: str
+    firmware: Firmware
     ovmf_code: str
     ovmf_vars: str
     nvram: str
