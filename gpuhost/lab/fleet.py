@@ -46,7 +46,7 @@ def _no_progress(_: str) -> None:
 
 
 @dataclass(frozen=True)
-class HostStatus:
+class HostRunState:
     record: VmRecord
     running: bool
     serial_tail: tuple[str, ...]  # the end of the serial log, for a host that is not running
@@ -128,12 +128,12 @@ def _tail(path: Path, lines: int = 25) -> tuple[str, ...]:
     return tuple(line.rstrip("\r") for line in text.splitlines()[-lines:])
 
 
-def status(paths: LabPaths) -> tuple[LabState, list[HostStatus]]:
+def status(paths: LabPaths) -> tuple[LabState, list[HostRunState]]:
     state = load_state(paths.state_file)
     report = []
     for record in state.hosts:
         running = is_our_process(record)
-        report.append(HostStatus(record, running, () if running else _tail(Path(record.serial_log))))
+        report.append(HostRunState(record, running, () if running else _tail(Path(record.serial_log))))
     return state, report
 
 
