@@ -15,8 +15,8 @@ from gpuhost.plan.model import (
     SystemdBootPlan,
 )
 from gpuhost.plan.platform import Refuse
-from gpuhost.plan.templates import render_template
 from gpuhost.problems import Severity, Stage, register
+from gpuhost.templates import render_template
 
 REFUSE_TRIAL_NO_LOADER_ENTRY = register(
     "trial.no_loader_entry",

@@ -40,9 +40,9 @@ from gpuhost.plan.model import (
     TrialBoot,
 )
 from gpuhost.plan.platform import check_platform, choose_kernel_cmdline_writer
-from gpuhost.plan.templates import render_template
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.selection import gpus_declared_twice, select_gpus
+from gpuhost.templates import render_template
 
 # Option names gpuhost sets and therefore removes from the earlier GRUB lines, whatever their value.
 OWNED_KEYS = ("vfio-pci.ids", "iommu", "hugepages", "hugepagesz", "default_hugepagesz")
