@@ -20,7 +20,7 @@ from typing import Any
 from gpuhost.errors import InputError, MissingDependencyError, NoHostsSelected
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.inventory.plan_settings import PlanSettings, gpus_variable
-from gpuhost.inventory.policy import ROLES, AuditPolicy
+from gpuhost.inventory.policy import ROLES, AuditPolicy, Role
 from gpuhost.inventory.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
 from gpuhost.selection import GpuSelector, allowed_shared_groups
 from gpuhost.transport.ssh import SshOptions
@@ -81,7 +81,7 @@ class ConnectionDefaults:
     accept_new_host_keys: bool = False
     connect_timeout: float = 15.0
     gpus: object = None
-    role: str = "auto"
+    role: Role = Role.AUTO
 
 
 def validate_host(value: object, where: str, fix: str = "ansible_host") -> str:
@@ -186,9 +186,10 @@ def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, wher
     """Every `gpuhost_*` value of a host, validated (InputError naming `where`, the variable and the fix)."""
     from_command_line = defaults.gpus is not None
     gpus_value = defaults.gpus if from_command_line else gpus_variable(variables, where)
-    role = str(variables.get("gpuhost_role", defaults.role))
-    if role not in ROLES:
-        raise InputError(f"{where}: gpuhost_role {role!r} is not one of {', '.join(ROLES)}.")
+    role_text = str(variables.get("gpuhost_role", defaults.role))
+    if role_text not in ROLES:
+        raise InputError(f"{where}: gpuhost_role {role_text!r} is not one of {', '.join(ROLES)}.")
+    role = Role(role_text)
     allowed = allowed_shared_groups(variables, where)
     gpus = (
         GpuSelector.parse(gpus_value, "command line", variable="--gpus")

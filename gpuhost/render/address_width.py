@@ -14,7 +14,7 @@ from gpuhost.bar_window import (
     window_of_bits,
 )
 from gpuhost.facts.model import GIB_KIB, Firmware, HostFacts
-from gpuhost.inventory.spec import VmSpec
+from gpuhost.inventory.spec import DomainType, VmSpec
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.render.conflicts import render_conflict
 from gpuhost.render.layout import RootPort
@@ -86,7 +86,7 @@ def guest_address_width(
     Either needs libvirt 8.7; an older one is refused, naming it."""
     needed = bits_for_window(hole64)
     window = f"a {describe_size(hole64)} 64-bit PCI window (the BARs of the passed functions)"
-    if spec.domain_type == "kvm":
+    if spec.domain_type is DomainType.KVM:
         cpu_bits = facts.cpu.physical_address_bits if facts.cpu is not None else None
         if cpu_bits is not None and cpu_bits < needed:
             conflicts.append(
