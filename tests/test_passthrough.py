@@ -66,7 +66,7 @@ def test_keeping_one_gpu_of_a_shared_group_is_an_error_and_a_refusal():
     assert all("0000:23:00.0" in f.message for f in shared)
     variables = {**VARIABLES, "gpuhost_gpus": ["0000:20:00.0", "0000:21:00.0", "0000:22:00.0"]}
     result = plan_host("epyc-8gpu", facts, PlanSettings.from_variables(variables, "inventory"))
-    assert [r.code for r in result.refusals] == ["group.kept_gpu"] * 3
+    assert [r.code for r in result.refusals] == ["plan.group.kept_gpu"] * 3
 
 
 @pytest.mark.parametrize(("acs", "refused"), [(False, True), (True, False)])
