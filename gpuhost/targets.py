@@ -315,13 +315,19 @@ def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, A
     return _read_inventory(path, limit)[0]
 
 
+def ansible_inventory_settings() -> None:
+    """Ansible's settings for reading an inventory in this process. Ansible reads its settings once,
+    when ansible.constants is first imported: this must run before anything imports Ansible."""
+    # An inventory Ansible cannot parse must be an error, not an empty fleet.
+    os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
+    os.environ.setdefault("ANSIBLE_HOST_PATTERN_MISMATCH", "ignore")
+
+
 def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
     """Each selected host's ansible_* and gpuhost_* variables; whether the inventory lists `localhost`."""
     if not path.exists():
         raise InputError(f"inventory {path} does not exist. See inventory.example.yml for the format.")
-    # An inventory Ansible cannot parse must be an error, not an empty fleet.
-    os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
-    os.environ.setdefault("ANSIBLE_HOST_PATTERN_MISMATCH", "ignore")
+    ansible_inventory_settings()
     try:
         from ansible.errors import AnsibleError
         from ansible.inventory.manager import InventoryManager

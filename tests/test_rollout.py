@@ -24,6 +24,7 @@ from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.fleet import PlanOutcome
 from gpuhost.rollout.hostkeys import host_key_message
 from gpuhost.rollout.report import HostStatus
+from gpuhost.targets import ansible_inventory_settings
 from tests.helpers import COLLECTION, FIXTURES, SNAPSHOTS
 
 HOST_KEY_CHANGED = (FIXTURES / "ansible/unreachable-host-key-changed.txt").read_text()
@@ -55,6 +56,7 @@ def inventory(tmp_path: Path) -> Path:
 @pytest.fixture
 def inventory_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Every time Ansible parses an inventory in this process."""
+    ansible_inventory_settings()  # before Ansible's first import here: it reads its settings once
     from ansible.inventory.manager import InventoryManager
 
     reads: list[str] = []
