@@ -10,13 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpuhost.facts.model import HostFacts
+from gpuhost.inventory.spec import VmHugePages, VmSpec
 from gpuhost.selection import GpuSelector, card_numa_node, vm_gpus
-
-if TYPE_CHECKING:
-    from gpuhost.inventory.spec import VmSpec
 
 
 @dataclass(frozen=True)
@@ -30,7 +27,7 @@ class VmPages:
 def vm_pages(facts: HostFacts, selector: GpuSelector, vm: VmSpec) -> VmPages | None:
     """None where the VM takes no pages from a node: hugepages: off, no GPU (its memory is not
     bound), or a GPU or its node unknown (render refuses such a VM)."""
-    if vm.hugepages == "off" or not vm.gpus:
+    if vm.hugepages is VmHugePages.OFF or not vm.gpus:
         return None
     picked = vm_gpus(facts, selector, vm.gpus)
     if picked.misses:

@@ -46,6 +46,15 @@ class Stage(str, enum.Enum):
     VERIFY = "verify"  # after apply's reboot: the host does not match its plan
     SMOKE_TEST = "smoke-test"  # gpuhost smoke-test: a finding about the GPU's health or performance
 
+    @property
+    def namespace(self) -> str | None:
+        """The prefix of every code of this stage ('plan.'); None for the audit's, which name their
+        subject (gpu.group.intruder, iommu.active) and may take no other stage's namespace."""
+        return _NAMESPACES.get(self)
+
+
+_NAMESPACES = {Stage.PLAN: "plan.", Stage.RENDER: "render.", Stage.VERIFY: "verify.", Stage.SMOKE_TEST: "smoke."}
+
 
 @dataclass(frozen=True)
 class ProblemCode:
@@ -66,7 +75,16 @@ class UnregisteredCodeError(LookupError):
 
 
 def register(code: str, stage: Stage, severity: Severity | None, summary: str) -> str:
-    """Register `code` once (at import time) and return it, for use as a module constant."""
+    """Register `code` once (at import time) and return it, for use as a module constant.
+
+    A code starts with its stage's namespace (plan.group.intruder), and an audit code with none of
+    the others' (gpu.group.intruder), so the same words never name two stages' problems."""
+    namespace = stage.namespace
+    if namespace is not None and not code.startswith(namespace):
+        raise ValueError(f"problem code {code!r} of stage {stage.value} must start with {namespace!r}")
+    taken = next((other for other in _NAMESPACES.values() if code.startswith(other)), None)
+    if namespace is None and taken is not None:
+        raise ValueError(f"audit problem code {code!r} is in another stage's namespace {taken!r}")
     known = _REGISTRY.get(code)
     entry = ProblemCode(code, stage, severity, summary)
     if known is not None and known != entry:

@@ -20,7 +20,7 @@ from typing import Any
 from gpuhost.errors import InputError, MissingDependencyError, NoHostsSelected
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.inventory.plan_settings import PlanSettings, gpus_variable
-from gpuhost.inventory.policy import ROLES, AuditPolicy
+from gpuhost.inventory.policy import ROLES, AuditPolicy, Role
 from gpuhost.inventory.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
 from gpuhost.selection import GpuSelector, allowed_shared_groups
 from gpuhost.transport.ssh import SshOptions
@@ -81,7 +81,7 @@ class ConnectionDefaults:
     accept_new_host_keys: bool = False
     connect_timeout: float = 15.0
     gpus: object = None
-    role: str = "auto"
+    role: Role = Role.AUTO
 
 
 def validate_host(value: object, where: str, fix: str = "ansible_host") -> str:
@@ -186,9 +186,10 @@ def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, wher
     """Every `gpuhost_*` value of a host, validated (InputError naming `where`, the variable and the fix)."""
     from_command_line = defaults.gpus is not None
     gpus_value = defaults.gpus if from_command_line else gpus_variable(variables, where)
-    role = str(variables.get("gpuhost_role", defaults.role))
-    if role not in ROLES:
-        raise InputError(f"{where}: gpuhost_role {role!r} is not one of {', '.join(ROLES)}.")
+    role_text = str(variables.get("gpuhost_role", defaults.role))
+    if role_text not in ROLES:
+        raise InputError(f"{where}: gpuhost_role {role_text!r} is not one of {', '.join(ROLES)}.")
+    role = Role(role_text)
     allowed = allowed_shared_groups(variables, where)
     gpus = (
         GpuSelector.parse(gpus_value, "command line", variable="--gpus")
@@ -314,13 +315,19 @@ def load_inventory(path: Path, limit: str | None) -> list[tuple[str, dict[str, A
     return _read_inventory(path, limit)[0]
 
 
+def ansible_inventory_settings() -> None:
+    """Ansible's settings for reading an inventory in this process. Ansible reads its settings once,
+    when ansible.constants is first imported: this must run before anything imports Ansible."""
+    # An inventory Ansible cannot parse must be an error, not an empty fleet.
+    os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
+    os.environ.setdefault("ANSIBLE_HOST_PATTERN_MISMATCH", "ignore")
+
+
 def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
     """Each selected host's ansible_* and gpuhost_* variables; whether the inventory lists `localhost`."""
     if not path.exists():
         raise InputError(f"inventory {path} does not exist. See inventory.example.yml for the format.")
-    # An inventory Ansible cannot parse must be an error, not an empty fleet.
-    os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
-    os.environ.setdefault("ANSIBLE_HOST_PATTERN_MISMATCH", "ignore")
+    ansible_inventory_settings()
     try:
         from ansible.errors import AnsibleError
         from ansible.inventory.manager import InventoryManager

@@ -28,6 +28,7 @@ import pytest
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.inventory.policy import Role
 from gpuhost.inventory.spec import parse_vms
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.selection import GpuSelector
@@ -78,7 +79,7 @@ def test_audit_case(directory: Path, tmp_path: Path) -> None:
     facts = build_facts(SnapshotTree(derive_snapshot(case, tmp_path)))
     policy = AuditPolicy(
         gpus=GpuSelector.parse(case.get("gpus", "all"), directory.name),
-        role=case.get("role", "auto"),
+        role=Role(case.get("role", "auto")),
         allow_shared_group=tuple(case.get("allow_shared_group", ())),
         vms=parse_vms(case.get("vms"), directory.name),
     )

@@ -8,6 +8,7 @@ from gpuhost.checks import AuditPolicy, Severity, run_checks
 from gpuhost.facts.model import NcclTopologyFile
 from gpuhost.facts.parsers import parse_nccl_topology
 from gpuhost.facts.pci import PciFunction
+from gpuhost.inventory.policy import Role
 from gpuhost.render.nccl_topology import topology_for_guest, topology_xml
 from gpuhost.selection import GpuSelector, select_gpus
 from tests.helpers import FIXTURES, guide_host, snapshot_facts
@@ -68,7 +69,7 @@ def test_a_topology_file_that_leaves_the_gpu_out_or_cannot_be_read_is_a_warning(
 
 def test_h100_judged_as_a_host_is_not_ready_for_the_right_reasons():
     facts = snapshot_facts("h100-guest")
-    _, _, findings = run_checks("h100", facts, dataclasses.replace(ALL_NVIDIA, role="host"))
+    _, _, findings = run_checks("h100", facts, dataclasses.replace(ALL_NVIDIA, role=Role.HOST))
     errors = codes(findings, Severity.ERROR)
     assert "iommu.active" in errors and "cpu.virtualization" in errors
     assert "gpu.vfio_ids.missing" in errors  # nvidia owns it and nothing binds vfio-pci
@@ -206,7 +207,7 @@ def test_amd_iommu_off_is_removed_not_answered_with_amd_iommu_on():
         iommu=dataclasses.replace(facts.iommu, groups={}),
         cmdline=dataclasses.replace(facts.cmdline, tokens=(*facts.cmdline.tokens, "iommu=off")),
     )
-    as_host = dataclasses.replace(ALL_NVIDIA, role="host")
+    as_host = dataclasses.replace(ALL_NVIDIA, role=Role.HOST)
     _, _, findings = run_checks("epyc", off, as_host)
     (inactive,) = [f for f in findings if f.code == "iommu.active"]
     assert "remove iommu=off" in inactive.remedy and "amd_iommu=on" not in inactive.remedy
@@ -240,7 +241,7 @@ def test_a_switch_whose_upstream_link_trained_at_half_width_fails_every_gpu_behi
             dataclasses.replace(f, link=half) if f.address in (upstream, "0000:00:01.1") else f for f in facts.pci
         ),
     )
-    as_host = dataclasses.replace(ALL_NVIDIA, role="host")
+    as_host = dataclasses.replace(ALL_NVIDIA, role=Role.HOST)
     healthy = [f for f in run_checks("epyc", facts, as_host)[2] if f.code == "gpu.link.upstream_width"]
     assert healthy == []
     found = [f for f in run_checks("epyc", degraded, as_host)[2] if f.code == "gpu.link.upstream_width"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts import parsers as p
-from gpuhost.facts.model import ActiveLoader, BootloaderKind, FirmwareMode
+from gpuhost.facts.model import ActiveLoader, BootloaderKind, Firmware
 from gpuhost.lab.builder import loader_entry_files_missing
 from gpuhost.selection import GpuSelector
 from tests.helpers import SNAPSHOTS, snapshot_facts
@@ -54,7 +54,7 @@ def test_out_of_tree_modules_with_and_without_a_signer() -> None:
 def test_secure_boot_host_facts() -> None:
     facts = snapshot_facts("lab-uefi-secureboot")
     firmware = facts.firmware
-    assert firmware.mode is FirmwareMode.UEFI and firmware.secure_boot is True
+    assert firmware.mode is Firmware.UEFI and firmware.secure_boot is True
     assert firmware.loader is ActiveLoader.SHIM_GRUB and firmware.loader_info is None
     assert firmware.esp == "/boot/efi"
     assert set(firmware.esp_binaries) == {"EFI/BOOT/BOOTX64.EFI", "EFI/BOOT/grubx64.efi", "EFI/BOOT/mmx64.efi"}
@@ -68,7 +68,7 @@ def test_secure_boot_host_facts() -> None:
 
 def test_uefi_host_without_secure_boot_still_runs_shim() -> None:
     firmware = snapshot_facts("lab-uefi").firmware
-    assert firmware.mode is FirmwareMode.UEFI and firmware.secure_boot is False
+    assert firmware.mode is Firmware.UEFI and firmware.secure_boot is False
     # Installed at the removable path, shim is BOOTX64.EFI; its MOK manager beside it names it.
     assert firmware.loader is ActiveLoader.SHIM_GRUB
     assert firmware.describe() == "UEFI, Secure Boot disabled, shim+grub-efi"
@@ -76,7 +76,7 @@ def test_uefi_host_without_secure_boot_still_runs_shim() -> None:
 
 def test_bios_host_facts_from_a_capture_older_than_the_firmware_facts() -> None:
     firmware = snapshot_facts("lab-gpu-pair-fresh").firmware
-    assert firmware.mode is FirmwareMode.BIOS and firmware.secure_boot is False
+    assert firmware.mode is Firmware.BIOS and firmware.secure_boot is False
     assert firmware.loader is ActiveLoader.GRUB_BIOS and firmware.esp is None
     assert firmware.out_of_tree_modules is None  # not listed by that gather script: unknown, not none
     assert firmware.describe() == "BIOS, grub-bios"
@@ -123,7 +123,7 @@ SYSTEMD_BOOT_ENTRY = "boot/efi/loader/entries/debian-6.1.0-50-amd64.conf"
 def test_systemd_boot_host_facts() -> None:
     facts = snapshot_facts("lab-uefi-systemd-boot")
     firmware = facts.firmware
-    assert firmware.mode is FirmwareMode.UEFI and firmware.secure_boot is False
+    assert firmware.mode is Firmware.UEFI and firmware.secure_boot is False
     assert firmware.loader is ActiveLoader.SYSTEMD_BOOT
     assert firmware.loader_info == "systemd-boot 252.39-1~deb12u2"
     assert firmware.loader_entry == "debian-6.1.0-50-amd64.conf"

@@ -86,10 +86,10 @@ def test_a_pair_without_peer_access_is_named_and_the_others_kept(tmp_path: Path)
     assert code == 1 and again["outcome"] == "FAIL"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS"] * 4
     findings = {(f["code"], f["check"]) for f in again["node"]["findings"] if f["code"]}
-    assert ("node.p2p.no-access", "P2P GPU 0 -> GPU 1") in findings
-    assert ("node.p2p.no-access", "P2P GPU 1 -> GPU 0") in findings
-    assert ("node.p2p.below-median", "P2P GPU 0 -> GPU 1") in findings
-    assert ("node.p2p.slow", "P2P all to all") in findings
+    assert ("smoke.node.p2p.no-access", "P2P GPU 0 -> GPU 1") in findings
+    assert ("smoke.node.p2p.no-access", "P2P GPU 1 -> GPU 0") in findings
+    assert ("smoke.node.p2p.below-median", "P2P GPU 0 -> GPU 1") in findings
+    assert ("smoke.node.p2p.slow", "P2P all to all") in findings
     figures = {f["metric"]: f for f in again["node"]["figures"]}
     assert figures["p2p_pair_2_to_3"]["status"] == "PASS" and figures["nccl_all_reduce"]["status"] == "PASS"
 
@@ -97,7 +97,7 @@ def test_a_pair_without_peer_access_is_named_and_the_others_kept(tmp_path: Path)
 def test_nccl_that_cannot_initialise_is_a_finding_with_the_rest_kept(tmp_path: Path) -> None:
     code, again = _replayed(CAPTURE / "fault-nccl-init.json", tmp_path)
     assert code == 1 and again["node"]["outcome"] == "FAIL"
-    (nccl,) = [f for f in again["node"]["findings"] if f["code"] == "node.nccl.failed"]
+    (nccl,) = [f for f in again["node"]["findings"] if f["code"] == "smoke.node.nccl.failed"]
     assert "ncclCommInitAll failed" in nccl["detail"]
     figures = {f["metric"]: f for f in again["node"]["figures"]}
     assert figures["p2p_all_to_all"]["status"] == "PASS" and "nccl_all_reduce" not in figures
@@ -106,7 +106,7 @@ def test_nccl_that_cannot_initialise_is_a_finding_with_the_rest_kept(tmp_path: P
 def test_without_nccl_the_node_says_so_and_is_never_pass(tmp_path: Path) -> None:
     code, again = _replayed(CAPTURE / "fault-no-nccl.json", tmp_path)
     assert code == 0 and again["node"]["outcome"] == "WARN" and again["outcome"] == "WARN"
-    assert [f["code"] for f in again["node"]["findings"] if f["code"]] == ["node.nccl.missing"]
+    assert [f["code"] for f in again["node"]["findings"] if f["code"]] == ["smoke.node.nccl.missing"]
 
 
 def test_the_collectives_are_judged_against_the_table(tmp_path: Path) -> None:

@@ -93,7 +93,7 @@ def test_plan_binds_the_nvswitches_with_every_gpu_and_says_so():
 def test_plan_refuses_the_shared_nvswitch_model_and_never_purges_fabric_manager_there():
     facts = dataclasses.replace(hgx_h100_host("nvidia", "nvidia"), nvidia=DRIVER_535)
     result = hgx_plan(facts, gpuhost_gpus=NODE0_GPUS)
-    assert [r.code for r in result.refusals] == ["nvswitch.shared"]
+    assert [r.code for r in result.refusals] == ["plan.nvswitch.shared"]
     refusal = result.refusals[0]
     assert "keeps 0000:9d:00.0, 0000:c3:00.0, 0000:d1:00.0, 0000:df:00.0" in refusal.message
     assert "gpuhost_gpus: all" in refusal.remedy
@@ -172,7 +172,7 @@ def test_a_device_in_an_nvswitch_s_group_is_refused_by_plan_and_render():
     pci = tuple(nic if f.address == nic.address else f for f in host.pci)
     shared = dataclasses.replace(host, pci=pci, iommu=dataclasses.replace(host.iommu, groups=groups))
     refusals = [r for r in hgx_plan(shared).refusals if r.subject == nic.address]
-    assert [r.code for r in refusals] == ["group.intruder"] and "NVSwitch" in refusals[0].message
+    assert [r.code for r in refusals] == ["plan.group.intruder"] and "NVSwitch" in refusals[0].message
     spec = parse_vm({"name": "train-8", "vcpus": 16, "memory": "64G", "gpus": "all"}, "test")
     with pytest.raises(RenderRefused) as refused:
         plan_domain(shared, spec, HostPolicy(gpus=ALL), host="hgx")

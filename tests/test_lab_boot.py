@@ -13,7 +13,7 @@ import pytest
 from gpuhost.cli.main import main
 from gpuhost.errors import InputError
 from gpuhost.lab import diskimage
-from gpuhost.lab.boot import BIOS_GRUB, DiskLayout, Firmware, Loader, boot_mode
+from gpuhost.lab.boot import BIOS_GRUB, FIRMWARE_CHOICES, DiskLayout, Loader, boot_mode
 from gpuhost.lab.recipe import (
     BASE_PACKAGES,
     EFI_GRUB_GFXPAYLOAD,
@@ -201,6 +201,7 @@ def test_a_uefi_host_without_its_variable_store_is_refused() -> None:
         qemu_argv(spec(efi_vars=Path("/lab/x.fd")))
 
 
-def test_firmware_enum_values_are_the_cli_words() -> None:
-    assert [f.value for f in Firmware] == ["bios", "uefi", "uefi-secureboot"]
+def test_firmware_choices_and_loader_values_are_the_cli_words() -> None:
+    assert list(FIRMWARE_CHOICES) == ["bios", "uefi", "uefi-secureboot"]
     assert [b.value for b in Loader] == ["grub", "systemd-boot"]
+    assert [boot_mode(name).firmware_option for name in FIRMWARE_CHOICES] == list(FIRMWARE_CHOICES)

@@ -58,9 +58,7 @@ def test_anything_else_in_the_command_line_the_image_or_qemu_makes_another_shape
 def test_uefi_shapes_depend_on_the_firmware_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code = tmp_path / "OVMF_CODE_4M.fd"
     code.write_bytes(b"build one")
-    monkeypatch.setitem(
-        boot.OVMF_FILES, boot.Firmware.UEFI, boot.OvmfFiles(code, tmp_path / "VARS.fd", needs_smm=False)
-    )
+    monkeypatch.setattr(boot, "OVMF", boot.OvmfFiles(code, tmp_path / "VARS.fd", needs_smm=False))
     uefi = spec(boot=boot.boot_mode("uefi"), efi_vars=tmp_path / "lab-1-efivars.fd")
     before = resume.shape_key(uefi, IMAGE, QEMU)
     code.write_bytes(b"build two")

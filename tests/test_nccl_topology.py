@@ -11,7 +11,7 @@ from gpuhost.facts.parsers import parse_nccl_topology
 from gpuhost.guest.provision import NCCL_CONF_SET_TOPOLOGY
 from gpuhost.inventory.spec import parse_vm
 from gpuhost.render.domain import plan_domain
-from gpuhost.render.layout import ExpanderBus, RootPort
+from gpuhost.render.layout import ExpanderBus, PortKind, RootPort
 from gpuhost.render.nccl_topology import (
     cpumap,
     guest_bus_numbers,
@@ -44,12 +44,15 @@ def test_guest_bus_numbers_follow_the_firmware_as_recorded_in_a_lab_guest():
     # ports on it (slots 0 and 1), a card behind each. Its firmware numbered their buses 0x81 and
     # 0x82, as recorded in its snapshot; the rule gives the same.
     expander = ExpanderBus(index=1, bus_nr=0x80, cell=1, slot=7)
-    ports = (RootPort(2, 1, 0x10, 1, 0, "GPU a"), RootPort(3, 2, 0x11, 1, 1, "GPU b"))
+    ports = (
+        RootPort(2, 1, 0x10, 1, 0, PortKind.GPU, "GPU a"),
+        RootPort(3, 2, 0x11, 1, 1, PortKind.GPU, "GPU b"),
+    )
     assert guest_bus_numbers((expander,), ports) == {2: 0x81, 3: 0x82}
     recorded = {f.address for f in snapshot_facts("lab-numa-gpus-vfio").pci}
     assert {"0000:81:00.0", "0000:82:00.0"} <= recorded
     # And pcie.0's root ports, in slot order, from bus 1 (the lab's gpu-pair host: its GPU at 01:00.0).
-    pcie0 = (RootPort(1, 1, 0x10, 0, 3, "GPU"), RootPort(4, 2, 0x11, 0, 2, "disk"))
+    pcie0 = (RootPort(1, 1, 0x10, 0, 3, PortKind.GPU, "GPU"), RootPort(4, 2, 0x11, 0, 2, PortKind.DISK, "disk"))
     assert guest_bus_numbers((), pcie0) == {4: 1, 1: 2}
     assert "0000:01:00.0" in {f.address for f in snapshot_facts("lab-gpu-pair-fresh").pci}
 

@@ -10,6 +10,7 @@ import pytest
 
 from gpuhost.checks import AuditPolicy, run_checks
 from gpuhost.facts.parsers import parse_cmdline
+from gpuhost.inventory.policy import Role
 from gpuhost.inventory.spec import HostPolicy, parse_vm
 from gpuhost.passthrough import analyse_groups, functions_to_bind, gpu_cards
 from gpuhost.plan import PlanSettings, plan_host
@@ -51,7 +52,7 @@ def test_a_shared_group_host_is_planned_and_passes_verification_after_its_trial_
     applied = _with_1g_pages(dataclasses.replace(fresh, pci=pci, cmdline=cmdline), 8)
     verification = verify_host("epyc-8gpu", applied, settings, plan)
     assert verification.ok, verification.summary
-    _, _, findings = run_checks("epyc-8gpu", applied, AuditPolicy(gpus=ALL, role="host"))
+    _, _, findings = run_checks("epyc-8gpu", applied, AuditPolicy(gpus=ALL, role=Role.HOST))
     shared = [f for f in findings if f.code == "gpu.group.shared"]
     assert len(shared) == 8 and {f.severity for f in shared} == {Severity.WARNING}
 
@@ -59,13 +60,13 @@ def test_a_shared_group_host_is_planned_and_passes_verification_after_its_trial_
 def test_keeping_one_gpu_of_a_shared_group_is_an_error_and_a_refusal():
     facts = epyc_switch_host(acs=False)
     three = GpuSelector.parse(["0000:20:00.0", "0000:21:00.0", "0000:22:00.0"], "test")
-    _, _, findings = run_checks("epyc-8gpu", facts, AuditPolicy(gpus=three, role="host"))
+    _, _, findings = run_checks("epyc-8gpu", facts, AuditPolicy(gpus=three, role=Role.HOST))
     shared = [f for f in findings if f.code == "gpu.group.shared"]
     assert len(shared) == 3 and {f.severity for f in shared} == {Severity.ERROR}
     assert all("0000:23:00.0" in f.message for f in shared)
     variables = {**VARIABLES, "gpuhost_gpus": ["0000:20:00.0", "0000:21:00.0", "0000:22:00.0"]}
     result = plan_host("epyc-8gpu", facts, PlanSettings.from_variables(variables, "inventory"))
-    assert [r.code for r in result.refusals] == ["group.kept_gpu"] * 3
+    assert [r.code for r in result.refusals] == ["plan.group.kept_gpu"] * 3
 
 
 @pytest.mark.parametrize(("acs", "refused"), [(False, True), (True, False)])

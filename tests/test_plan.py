@@ -124,7 +124,7 @@ def test_shared_group_is_refused_unless_allowed():
     groups = {**facts.iommu.groups, 6: (*facts.iommu.groups[6], "0000:01:00.2")}
     shared = dataclasses.replace(facts, pci=(*facts.pci, nic), iommu=dataclasses.replace(facts.iommu, groups=groups))
     result = plan(shared)
-    assert refusal_codes(result) == ["group.intruder"]
+    assert refusal_codes(result) == ["plan.group.intruder"]
     refusal = result.refusals[0]
     assert "lab-1" in refusal.message and "0000:01:00.2" in refusal.message and "1af4:1000" in refusal.message
     assert "gpuhost_allow_shared_group: [0000:01:00.0]" in refusal.remedy
@@ -143,7 +143,7 @@ def test_shared_group_is_refused_unless_allowed():
 )
 def test_bootloaders_other_than_grub_are_refused(bootloader, code):
     result = plan(dataclasses.replace(lab_facts(), bootloader=bootloader))
-    assert refusal_codes(result) == ["bootloader.not_grub"]
+    assert refusal_codes(result) == ["plan.bootloader.not_grub"]
     assert bootloader.kind in result.refusals[0].message
 
 
@@ -153,40 +153,40 @@ def test_grub_file_that_is_not_valid_shell_is_refused():
         facts.grub, syntax_error="/etc/default/grub: 12: Syntax error: Unterminated quoted string"
     )
     result = plan(dataclasses.replace(facts, grub=broken))
-    assert refusal_codes(result) == ["grub.syntax"] and "Unterminated" in result.refusals[0].message
+    assert refusal_codes(result) == ["plan.grub.syntax"] and "Unterminated" in result.refusals[0].message
 
 
 def test_no_iommu_in_firmware_is_refused_and_a_disabled_one_gets_the_vendor_flag():
     facts = lab_facts()
     no_iommu = Iommu(dmar_table=False, ivrs_table=False, units=(), groups={}, group_types={})
     result = plan(dataclasses.replace(facts, iommu=no_iommu))
-    assert "iommu.absent" in refusal_codes(result)
-    assert "BIOS" in next(r.remedy for r in result.refusals if r.code == "iommu.absent")
+    assert "plan.iommu.absent" in refusal_codes(result)
+    assert "BIOS" in next(r.remedy for r in result.refusals if r.code == "plan.iommu.absent")
     # Firmware has VT-d but the kernel did not turn it on: intel_iommu=on is added, no refusal.
     off = Iommu(dmar_table=True, ivrs_table=False, units=(), groups={}, group_types={})
     flagged = plan(dataclasses.replace(facts, iommu=off))
-    assert "iommu.absent" not in refusal_codes(flagged) and "intel_iommu=on" in flagged.kernel_options
+    assert "plan.iommu.absent" not in refusal_codes(flagged) and "intel_iommu=on" in flagged.kernel_options
 
 
 def test_other_refusals_no_gpu_no_vfio_unsupported_os():
     facts = lab_facts()
-    assert refusal_codes(plan(facts, gpuhost_gpus="all")) == ["selection.empty"]  # no NVIDIA GPU on the lab host
-    assert refusal_codes(plan(dataclasses.replace(facts, vfio_pci="absent"))) == ["vfio.absent"]
+    assert refusal_codes(plan(facts, gpuhost_gpus="all")) == ["plan.selection.empty"]  # no NVIDIA GPU on the lab host
+    assert refusal_codes(plan(dataclasses.replace(facts, vfio_pci="absent"))) == ["plan.vfio.absent"]
     rocky = dataclasses.replace(facts, os_pretty_name="Rocky Linux 9.4 (Blue Onyx)")
-    assert refusal_codes(plan(rocky)) == ["os.unsupported"]
+    assert refusal_codes(plan(rocky)) == ["plan.os.unsupported"]
 
 
 def test_hugepages_that_the_host_cannot_hold_are_refused_before_anything_is_written():
     facts = lab_facts()  # 3.8 GiB
     result = plan(facts, gpuhost_hugepages=3)
-    assert refusal_codes(result) == ["hugepages.too_many"]
+    assert refusal_codes(result) == ["plan.hugepages.too_many"]
     assert "does not boot" in result.refusals[0].message and "at most 1" in result.refusals[0].remedy
-    assert refusal_codes(plan(facts, gpuhost_hugepages="2G")) == ["hugepages.too_many"]
+    assert refusal_codes(plan(facts, gpuhost_hugepages="2G")) == ["plan.hugepages.too_many"]
     small = dataclasses.replace(facts, memory=dataclasses.replace(facts.memory, total_kib=2 * GIB))
     tiny = plan(small)
-    assert refusal_codes(tiny) == ["hugepages.too_many"] and "gpuhost_hugepages: 0" in tiny.refusals[0].remedy
+    assert refusal_codes(tiny) == ["plan.hugepages.too_many"] and "gpuhost_hugepages: 0" in tiny.refusals[0].remedy
     no_1g = dataclasses.replace(facts, cpu=dataclasses.replace(facts.cpu, flags=facts.cpu.flags - {"pdpe1gb"}))
-    assert refusal_codes(plan(no_1g)) == ["hugepages.unsupported"]
+    assert refusal_codes(plan(no_1g)) == ["plan.hugepages.unsupported"]
     zero = plan(facts, gpuhost_hugepages=0)
     assert zero.applicable and not any(o.startswith(("hugepages", "default_hugepagesz")) for o in zero.kernel_options)
     assert plan(facts, gpuhost_hugepages="auto").hugepages.pages == 0  # below 128 GB: none
@@ -215,7 +215,7 @@ def test_auto_follows_the_guide_table_with_interpolation_and_splits_across_nodes
     result = plan(
         dataclasses.replace(lopsided, numa_nodes=(lopsided.numa_nodes[0], small_node)), gpuhost_hugepages="auto"
     )
-    assert refusal_codes(result) == ["hugepages.node_too_small"] and "NUMA node 1" in result.refusals[0].message
+    assert refusal_codes(result) == ["plan.hugepages.node_too_small"] and "NUMA node 1" in result.refusals[0].message
 
 
 def _guide_facts():
@@ -244,7 +244,7 @@ def test_keeping_one_of_identical_gpus_binds_by_address_with_driver_override():
     assert "driver_override" in result.initramfs_script
     assert "0000:c1:00.0" in result.notes[0]
     refused = plan(facts, gpuhost_gpus=keep_one, gpuhost_hugepages=0, gpuhost_bind_by="ids")
-    assert refusal_codes(refused) == ["vfio_ids.captures_kept"]
+    assert refusal_codes(refused) == ["plan.vfio_ids.captures_kept"]
     assert "gpuhost_bind_by: address" in refused.refusals[0].remedy and "0000:c1:00.0" in refused.refusals[0].message
 
 
@@ -348,7 +348,7 @@ def test_a_node_of_3_gib_is_refused_its_page_and_one_of_4_gib_gets_it():
     assert [(node.node_id, node.cpulist) for node in facts.numa_nodes] == [(0, "0"), (1, "1")]
     assert [(f.address, f.numa_node) for f in facts.pci if f.vendor == 0x1234] == [("0000:81:00.0", 1)]
     refused = plan(facts, gpuhost_hugepages="1", gpuhost_vms=TWO_NODES_VM)
-    assert refusal_codes(refused) == ["hugepages.node_too_small"]
+    assert refusal_codes(refused) == ["plan.hugepages.node_too_small"]
     assert "at most 0 fit" in refused.refusals[0].message and "NUMA node 1" in refused.refusals[0].subject
     assert refused.refusals[0].remedy.startswith("Lower gpuhost_hugepages so that NUMA node 1 gets at most 0 pages")
     bigger_nodes = tuple(dataclasses.replace(node, mem_total_kib=node.mem_total_kib + GIB) for node in facts.numa_nodes)
@@ -371,7 +371,7 @@ def test_the_node_form_is_refused_on_a_kernel_older_than_5_16(tmp_path):
     facts = _case_facts("lab-two-nodes-vm-pages-on-the-other-node", tmp_path)
     ubuntu_2204_ga = dataclasses.replace(facts, kernel_release="5.15.0-91-generic")
     result = plan(ubuntu_2204_ga)
-    assert refusal_codes(result) == ["hugepages.old_kernel"]
+    assert refusal_codes(result) == ["plan.hugepages.old_kernel"]
     assert "5.15.0-91-generic" in result.refusals[0].message and "linux-generic-hwe-22.04" in result.refusals[0].remedy
     # One node: the plain hugepages=N, on any kernel.
     assert plan(dataclasses.replace(lab_facts(), kernel_release="5.15.0-91-generic")).applicable
@@ -400,7 +400,7 @@ def test_eight_gpus_on_two_sockets_split_by_gpus_and_declared_vms():
     # 200 for the VMs on node 0, the other 400 by GPUs (4 and 4).
     assert placed.hugepages.per_node == ((0, 400), (1, 200)) and "hugepages=0:400,1:200" in placed.kernel_options
     short = _two_socket(gpuhost_hugepages=150, gpuhost_vms=vms)
-    assert refusal_codes(short) == ["hugepages.vms_exceed"]
+    assert refusal_codes(short) == ["plan.hugepages.vms_exceed"]
     assert "need 200 1 GiB pages (200 on NUMA node 0), more than the 150 planned" in short.refusals[0].message
 
 
@@ -411,7 +411,7 @@ def test_a_gpu_two_declared_vms_name_is_refused_as_render_refuses_it():
         {"name": "b", "vcpus": 8, "memory": "100G", "gpus": "all"},
     ]
     result = _two_socket(gpuhost_hugepages=600, gpuhost_vms=vms)
-    assert refusal_codes(result) == ["vms.gpu_twice"]
+    assert refusal_codes(result) == ["plan.vms.gpu_twice"]
     assert "is declared for VM 'a' and VM 'b'" in result.refusals[0].message
     assert "Give each GPU to one VM" in result.refusals[0].remedy
 
@@ -429,4 +429,4 @@ def test_gpus_on_one_socket_get_the_pages_their_node_holds_and_the_rest_go_to_th
     assert "394 that the GPUs' nodes cannot hold go to the other nodes" in spilled.hugepages.placement
     # More than both nodes hold together: refused as before.
     too_many = _two_socket(gpus=list(HGX_NODE1), gpuhost_hugepages=1000)
-    assert refusal_codes(too_many) == ["hugepages.too_many"]
+    assert refusal_codes(too_many) == ["plan.hugepages.too_many"]

@@ -90,7 +90,7 @@ def test_proxmox_boot_tool_writes_the_entries_where_it_manages_the_esps(tmp_path
     assert straight.kernel_cmdline_writer is KernelCmdlineWriter.PROXMOX_BOOT_TOOL
     assert straight.systemd_boot is not None and straight.systemd_boot.refresh_command == PROXMOX_BOOT_TOOL_REFRESH
     # Its ESPs are not mounted: a trial entry beside the default would not be where it boots.
-    assert [r.code for r in plan(root).refusals] == ["trial.proxmox_boot_tool"]
+    assert [r.code for r in plan(root).refusals] == ["plan.trial.proxmox_boot_tool"]
 
 
 def test_proxmox_boot_tool_alone_is_not_enough(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_an_entry_without_sort_key_refuses_the_trial(tmp_path: Path) -> None:
     entry = root / "boot/efi/loader/entries/debian-6.1.0-50-amd64.conf"
     entry.write_text("".join(line for line in entry.read_text().splitlines(True) if not line.startswith("sort-key")))
     refused = plan(root)
-    assert [r.code for r in refused.refusals] == ["trial.entry_order"]
+    assert [r.code for r in refused.refusals] == ["plan.trial.entry_order"]
     assert "bootctl set-default debian-6.1.0-50-amd64.conf" in refused.refusals[0].remedy
     assert plan(root, gpuhost_trial_boot=False).applicable
 

@@ -25,7 +25,7 @@ import gpuhost.bench.node  # registers the node measurements' codes (smoke-test 
 import gpuhost.plan.planner
 import gpuhost.plan.verify
 import gpuhost.render.domain  # noqa: F401  (registers render's conflicts)
-from gpuhost.problems import REGISTRY, Stage, codes_of
+from gpuhost.problems import REGISTRY, Severity, Stage, codes_of, register
 
 ROOT = Path(__file__).resolve().parent.parent
 CODES_PAGE = ROOT / "docs" / "reference" / "problem-codes.md"
@@ -42,6 +42,31 @@ def test_the_check_fails_for_a_code_nobody_produces() -> None:
     """The check (tests/conftest.py) can fail: with nothing produced, every registered code is reported."""
     assert unproduced(set()) == sorted(code for code, e in REGISTRY.items() if e.stage in TABLE_STAGES)
     assert "gpu.group.unknown" in unproduced({"gpu.group.clean"})
+
+
+@pytest.mark.parametrize(
+    ("code", "stage", "says"),
+    [
+        ("group.intruder", Stage.PLAN, "must start with 'plan.'"),  # the plan's code before issue 29
+        ("gpu.group.intruder", Stage.RENDER, "must start with 'render.'"),
+        ("node.nccl.missing", Stage.SMOKE_TEST, "must start with 'smoke.'"),
+        ("verify.cmdline.missing", Stage.PLAN, "must start with 'plan.'"),
+        ("plan.group.intruder", Stage.AUDIT, "in another stage's namespace 'plan.'"),
+    ],
+)
+def test_register_refuses_a_code_outside_its_stages_namespace(code: str, stage: Stage, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        register(code, stage, Severity.ERROR, "refused")
+    assert REGISTRY.get(code) is None or REGISTRY[code].stage is not stage
+
+
+def test_every_registered_code_is_in_its_stages_namespace() -> None:
+    namespaces = {stage.namespace for stage in Stage if stage.namespace is not None}
+    for code, entry in REGISTRY.items():
+        if entry.stage.namespace is not None:
+            assert code.startswith(entry.stage.namespace), code
+        else:
+            assert not any(code.startswith(namespace) for namespace in namespaces), code
 
 
 def markdown_table(stage: Stage) -> str:

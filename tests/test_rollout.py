@@ -24,7 +24,8 @@ from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.fleet import PlanOutcome
 from gpuhost.rollout.hostkeys import host_key_message
 from gpuhost.rollout.report import HostStatus
-from tests.helpers import FIXTURES, SNAPSHOTS
+from gpuhost.targets import ansible_inventory_settings
+from tests.helpers import COLLECTION, FIXTURES, SNAPSHOTS
 
 HOST_KEY_CHANGED = (FIXTURES / "ansible/unreachable-host-key-changed.txt").read_text()
 PLANNER_TASK = "Compute the desired state with gpuhost's planner"
@@ -55,6 +56,7 @@ def inventory(tmp_path: Path) -> Path:
 @pytest.fixture
 def inventory_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Every time Ansible parses an inventory in this process."""
+    ansible_inventory_settings()  # before Ansible's first import here: it reads its settings once
     from ansible.inventory.manager import InventoryManager
 
     reads: list[str] = []
@@ -315,3 +317,20 @@ def test_a_canceled_rollback_exits_130_and_reads_no_host_back(
     assert main(["rollback", "-i", str(inventory), "--limit", "gpu01", "--yes"]) == 130
     captured = capsys.readouterr()
     assert captured.err.strip() == "gpuhost rollback: interrupted" and "rolled back" not in captured.out
+
+
+def test_the_report_filter_says_each_status_with_the_engines_enum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """filter/report.py's statuses are HostStatus's values (the engine reads them back with HostStatus.of)."""
+    monkeypatch.syspath_prepend(str(COLLECTION.parents[2]))
+    from ansible_collections.gpuhost.passthrough.plugins.filter.report import report_entry
+
+    verified = {"gpuhost_plan_result": {"plan": {}}, "gpuhost_verify_result": {"verification": {"status": "ready"}}}
+    entries = {
+        HostStatus.UNREACHABLE_OR_NOT_RUN: {},
+        HostStatus.REFUSED: {"gpuhost_plan_result": {"plan": {"refusals": [{"code": "plan.iommu.absent"}]}}},
+        HostStatus.FAILED: {"gpuhost_plan_result": {"failed": True, "plan": {}}},
+        HostStatus.NOT_VERIFIED: {"gpuhost_plan_result": {"plan": {}}},
+        HostStatus.READY: verified,
+    }
+    for status, hostvars in entries.items():
+        assert HostStatus.of(report_entry(hostvars)["status"]) is status

@@ -19,49 +19,58 @@ from gpuhost.bench.verdict import judge
 from gpuhost.problems import Problem, Severity, Stage, register
 
 P2P_NO_ACCESS = register(
-    "node.p2p.no-access", Stage.SMOKE_TEST, Severity.ERROR, "a GPU pair without peer access: copies go through the host"
+    "smoke.node.p2p.no-access",
+    Stage.SMOKE_TEST,
+    Severity.ERROR,
+    "a GPU pair without peer access: copies go through the host",
 )
 
 P2P_SLOW = register(
-    "node.p2p.slow", Stage.SMOKE_TEST, None, "a P2P figure below its link (warning) or far below it (error)"
+    "smoke.node.p2p.slow", Stage.SMOKE_TEST, None, "a P2P figure below its link (warning) or far below it (error)"
 )
 
 P2P_BELOW_MEDIAN = register(
-    "node.p2p.below-median", Stage.SMOKE_TEST, Severity.WARNING, "a GPU pair well below the matrix's median"
+    "smoke.node.p2p.below-median", Stage.SMOKE_TEST, Severity.WARNING, "a GPU pair well below the matrix's median"
 )
 
 HOST_SLOW_GPU = register(
-    "node.host.slow-gpu",
+    "smoke.node.host.slow-gpu",
     Stage.SMOKE_TEST,
     Severity.WARNING,
     "a GPU's share of the all-at-once host copies well below the others'",
 )
 
 NVLINK_LINKS = register(
-    "node.nvlink.links", Stage.SMOKE_TEST, None, "fewer active NVLinks than the model has (error) or unreadable (info)"
+    "smoke.node.nvlink.links",
+    Stage.SMOKE_TEST,
+    None,
+    "fewer active NVLinks than the model has (error) or unreadable (info)",
 )
 
 NCCL_MISSING = register(
-    "node.nccl.missing", Stage.SMOKE_TEST, Severity.WARNING, "no NCCL found: the collectives are unmeasured"
+    "smoke.node.nccl.missing", Stage.SMOKE_TEST, Severity.WARNING, "no NCCL found: the collectives are unmeasured"
 )
 
 NCCL_FAILED = register(
-    "node.nccl.failed", Stage.SMOKE_TEST, Severity.ERROR, "NCCL failed to initialise, hung or gave wrong results"
+    "smoke.node.nccl.failed", Stage.SMOKE_TEST, Severity.ERROR, "NCCL failed to initialise, hung or gave wrong results"
 )
 
 NCCL_SLOW = register(
-    "node.nccl.slow",
+    "smoke.node.nccl.slow",
     Stage.SMOKE_TEST,
     None,
     "a collective's bus bandwidth below the link (warning) or far below (error)",
 )
 
 NODE_BENCHMARK_FAILED = register(
-    "node.benchmark.failed", Stage.SMOKE_TEST, Severity.ERROR, "a node measurement did not complete"
+    "smoke.node.benchmark.failed", Stage.SMOKE_TEST, Severity.ERROR, "a node measurement did not complete"
 )
 
 NODE_CONTENTION = register(
-    "node.contention", Stage.SMOKE_TEST, Severity.WARNING, "another process used a GPU during the node measurements"
+    "smoke.node.contention",
+    Stage.SMOKE_TEST,
+    Severity.WARNING,
+    "another process used a GPU during the node measurements",
 )
 
 # Thresholds, each with its reason.

@@ -17,14 +17,17 @@ class Status(enum.Enum):
     FAIL = "FAIL"
 
     @property
-    def rank(self) -> int:
+    def badness(self) -> int:
+        """Higher is worse (PASS and INFO 0, WARN 1, FAIL 2); problems.Severity.rank sorts the other way
+        (0 the most severe), hence the different name."""
         return {"PASS": 0, "INFO": 0, "WARN": 1, "FAIL": 2}[self.value]
 
 
 def worst(statuses: Iterable[Status]) -> Status:
+    """The worst of `statuses` (PASS for none; the first of equals)."""
     result = Status.PASS
     for status in statuses:
-        if status.rank > result.rank:
+        if status.badness > result.badness:
             result = status
     return result
 

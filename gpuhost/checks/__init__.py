@@ -44,10 +44,10 @@ GUEST_CHECKS: tuple[Check, ...] = (check_guest,)
 __all__ = ["AuditPolicy", "Problem", "Role", "Severity", "detect_role", "run_checks"]
 
 
-def detect_role(facts: HostFacts, requested: str) -> Role:
+def detect_role(facts: HostFacts, requested: Role) -> Role:
     """A VM with no IOMMU whose NVIDIA GPU is driven by nvidia is a passthrough guest; else a host."""
-    if requested in (Role.HOST, Role.GUEST):
-        return Role(requested)
+    if requested is not Role.AUTO:
+        return requested
     in_vm = facts.cpu is not None and facts.cpu.is_virtual_machine
     driven_gpu = any(card.gpu.vendor == VENDOR_NVIDIA and card.gpu.driver == "nvidia" for card in gpu_cards(facts))
     return Role.GUEST if in_vm and not facts.iommu.active and driven_gpu else Role.HOST

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext
-from gpuhost.facts.model import ActiveLoader, BootloaderKind, FirmwareMode, KernelCommandLine
+from gpuhost.facts.model import ActiveLoader, BootloaderKind, Firmware, KernelCommandLine
 from gpuhost.problems import Problem, Severity, Stage, register
 
 FIRMWARE = register(
@@ -45,7 +45,7 @@ def check_firmware(ctx: CheckContext) -> Iterator[Problem]:
             "so Secure Boot and the boot loader are unknown too",
             "Audit the host with this gpuhost's gather script (gpuhost snapshot), as root.",
         )
-    elif firmware.mode is FirmwareMode.UEFI and firmware.secure_boot is None:
+    elif firmware.mode is Firmware.UEFI and firmware.secure_boot is None:
         yield ctx.finding(
             FIRMWARE_UNKNOWN,
             Severity.WARNING,

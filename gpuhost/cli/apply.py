@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from gpuhost.cli.common import ansible_printer, progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
+from gpuhost.inventory.policy import Role
 from gpuhost.metrics import apply_metrics, check_textfile_path, write_textfile
 from gpuhost.output import check_outputs
 from gpuhost.rollout.engine import ApplyRequest, rollout_options
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if interactive and not sys.stdin.isatty():
         raise InputError("gpuhost apply asks before changing hosts; pass --yes to run unattended.")
     # Every host's connection and gpuhost_* values, checked before anything connects.
-    selection = rollout_targets(args.inventory, args.limit, ConnectionDefaults(role="host"))
+    selection = rollout_targets(args.inventory, args.limit, ConnectionDefaults(role=Role.HOST))
     targets = list(selection.targets)
     limit = ansible_limit(selection, controller_play=True)
     if interactive:

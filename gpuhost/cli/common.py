@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from gpuhost.cli.text import make_console, printable, untrusted
 from gpuhost.errors import InputError, NoHostsSelected
+from gpuhost.inventory.policy import Role
 from gpuhost.rollout.report import TaskProgress, TaskResult
 from gpuhost.targets import (
     SNAPSHOT,
@@ -80,8 +81,8 @@ def add_target_options(parser: argparse.ArgumentParser, *, snapshots: bool) -> N
     )
     parser.add_argument(
         "--role",
-        choices=("auto", "host", "guest"),
-        default="auto",
+        choices=[role.value for role in Role],
+        default=Role.AUTO.value,
         help="judge as a passthrough host or as a guest (auto: a VM with no IOMMU whose GPU runs nvidia is a guest)",
     )
 
@@ -101,7 +102,7 @@ def resolve_targets(args: argparse.Namespace) -> list[Target]:
         accept_new_host_keys=args.accept_new_host_keys,
         connect_timeout=validate_connect_timeout(args.connect_timeout),
         gpus=args.gpus,
-        role=args.role,
+        role=Role(args.role),
     )
     targets: list[Target] = []
     if args.inventory is not None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.lab import fake_nvidia, fleet
 from gpuhost.lab import image as lab_image
-from gpuhost.lab.boot import BootMode, Firmware, Loader, boot_mode
+from gpuhost.lab.boot import FIRMWARE_CHOICES, BootMode, Loader, boot_mode
 from gpuhost.lab.builder import ensure_image
 from gpuhost.lab.paths import IMAGE_DIR_ENV, LAB_DIR_ENV, LabPaths
 from gpuhost.lab.recipe import VARIANTS
@@ -36,17 +36,17 @@ def _progress(message: str) -> None:
     print(f"gpuhost lab: {message}", file=sys.stderr, flush=True)
 
 
-_BOOT_OPTIONS: tuple[tuple[str, type[Firmware] | type[Loader], str, str], ...] = (
+_BOOT_OPTIONS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
     (
         "--firmware",
-        Firmware,
-        Firmware.BIOS.value,
+        tuple(FIRMWARE_CHOICES),
+        "bios",
         "bios (SeaBIOS, the default), uefi (OVMF) or uefi-secureboot (OVMF enforcing Secure Boot with "
         "Microsoft's keys enrolled; boots Debian's signed shim, GRUB and kernel)",
     ),
     (
         "--boot",
-        Loader,
+        tuple(loader.value for loader in Loader),
         Loader.GRUB.value,
         "boot loader: grub (default) or systemd-boot (needs --firmware uefi; kernel-install, "
         "/etc/kernel/cmdline, loader entries on the ESP)",
@@ -56,7 +56,7 @@ _BOOT_OPTIONS: tuple[tuple[str, type[Firmware] | type[Loader], str, str], ...] =
 
 def _add_boot_options(parser: argparse.ArgumentParser) -> None:
     for flag, choices, default, text in _BOOT_OPTIONS:
-        parser.add_argument(flag, choices=[choice.value for choice in choices], default=default, help=text)
+        parser.add_argument(flag, choices=choices, default=default, help=text)
 
 
 def _boot_mode(args: argparse.Namespace) -> BootMode:

@@ -15,7 +15,7 @@ from gpuhost.facts.model import (
     Bootloader,
     BootloaderKind,
     Firmware,
-    FirmwareMode,
+    FirmwareFacts,
     GrubConfig,
     HostFacts,
     HugePagePool,
@@ -401,10 +401,10 @@ def _virtualization(packages: tuple[Package, ...] | None) -> VirtualizationSoftw
     return VirtualizationSoftware(version(LIBVIRT_PACKAGES), version(QEMU_PACKAGES), version(OVMF_PACKAGES))
 
 
-def _firmware(tree: Tree, exists: frozenset[str] | None, bootloader: Bootloader) -> Firmware:
-    mode = None if exists is None else FirmwareMode.UEFI if "/sys/firmware/efi" in exists else FirmwareMode.BIOS
-    secure_boot: bool | None = False if mode is FirmwareMode.BIOS else None
-    if mode is FirmwareMode.UEFI:
+def _firmware(tree: Tree, exists: frozenset[str] | None, bootloader: Bootloader) -> FirmwareFacts:
+    mode = None if exists is None else Firmware.UEFI if "/sys/firmware/efi" in exists else Firmware.BIOS
+    secure_boot: bool | None = False if mode is Firmware.BIOS else None
+    if mode is Firmware.UEFI:
         secure_boot = p.parse_efivar_bool(_efivar(tree, "SecureBoot"))
     loader_info = p.parse_efivar_string(_efivar(tree, "LoaderInfo"))
     esp_files = tree.command("esp-files")
@@ -433,9 +433,9 @@ def _firmware(tree: Tree, exists: frozenset[str] | None, bootloader: Bootloader)
     shim = any(name.rsplit("/", 1)[-1].lower() in SHIM_FILES for name in binaries)
     if loader_info is not None and loader_info.startswith("systemd-boot"):
         loader = ActiveLoader.SYSTEMD_BOOT
-    elif bootloader.kind is BootloaderKind.GRUB and mode is FirmwareMode.BIOS:
+    elif bootloader.kind is BootloaderKind.GRUB and mode is Firmware.BIOS:
         loader = ActiveLoader.GRUB_BIOS
-    elif bootloader.kind is BootloaderKind.GRUB and mode is FirmwareMode.UEFI:
+    elif bootloader.kind is BootloaderKind.GRUB and mode is Firmware.UEFI:
         # Under Secure Boot only shim can start GRUB; without it, shim on the ESP is the evidence.
         loader = ActiveLoader.SHIM_GRUB if shim or secure_boot else ActiveLoader.GRUB_EFI
     elif bootloader.kind is BootloaderKind.SYSTEMD_BOOT:
@@ -444,7 +444,7 @@ def _firmware(tree: Tree, exists: frozenset[str] | None, bootloader: Bootloader)
         loader = ActiveLoader.UNKNOWN
     modules_text = tree.command("out-of-tree-modules")
     kernel_cmdline = tree.read("/etc/kernel/cmdline")
-    return Firmware(
+    return FirmwareFacts(
         mode=mode,
         secure_boot=secure_boot,
         loader=loader,

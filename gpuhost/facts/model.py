@@ -188,7 +188,9 @@ class Bootloader:
     has_proxmox_boot_tool: bool = False
 
 
-class FirmwareMode(TextEnum):
+class Firmware(TextEnum):
+    """What a machine boots from: a host (facts), a lab host (`lab up --firmware`) or a VM (VmSpec)."""
+
     UEFI = "uefi"
     BIOS = "bios"
 
@@ -244,10 +246,10 @@ class OutOfTreeModule:
 
 
 @dataclass(frozen=True)
-class Firmware:
+class FirmwareFacts:
     """How the host booted: firmware, Secure Boot, the ESP, the loader and its command line file."""
 
-    mode: FirmwareMode | None  # None: unknown (the existence list could not be read)
+    mode: Firmware | None  # None: unknown (the existence list could not be read)
     secure_boot: bool | None  # False on BIOS; None on UEFI when the SecureBoot variable is unreadable
     loader: ActiveLoader
     loader_info: str | None  # systemd-boot's LoaderInfo variable ("systemd-boot 252.30-1~deb12u2")
@@ -267,7 +269,7 @@ class Firmware:
         """'UEFI, Secure Boot enabled, shim+grub-efi' style text for the audit."""
         if self.mode is None:
             return "firmware unknown"
-        if self.mode is FirmwareMode.BIOS:
+        if self.mode is Firmware.BIOS:
             return f"BIOS, {self.loader}"
         secure = {True: "Secure Boot enabled", False: "Secure Boot disabled", None: "Secure Boot unknown"}
         return f"UEFI, {secure[self.secure_boot]}, {self.loader}"
@@ -448,7 +450,7 @@ class HostFacts:
     initramfs: Initramfs
     grub: GrubConfig
     bootloader: Bootloader
-    firmware: Firmware
+    firmware: FirmwareFacts
     nvidia: NvidiaInstall
     modprobe: tuple[ModprobeDirective, ...]
     kernel_log: KernelLog | None

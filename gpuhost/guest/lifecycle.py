@@ -26,7 +26,7 @@ from typing import Any
 
 from gpuhost.audit import audit_target, open_transport
 from gpuhost.errors import GpuhostError, InputError
-from gpuhost.facts.model import NCCL_CONF
+from gpuhost.facts.model import NCCL_CONF, Firmware
 from gpuhost.guest import libvirt_host, nouveau, provision
 from gpuhost.guest.errors import GuestStepError
 from gpuhost.guest.keys import generate_ed25519
@@ -546,7 +546,7 @@ def down(target: Target, spec: VmSpec, policy: HostPolicy, state: GuestDir, over
             if domain.isActive():
                 domain.destroy()
                 destroyed = True
-            flags = libvirt.VIR_DOMAIN_UNDEFINE_NVRAM if spec.firmware == "uefi" else 0
+            flags = libvirt.VIR_DOMAIN_UNDEFINE_NVRAM if spec.firmware is Firmware.UEFI else 0
             domain.undefineFlags(flags)
             undefined = True
         pool = libvirt_host.find_pool(conn, policy.images_dir, create=True)

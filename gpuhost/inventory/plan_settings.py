@@ -24,9 +24,9 @@ _REBOOT_TIMEOUT = re.compile(r"^[0-9]{1,5}$")
 # The reboot command runs through the host's shell: words of safe characters only.
 _REBOOT_COMMAND = re.compile(r"^[A-Za-z0-9_./=-]+(?: [A-Za-z0-9_./=-]+){0,8}$")
 _PANIC_SECONDS = re.compile(r"^[0-9]{1,3}$")
-_REFUSAL_CODE = re.compile(r"^[a-z_]+\.[a-z_]+$")
+_REFUSAL_CODE = re.compile(r"^plan\.[a-z_]+\.[a-z_]+$")  # a planner refusal's code (plan.hugepages.too_many)
 # Tests only: refusal codes the planner turns into notes, so that a lab test can make a trial boot
-# fail for real (e.g. hugepages.too_many). Never set it on a real fleet: the refusals are what keep
+# fail for real (e.g. plan.hugepages.too_many). Never set it on a real fleet: the refusals are what keep
 # a host bootable. An environment variable of the controller, not an inventory variable, so that no
 # inventory can carry it by accident.
 FORCE_PAST_REFUSALS_ENV = "GPUHOST_TESTING_ONLY_FORCE_PAST_REFUSALS"
@@ -157,7 +157,9 @@ def forced_past_refusals() -> tuple[str, ...]:
     codes = tuple(code.strip() for code in os.environ.get(FORCE_PAST_REFUSALS_ENV, "").split(",") if code.strip())
     for code in codes:
         if not _REFUSAL_CODE.fullmatch(code):
-            raise InputError(f"{FORCE_PAST_REFUSALS_ENV}: {code!r} is not a refusal code (e.g. hugepages.too_many).")
+            raise InputError(
+                f"{FORCE_PAST_REFUSALS_ENV}: {code!r} is not a refusal code (e.g. plan.hugepages.too_many)."
+            )
     return codes
 
 

@@ -28,6 +28,6 @@ class AuditPolicy:
     """What the operator asked for: which GPUs, and whether the host is a VM host or a guest."""
 
     gpus: GpuSelector
-    role: str = Role.AUTO  # a Role value (targets validate the inventory's string against ROLES)
+    role: Role = Role.AUTO
     allow_shared_group: tuple[str, ...] = ()  # addresses whose group may hold other devices
     vms: tuple[VmSpec, ...] = ()  # gpuhost_vms: the VMs whose memory the host's NUMA nodes must hold

@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from gpuhost.errors import InputError
+from gpuhost.facts.model import Firmware, TextEnum
 from gpuhost.inventory.pins import CudaPin, resolve_pin, validate_driver_branch
 from gpuhost.inventory.policy import AuditPolicy
 from gpuhost.selection import GpuSelector
@@ -36,9 +38,6 @@ MEMORY_MAX_MIB = 16 * 1024 * 1024  # 16 TiB
 DISK_MAX_GIB = 64 * 1024
 VCPUS_MAX = 4096
 
-DOMAIN_TYPES = ("kvm", "qemu")
-FIRMWARES = ("uefi", "bios")
-HUGEPAGES = ("auto", "on", "off")
 
 DEFAULT_OVMF_CODE = "/usr/share/OVMF/OVMF_CODE_4M.fd"
 DEFAULT_OVMF_VARS = "/usr/share/OVMF/OVMF_VARS_4M.fd"
@@ -82,6 +81,21 @@ STEP_TIMEOUT_MAX_S = 24 * 3600
 PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,99}$")
 
 
+class DomainType(TextEnum):
+    """libvirt's domain type: how the VM's CPU runs."""
+
+    KVM = "kvm"  # hardware virtualisation
+    QEMU = "qemu"  # QEMU's code translator (TCG): tests and emulated lab hosts without KVM
+
+
+class VmHugePages(TextEnum):
+    """Whether a VM's memory is backed by the host's 1 GiB pages."""
+
+    AUTO = "auto"  # when the host has reserved them
+    ON = "on"  # required: rendering is refused without them
+    OFF = "off"
+
+
 @dataclass(frozen=True)
 class VmSpec:
     """One entry of `gpuhost_vms`, validated."""
@@ -94,10 +108,10 @@ class VmSpec:
     disk_size_gib: int | None = None
     ssh_key: str | None = None  # public key text ('ssh-ed25519 AAAA... comment') or a path on the controller
     cuda_version: str | None = None
-    hugepages: str = "auto"  # auto: 1 GiB pages when the host has reserved them; on: required; off
+    hugepages: VmHugePages = VmHugePages.AUTO
     network: str | None = "default"  # a libvirt network name; None: no network device
-    domain_type: str = "kvm"  # kvm, or qemu (TCG) for tests and emulated lab hosts
-    firmware: str = "uefi"  # uefi (OVMF), or bios (SeaBIOS) for tiny test guests
+    domain_type: DomainType = DomainType.KVM
+    firmware: Firmware = Firmware.UEFI  # uefi (OVMF), or bios (SeaBIOS) for tiny test guests
     kernel: str | None = None  # direct kernel boot (tests): paths on the host
     initrd: str | None = None
     cmdline: str | None = None
@@ -248,10 +262,10 @@ def parse_vm(entry: object, where: str, defaults: Mapping[str, object] | None = 
         driver_branch=driver_branch,
         package_repo=_optional(entry, "package_repo", where, validate_package_repo),
         timeouts=_timeouts(entry.get("timeouts", {}), f"{where}: timeouts"),
-        hugepages=_choice(entry.get("hugepages", "auto"), f"{where}: hugepages", HUGEPAGES),
+        hugepages=_enum_choice(entry.get("hugepages", "auto"), f"{where}: hugepages", VmHugePages),
         network=_network(entry.get("network", "default"), f"{where}: network"),
-        domain_type=_choice(entry.get("domain_type", "kvm"), f"{where}: domain_type", DOMAIN_TYPES),
-        firmware=_choice(entry.get("firmware", "uefi"), f"{where}: firmware", FIRMWARES),
+        domain_type=_enum_choice(entry.get("domain_type", "kvm"), f"{where}: domain_type", DomainType),
+        firmware=_enum_choice(entry.get("firmware", "uefi"), f"{where}: firmware", Firmware),
         kernel=_optional(entry, "kernel", where, validate_path),
         initrd=_optional(entry, "initrd", where, validate_path),
         cmdline=_optional(entry, "cmdline", where, validate_cmdline),
@@ -397,15 +411,16 @@ def _cuda_version(value: object, where: str) -> str:
     return text
 
 
-def _choice(value: object, where: str, choices: tuple[str, ...]) -> str:
-    if value is True:
-        value = "on"
-    elif value is False:
-        value = "off"
-    text = str(value)
-    if text not in choices:
-        raise InputError(f"{where}: {value!r} is not one of {', '.join(choices)}.")
-    return text
+_Choice = TypeVar("_Choice", bound=Enum)
+
+
+def _enum_choice(value: object, where: str, choices: type[_Choice]) -> _Choice:
+    """`value` as a member of the closed set `choices`, by its inventory word (YAML's true/false: on/off)."""
+    text = "on" if value is True else "off" if value is False else str(value)
+    for choice in choices:
+        if choice.value == text:
+            return choice
+    raise InputError(f"{where}: {value!r} is not one of {', '.join(str(choice.value) for choice in choices)}.")
 
 
 def _network(value: object, where: str) -> str | None:

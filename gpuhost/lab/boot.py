@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhost.errors import InputError
+from gpuhost.facts.model import Firmware
 
-
-class Firmware(enum.Enum):
-    BIOS = "bios"
-    UEFI = "uefi"
-    UEFI_SECUREBOOT = "uefi-secureboot"
+# `lab up --firmware`'s values: the firmware, and for UEFI whether it enforces Secure Boot.
+FIRMWARE_CHOICES: dict[str, tuple[Firmware, bool]] = {
+    "bios": (Firmware.BIOS, False),
+    "uefi": (Firmware.UEFI, False),
+    "uefi-secureboot": (Firmware.UEFI, True),
+}
 
 
 class Loader(enum.Enum):
@@ -46,18 +48,15 @@ class OvmfFiles:
     needs_smm: bool
 
 
-OVMF_FILES: dict[Firmware, OvmfFiles] = {
-    Firmware.UEFI: OvmfFiles(OVMF_DIR / "OVMF_CODE_4M.fd", OVMF_DIR / "OVMF_VARS_4M.fd", needs_smm=False),
-    Firmware.UEFI_SECUREBOOT: OvmfFiles(
-        OVMF_DIR / "OVMF_CODE_4M.ms.fd", OVMF_DIR / "OVMF_VARS_4M.ms.fd", needs_smm=True
-    ),
-}
+OVMF = OvmfFiles(OVMF_DIR / "OVMF_CODE_4M.fd", OVMF_DIR / "OVMF_VARS_4M.fd", needs_smm=False)
+OVMF_SECURE_BOOT = OvmfFiles(OVMF_DIR / "OVMF_CODE_4M.ms.fd", OVMF_DIR / "OVMF_VARS_4M.ms.fd", needs_smm=True)
 
 
 @dataclass(frozen=True)
 class BootMode:
     firmware: Firmware
     loader: Loader
+    secure_boot: bool = False  # UEFI only: OVMF enforcing Secure Boot with Microsoft's keys enrolled
 
     @property
     def layout(self) -> DiskLayout:
@@ -67,10 +66,17 @@ class BootMode:
 
     @property
     def ovmf(self) -> OvmfFiles | None:
-        return OVMF_FILES.get(self.firmware)
+        if self.firmware is Firmware.BIOS:
+            return None
+        return OVMF_SECURE_BOOT if self.secure_boot else OVMF
+
+    @property
+    def firmware_option(self) -> str:
+        """This mode's `--firmware` value (bios, uefi, uefi-secureboot)."""
+        return next(name for name, choice in FIRMWARE_CHOICES.items() if choice == (self.firmware, self.secure_boot))
 
     def describe(self) -> str:
-        return f"{self.firmware.value} + {self.loader.value}"
+        return f"{self.firmware_option} + {self.loader.value}"
 
 
 BIOS_GRUB = BootMode(Firmware.BIOS, Loader.GRUB)
@@ -79,15 +85,16 @@ BIOS_GRUB = BootMode(Firmware.BIOS, Loader.GRUB)
 def boot_mode(firmware: str, loader: str = "grub") -> BootMode:
     """The boot mode for `lab up --firmware F --boot L`; refuses combinations the lab cannot boot."""
     try:
-        chosen = BootMode(Firmware(firmware), Loader(loader))
-    except ValueError as error:
+        kind, secure_boot = FIRMWARE_CHOICES[firmware]
+        chosen = BootMode(kind, Loader(loader), secure_boot)
+    except (KeyError, ValueError) as error:
         raise InputError(
             f"unknown boot mode --firmware {firmware} --boot {loader}; firmware is one of "
-            f"{', '.join(f.value for f in Firmware)} and boot one of {', '.join(b.value for b in Loader)}"
+            f"{', '.join(FIRMWARE_CHOICES)} and boot one of {', '.join(b.value for b in Loader)}"
         ) from error
     if chosen.loader is Loader.SYSTEMD_BOOT and chosen.firmware is Firmware.BIOS:
         raise InputError("--boot systemd-boot needs UEFI firmware: use --firmware uefi (systemd-boot is EFI only)")
-    if chosen.loader is Loader.SYSTEMD_BOOT and chosen.firmware is Firmware.UEFI_SECUREBOOT:
+    if chosen.loader is Loader.SYSTEMD_BOOT and chosen.secure_boot:
         raise InputError(
             "--boot systemd-boot with --firmware uefi-secureboot is not supported: Debian 12's "
             "systemd-boot is not signed, so Secure Boot would refuse it. Use --firmware uefi "

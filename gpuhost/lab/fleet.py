@@ -46,7 +46,7 @@ def _no_progress(_: str) -> None:
 
 
 @dataclass(frozen=True)
-class HostStatus:
+class HostRunState:
     record: VmRecord
     running: bool
     serial_tail: tuple[str, ...]  # the end of the serial log, for a host that is not running
@@ -128,12 +128,12 @@ def _tail(path: Path, lines: int = 25) -> tuple[str, ...]:
     return tuple(line.rstrip("\r") for line in text.splitlines()[-lines:])
 
 
-def status(paths: LabPaths) -> tuple[LabState, list[HostStatus]]:
+def status(paths: LabPaths) -> tuple[LabState, list[HostRunState]]:
     state = load_state(paths.state_file)
     report = []
     for record in state.hosts:
         running = is_our_process(record)
-        report.append(HostStatus(record, running, () if running else _tail(Path(record.serial_log))))
+        report.append(HostRunState(record, running, () if running else _tail(Path(record.serial_log))))
     return state, report
 
 
@@ -344,7 +344,7 @@ def up(
                     f"no lab image ({name}) for the current recipe in {paths.images}; "
                     "build it first with: sudo gpuhost lab image"
                     + (f" --variant {variant}" if variant != "base" else "")
-                    + (f" --firmware {boot.firmware.value} --boot {boot.loader.value}" if boot != BIOS_GRUB else "")
+                    + (f" --firmware {boot.firmware_option} --boot {boot.loader.value}" if boot != BIOS_GRUB else "")
                 )
             progress(f"building the {name} image (once; cached in {paths.images})")
             image = ensure_image(paths, variant, boot.layout, progress=progress)
@@ -474,7 +474,7 @@ def _check_firmware_files(boot: BootMode) -> None:
     for path in (boot.ovmf.code, boot.ovmf.vars_template):
         if not path.exists():
             raise LabError(
-                f"--firmware {boot.firmware.value} needs {path}, which is missing: install Debian's "
+                f"--firmware {boot.firmware_option} needs {path}, which is missing: install Debian's "
                 "ovmf package (apt-get install ovmf)"
             )
 

@@ -10,35 +10,35 @@ from gpuhost.plan.platform import Refuse
 from gpuhost.problems import Severity, Stage, register
 from gpuhost.selection import GpuSelection, NvSwitchModel, nvswitch_functions_to_bind, nvswitch_group_intruders
 
-REFUSE_GROUP_MISSING = register("group.missing", Stage.PLAN, Severity.ERROR, "a selected GPU is in no IOMMU group")
+REFUSE_GROUP_MISSING = register("plan.group.missing", Stage.PLAN, Severity.ERROR, "a selected GPU is in no IOMMU group")
 
 REFUSE_GROUP_UNKNOWN = register(
-    "group.unknown",
+    "plan.group.unknown",
     Stage.PLAN,
     Severity.ERROR,
     "a selected GPU's IOMMU group listing is empty, unreadable or names unknown devices",
 )
 
 REFUSE_GROUP_INTRUDER = register(
-    "group.intruder",
+    "plan.group.intruder",
     Stage.PLAN,
     Severity.ERROR,
     "a device in the GPU's IOMMU group is neither its function nor a bridge (audit: gpu.group.intruder)",
 )
 
 REFUSE_GROUP_KEPT_GPU = register(
-    "group.kept_gpu", Stage.PLAN, Severity.ERROR, "the GPU's IOMMU group holds a GPU the host keeps"
+    "plan.group.kept_gpu", Stage.PLAN, Severity.ERROR, "the GPU's IOMMU group holds a GPU the host keeps"
 )
 
 REFUSE_VFIO_IDS_CAPTURES_KEPT = register(
-    "vfio_ids.captures_kept",
+    "plan.vfio_ids.captures_kept",
     Stage.PLAN,
     Severity.ERROR,
     "gpuhost_bind_by: ids, but an ID also takes a GPU the host keeps",
 )
 
 REFUSE_NVSWITCH_SHARED = register(
-    "nvswitch.shared",
+    "plan.nvswitch.shared",
     Stage.PLAN,
     Severity.ERROR,
     "an NVSwitch host with some NVIDIA GPUs selected and others kept (shared NVSwitch model: not supported)",

@@ -15,25 +15,25 @@ from gpuhost.plan.model import (
     SystemdBootPlan,
 )
 from gpuhost.plan.platform import Refuse
-from gpuhost.plan.templates import render_template
 from gpuhost.problems import Severity, Stage, register
+from gpuhost.templates import render_template
 
 REFUSE_TRIAL_NO_LOADER_ENTRY = register(
-    "trial.no_loader_entry",
+    "plan.trial.no_loader_entry",
     Stage.PLAN,
     Severity.ERROR,
     "systemd-boot: the entry that booted is not a loader entry file gpuhost can copy for the trial",
 )
 
 REFUSE_TRIAL_ENTRY_ORDER = register(
-    "trial.entry_order",
+    "plan.trial.entry_order",
     Stage.PLAN,
     Severity.ERROR,
     "systemd-boot: the default entry has no sort-key, so the trial entry could become the default",
 )
 
 REFUSE_TRIAL_PROXMOX = register(
-    "trial.proxmox_boot_tool",
+    "plan.trial.proxmox_boot_tool",
     Stage.PLAN,
     Severity.ERROR,
     "proxmox-boot-tool copies the entries to ESPs that are not mounted: no trial entry (use --no-trial)",

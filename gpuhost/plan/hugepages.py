@@ -225,33 +225,36 @@ def node_form_supported(kernel_release: str | None) -> bool:
 
 
 REFUSE_HUGEPAGES_MEMORY_UNKNOWN = register(
-    "hugepages.memory_unknown", Stage.PLAN, Severity.ERROR, "huge pages asked for, but /proc/meminfo is unreadable"
+    "plan.hugepages.memory_unknown", Stage.PLAN, Severity.ERROR, "huge pages asked for, but /proc/meminfo is unreadable"
 )
 
 REFUSE_HUGEPAGES_UNSUPPORTED = register(
-    "hugepages.unsupported", Stage.PLAN, Severity.ERROR, "1 GiB pages asked for, but the CPU has no pdpe1gb"
+    "plan.hugepages.unsupported", Stage.PLAN, Severity.ERROR, "1 GiB pages asked for, but the CPU has no pdpe1gb"
 )
 
 REFUSE_HUGEPAGES_TOO_MANY = register(
-    "hugepages.too_many", Stage.PLAN, Severity.ERROR, "the huge pages would leave the host less than it needs to boot"
+    "plan.hugepages.too_many",
+    Stage.PLAN,
+    Severity.ERROR,
+    "the huge pages would leave the host less than it needs to boot",
 )
 
 REFUSE_HUGEPAGES_NODE_TOO_SMALL = register(
-    "hugepages.node_too_small",
+    "plan.hugepages.node_too_small",
     Stage.PLAN,
     Severity.ERROR,
     "a NUMA node's share of the pages would leave it too little memory",
 )
 
 REFUSE_HUGEPAGES_OLD_KERNEL = register(
-    "hugepages.old_kernel",
+    "plan.hugepages.old_kernel",
     Stage.PLAN,
     Severity.ERROR,
     "the pages must go on chosen NUMA nodes, but the kernel is older than 5.16 (no hugepages=<node>:<count>)",
 )
 
 REFUSE_HUGEPAGES_VMS_EXCEED = register(
-    "hugepages.vms_exceed",
+    "plan.hugepages.vms_exceed",
     Stage.PLAN,
     Severity.ERROR,
     "the VMs declared for the host (gpuhost_vms) need more 1 GiB pages than gpuhost_hugepages gives",

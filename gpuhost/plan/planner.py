@@ -40,23 +40,23 @@ from gpuhost.plan.model import (
     TrialBoot,
 )
 from gpuhost.plan.platform import check_platform, choose_kernel_cmdline_writer
-from gpuhost.plan.templates import render_template
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.selection import gpus_declared_twice, select_gpus
+from gpuhost.templates import render_template
 
 # Option names gpuhost sets and therefore removes from the earlier GRUB lines, whatever their value.
 OWNED_KEYS = ("vfio-pci.ids", "iommu", "hugepages", "hugepagesz", "default_hugepagesz")
 
-REFUSE_SELECTION_EMPTY = register("selection.empty", Stage.PLAN, Severity.ERROR, "no GPU matches gpuhost_gpus")
+REFUSE_SELECTION_EMPTY = register("plan.selection.empty", Stage.PLAN, Severity.ERROR, "no GPU matches gpuhost_gpus")
 
 REFUSE_VMS_GPU_TWICE = register(
-    "vms.gpu_twice",
+    "plan.vms.gpu_twice",
     Stage.PLAN,
     Severity.ERROR,
     "two VMs of gpuhost_vms declare the same GPU (they run at once: render refuses both too)",
 )
 REFUSE_TRIAL_GRUBENV_UNWRITABLE = register(
-    "trial.grubenv_unwritable",
+    "plan.trial.grubenv_unwritable",
     Stage.PLAN,
     Severity.ERROR,
     "/boot/grub is on btrfs/ZFS/md/LVM: no trial boot possible (use --no-trial)",

@@ -11,44 +11,46 @@ from gpuhost.problems import Severity, Stage, register
 
 # Refusal codes: two words (gpuhost.inventory.plan_settings validates GPUHOST_TESTING_ONLY_FORCE_PAST_REFUSALS so).
 REFUSE_BOOTLOADER_NOT_GRUB = register(
-    "bootloader.not_grub",
+    "plan.bootloader.not_grub",
     Stage.PLAN,
     Severity.ERROR,
     "the host boots with grubby/BLS or an unknown loader: apply supports GRUB and systemd-boot",
 )
 
 REFUSE_NO_KERNEL_INSTALL = register(
-    "bootloader.no_kernel_install",
+    "plan.bootloader.no_kernel_install",
     Stage.PLAN,
     Severity.ERROR,
     "systemd-boot without kernel-install or proxmox-boot-tool to write its entries",
 )
 
 REFUSE_OS_UNSUPPORTED = register(
-    "os.unsupported", Stage.PLAN, Severity.ERROR, "not Debian or Ubuntu (update-grub, initramfs-tools, apt)"
+    "plan.os.unsupported", Stage.PLAN, Severity.ERROR, "not Debian or Ubuntu (update-grub, initramfs-tools, apt)"
 )
 
-REFUSE_NO_UPDATE_GRUB = register("bootloader.no_update_grub", Stage.PLAN, Severity.ERROR, "GRUB without update-grub")
+REFUSE_NO_UPDATE_GRUB = register(
+    "plan.bootloader.no_update_grub", Stage.PLAN, Severity.ERROR, "GRUB without update-grub"
+)
 
 REFUSE_GRUB_SYNTAX = register(
-    "grub.syntax", Stage.PLAN, Severity.ERROR, "/etc/default/grub (or a drop-in) is not valid shell"
+    "plan.grub.syntax", Stage.PLAN, Severity.ERROR, "/etc/default/grub (or a drop-in) is not valid shell"
 )
 
 REFUSE_GRUB_UNREADABLE = register(
-    "grub.unreadable", Stage.PLAN, Severity.ERROR, "the GRUB command line could not be read (not root)"
+    "plan.grub.unreadable", Stage.PLAN, Severity.ERROR, "the GRUB command line could not be read (not root)"
 )
 
 REFUSE_IOMMU_ABSENT = register(
-    "iommu.absent",
+    "plan.iommu.absent",
     Stage.PLAN,
     Severity.ERROR,
     "no DMAR/IVRS ACPI table and no IOMMU groups: the IOMMU is off in the firmware",
 )
 
-REFUSE_VFIO_ABSENT = register("vfio.absent", Stage.PLAN, Severity.ERROR, "the kernel has no vfio-pci")
+REFUSE_VFIO_ABSENT = register("plan.vfio.absent", Stage.PLAN, Severity.ERROR, "the kernel has no vfio-pci")
 
 REFUSE_NO_KERNEL_CMDLINE = register(
-    "bootloader.no_kernel_cmdline",
+    "plan.bootloader.no_kernel_cmdline",
     Stage.PLAN,
     Severity.ERROR,
     "systemd-boot without /etc/kernel/cmdline (nothing of the host's own to change and restore)",

@@ -13,8 +13,8 @@ from gpuhost.bar_window import (
     describe_size,
     window_of_bits,
 )
-from gpuhost.facts.model import GIB_KIB, HostFacts
-from gpuhost.inventory.spec import VmSpec
+from gpuhost.facts.model import GIB_KIB, Firmware, HostFacts
+from gpuhost.inventory.spec import DomainType, VmSpec
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.render.conflicts import render_conflict
 from gpuhost.render.layout import RootPort
@@ -86,7 +86,7 @@ def guest_address_width(
     Either needs libvirt 8.7; an older one is refused, naming it."""
     needed = bits_for_window(hole64)
     window = f"a {describe_size(hole64)} 64-bit PCI window (the BARs of the passed functions)"
-    if spec.domain_type == "kvm":
+    if spec.domain_type is DomainType.KVM:
         cpu_bits = facts.cpu.physical_address_bits if facts.cpu is not None else None
         if cpu_bits is not None and cpu_bits < needed:
             conflicts.append(
@@ -180,7 +180,7 @@ def check_q35_vcpus(facts: HostFacts, spec: VmSpec, conflicts: list[Problem]) ->
 def older_ovmf_mmio64_mib(facts: HostFacts, spec: VmSpec, hole64: int, notes: list[str]) -> int | None:
     """The 64-bit aperture to hand an OVMF older than edk2-stable202211 through fw_cfg (it keeps 32 GiB
     otherwise, and a larger BAR is not assigned); None where OVMF sizes it itself or is not used."""
-    if spec.firmware != "uefi":
+    if spec.firmware is not Firmware.UEFI:
         return None
     software = facts.virtualization
     release = software.ovmf_release if software is not None else None

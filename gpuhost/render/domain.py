@@ -33,9 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuhost.errors import InputError
-from gpuhost.facts.model import HostFacts
+from gpuhost.facts.model import Firmware, HostFacts
 from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
-from gpuhost.inventory.spec import HostPolicy, VmSpec
+from gpuhost.inventory.spec import DomainType, HostPolicy, VmSpec
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.render.address_width import (
     TCG_TB_CACHE_MIB,
@@ -56,7 +56,7 @@ from gpuhost.render.devices import (
     passthrough_nvswitches,
     resolve_gpus,
 )
-from gpuhost.render.layout import GPU_PURPOSE, MAX_CELLS, NVSWITCH_PURPOSE, Cell, ExpanderBus, RootPort, pci_layout
+from gpuhost.render.layout import MAX_CELLS, Cell, ExpanderBus, PortKind, RootPort, pci_layout
 from gpuhost.render.memory import KIB_PER_MIB, check_declared_pages, check_memory, use_hugepages
 from gpuhost.selection import card_numa_node
 
@@ -95,11 +95,11 @@ class RenderRefused(InputError):
 class DomainPlan:
     name: str
     host: str
-    domain_type: str
+    domain_type: DomainType
     vcpus: int
     memory_kib: int
     hugepages: bool
-    firmware: str
+    firmware: Firmware
     ovmf_code: str
     ovmf_vars: str
     nvram: str
@@ -136,14 +136,16 @@ class DomainPlan:
 
     @property
     def gpu_ports(self) -> tuple[RootPort, ...]:
-        return tuple(port for port in self.passthrough_ports if port.purpose.startswith(GPU_PURPOSE))
+        return tuple(port for port in self.passthrough_ports if port.kind is PortKind.GPU)
 
     @property
     def nvswitch_ports(self) -> tuple[RootPort, ...]:
-        return tuple(port for port in self.passthrough_ports if port.purpose.startswith(NVSWITCH_PURPOSE))
+        return tuple(port for port in self.passthrough_ports if port.kind is PortKind.NVSWITCH)
 
-    def port(self, purpose: str) -> RootPort | None:
-        return next((port for port in self.ports if port.purpose == purpose), None)
+    def port(self, kind: PortKind | str) -> RootPort | None:
+        """The root port of `kind` (the template names it by its value: plan.port('disk'))."""
+        wanted = PortKind(kind)
+        return next((port for port in self.ports if port.kind is wanted), None)
 
 
 def plan_domain(
@@ -253,7 +255,7 @@ def plan_domain(
     if maxphysaddr is not None and maxphysaddr.mode == "passthrough" and len(cards) > 1:  # peer-to-peer: two GPUs
         notes.extend(iommu_width_note(facts))
     ovmf_mmio64_mib = older_ovmf_mmio64_mib(facts, spec, hole64, notes)
-    tcg_tb_cache_mib = TCG_TB_CACHE_MIB if spec.domain_type == "qemu" else None
+    tcg_tb_cache_mib = TCG_TB_CACHE_MIB if spec.domain_type is DomainType.QEMU else None
     return DomainPlan(
         name=spec.name,
         host=host,
@@ -270,7 +272,7 @@ def plan_domain(
         kernel=spec.kernel,
         initrd=spec.initrd,
         cmdline=spec.cmdline,
-        cpu_mode="host-passthrough" if spec.domain_type == "kvm" else "maximum",
+        cpu_mode="host-passthrough" if spec.domain_type is DomainType.KVM else "maximum",
         sockets=cells_count,
         cores=per_cell // cpus.threads,
         threads=cpus.threads,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuhost.facts.model import TextEnum
 from gpuhost.facts.pci import PciFunction
 from gpuhost.inventory.spec import VmSpec
 from gpuhost.render.devices import Group
@@ -17,9 +18,16 @@ FIRST_PORT_SLOT = 0x02  # pcie.0 slot of the first root port (0x00 host bridge, 
 
 LAST_PORT_SLOT = 0x1E
 
-GPU_PURPOSE = "GPU "  # a root port's purpose: 'GPU 0000:41:00.0'
 
-NVSWITCH_PURPOSE = "NVSwitch "
+class PortKind(TextEnum):
+    """What sits behind a root port."""
+
+    GPU = "GPU"  # a passed-through GPU (with its group's other functions)
+    NVSWITCH = "NVSwitch"  # a passed-through NVSwitch
+    DISK = "disk"
+    NETWORK = "network"
+    VIRTIO_SERIAL = "virtio-serial"
+    RNG = "rng"
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,8 @@ class RootPort:
     port: int
     bus: int  # controller index of its parent (0: pcie.0, else a pcie-expander-bus)
     slot: int
-    purpose: str  # 'GPU 0000:41:00.0', 'disk', 'network', 'rng'
+    kind: PortKind
+    label: str  # for the XML's comment: 'GPU 0000:41:00.0', 'disk', 'network', 'rng'
     functions: tuple[GuestFunction, ...] = ()
 
 
@@ -91,7 +100,16 @@ def pci_layout(
                 for i, f in enumerate(device)
             )
             ports.append(
-                RootPort(index, chassis, 0x10 + chassis - 1, parent, slot, GPU_PURPOSE + device[0].address, functions)
+                RootPort(
+                    index,
+                    chassis,
+                    0x10 + chassis - 1,
+                    parent,
+                    slot,
+                    PortKind.GPU,
+                    f"{PortKind.GPU.value} {device[0].address}",
+                    functions,
+                )
             )
             index += 1
             chassis += 1
@@ -101,15 +119,27 @@ def pci_layout(
         function = GuestFunction(host=nvswitch, guest_function=0, multifunction=False)
         ports.append(
             RootPort(
-                index, chassis, 0x10 + chassis - 1, 0, next(slots), NVSWITCH_PURPOSE + nvswitch.address, (function,)
+                index,
+                chassis,
+                0x10 + chassis - 1,
+                0,
+                next(slots),
+                PortKind.NVSWITCH,
+                f"{PortKind.NVSWITCH.value} {nvswitch.address}",
+                (function,),
             )
         )
         index += 1
         chassis += 1
-    extras = (("disk", spec.has_disk), ("network", spec.network is not None), ("virtio-serial", True), ("rng", True))
-    for purpose, wanted in extras:
+    extras = (
+        (PortKind.DISK, spec.has_disk),
+        (PortKind.NETWORK, spec.network is not None),
+        (PortKind.VIRTIO_SERIAL, True),
+        (PortKind.RNG, True),
+    )
+    for kind, wanted in extras:
         if wanted:
-            ports.append(RootPort(index, chassis, 0x10 + chassis - 1, 0, next(slots), purpose))
+            ports.append(RootPort(index, chassis, 0x10 + chassis - 1, 0, next(slots), kind, kind.value))
             index += 1
             chassis += 1
     return tuple(expanders), tuple(ports)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuhost.facts.model import GIB_KIB, HostFacts
-from gpuhost.inventory.spec import HostPolicy, VmSpec
+from gpuhost.inventory.spec import HostPolicy, VmHugePages, VmSpec
 from gpuhost.numa import declared_vm_pages, pages_by_node, vm_pages
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.render.conflicts import render_conflict
@@ -48,12 +48,12 @@ HUGEPAGES_NODE_SHORT = register(
 
 
 def use_hugepages(facts: HostFacts, spec: VmSpec, conflicts: list[Problem]) -> bool:
-    if spec.hugepages == "off":
+    if spec.hugepages is VmHugePages.OFF:
         return False
     pool = facts.hugepage_pool(GIB_KIB)
     reserved = pool is not None and (pool.total or 0) > 0
     if not reserved:
-        if spec.hugepages == "on":
+        if spec.hugepages is VmHugePages.ON:
             conflicts.append(
                 render_conflict(
                     HUGEPAGES_NONE_RESERVED,

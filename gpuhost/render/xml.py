@@ -3,38 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-from gpuhost.datafiles import require_data_dir
 from gpuhost.facts.model import HostFacts
 from gpuhost.inventory.spec import HostPolicy, VmSpec
 from gpuhost.render.domain import DomainPlan, plan_domain
+from gpuhost.templates import render_template
 
-TEMPLATES_ENV = "GPUHOST_TEMPLATES"
-
-
-def templates_dir() -> Path:
-    """templates/ of the checkout, or of an install (<prefix>/share/gpuhost/templates)."""
-    return require_data_dir("templates", "domain.xml.j2", env_var=TEMPLATES_ENV)
+DOMAIN_TEMPLATE = "domain.xml.j2"  # an XML template: gpuhost.templates escapes every value
 
 
-def render_plan(plan: DomainPlan, template_dir: Path | None = None) -> str:
+def render_plan(plan: DomainPlan) -> str:
     """The domain XML of a plan (templates/domain.xml.j2; every value XML-escaped)."""
-    try:
-        import jinja2
-    except ImportError as error:
-        from gpuhost.errors import MissingDependencyError
-
-        raise MissingDependencyError("jinja2", "controller", "Rendering domain XML") from error
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir or templates_dir())),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-    return environment.get_template("domain.xml.j2").render(plan=plan, hex=_hex)
+    return render_template(DOMAIN_TEMPLATE, plan=plan, hex=_hex)
 
 
 def _hex(value: int, width: int = 2) -> str:

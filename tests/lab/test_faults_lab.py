@@ -153,7 +153,7 @@ def _start_again(host: Host) -> float:
 def test_fault2_forced_trial_boot_fails_and_the_host_returns_on_its_old_command_line(
     lab: Lab, original: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(FORCE_PAST_REFUSALS_ENV, "hugepages.too_many")
+    monkeypatch.setenv(FORCE_PAST_REFUSALS_ENV, "plan.hugepages.too_many")
     # A trial kernel asked for more 1 GiB pages than the host has ("Only allocated 0 hugepages") once
     # took past 600 s to boot beside the other lab worker. The pages were not the cause: in one lab
     # host, idle machine, reboots took 221 s with hugepages=4, 189 s with nokaslr added and 189-195 s

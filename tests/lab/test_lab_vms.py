@@ -208,7 +208,7 @@ def test_plan_refuses_the_shared_group_host_naming_the_intruder(lab_hosts: dict[
     result = gpuhost_json("plan", lab_hosts["shared-group"])
     (entry,) = json.loads(result.stdout)
     assert result.returncode == 1 and entry["applicable"] is False, (result.returncode, result.stderr)
-    assert [refusal["code"] for refusal in entry["refusals"]] == ["group.intruder"], entry["refusals"]
+    assert [refusal["code"] for refusal in entry["refusals"]] == ["plan.group.intruder"], entry["refusals"]
     (nic,) = TOPOLOGIES["shared-group"].intruders
     assert nic in entry["refusals"][0]["message"] and "shares IOMMU group" in entry["refusals"][0]["message"]
 

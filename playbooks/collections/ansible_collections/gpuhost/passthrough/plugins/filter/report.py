@@ -9,20 +9,23 @@ from typing import Any
 
 
 def report_entry(hostvars: Mapping[str, Any], check_mode: bool = False) -> dict[str, Any]:
+    _require_gpuhost()
+    from gpuhost.rollout.report import HostStatus
+
     planned = hostvars.get("gpuhost_plan_result") or {}
     plan = planned.get("plan") or {}
     verified = (hostvars.get("gpuhost_verify_result") or {}).get("verification")
     reboot = hostvars.get("gpuhost_verify_reboot") or {}
     if not planned:
-        status = "unreachable-or-not-run"
+        status = HostStatus.UNREACHABLE_OR_NOT_RUN.value
     elif plan.get("refusals"):
-        status = "refused"
+        status = HostStatus.REFUSED.value
     elif planned.get("failed"):
-        status = "failed"
+        status = HostStatus.FAILED.value
     elif verified is None:
-        status = "not-verified"
+        status = HostStatus.NOT_VERIFIED.value
     else:
-        status = verified.get("status", "unknown")
+        status = verified.get("status", HostStatus.UNKNOWN.value)  # the verification's ready or not-ready
     return {
         "status": status,
         "message": planned.get("msg"),
@@ -49,7 +52,8 @@ def audit_lines(hosts: Sequence[str], hostvars: Mapping[str, Any]) -> str:
     return "".join(lines)
 
 
-def _not_reached(host: str) -> dict[str, Any]:
+def _require_gpuhost() -> None:
+    """gpuhost importable, or the filter fails with the message that says how to install it."""
     from ansible.errors import AnsibleFilterError
     from ansible_collections.gpuhost.passthrough.plugins.plugin_utils.host import HostReadError, require_gpuhost
 
@@ -57,6 +61,10 @@ def _not_reached(host: str) -> dict[str, Any]:
         require_gpuhost()
     except HostReadError as error:
         raise AnsibleFilterError(str(error)) from error
+
+
+def _not_reached(host: str) -> dict[str, Any]:
+    _require_gpuhost()
     from gpuhost.audit import audit_to_json, not_audited
     from gpuhost.checks.base import AuditPolicy
     from gpuhost.selection import GpuSelector
