@@ -23,8 +23,8 @@ from gpuhost.facts.model import (
 from gpuhost.facts.parsers import parse_cmdline
 from gpuhost.plan import PlanRefused, PlanSettings, plan_host
 from gpuhost.plan.hugepages import GUIDE_TABLE, auto_pages
+from tests.facts.test_parsers import GUIDE_CMDLINE
 from tests.helpers import FIXTURES, guide_host, snapshot_facts
-from tests.test_parsers import GUIDE_CMDLINE
 
 GIB = 1024 * 1024
 LAB_VARS = {"gpuhost_gpus": ["1234:1111"], "gpuhost_hugepages": 1}

@@ -10,8 +10,8 @@ from gpuhost.facts.parsers import parse_nccl_topology
 from gpuhost.facts.pci import PciFunction
 from gpuhost.render.nccl_topology import topology_for_guest, topology_xml
 from gpuhost.selection import GpuSelector, select_gpus
+from tests.facts.test_parsers import GUIDE_CMDLINE
 from tests.helpers import FIXTURES, guide_host, snapshot_facts
-from tests.test_parsers import GUIDE_CMDLINE
 
 ALL_NVIDIA = AuditPolicy(gpus=GpuSelector(select_all_nvidia=True))
 
