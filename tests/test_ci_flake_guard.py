@@ -48,15 +48,15 @@ FAILED_MOLECULE = _span(
 
 
 def test_a_failed_lab_module_is_rerun_when_time_allows() -> None:
-    timings = {MOLECULE: FAILED_MOLECULE, "tests/test_plan.py": _span(1, 2, passed=40)}
+    timings = {MOLECULE: FAILED_MOLECULE, "tests/plan/test_planner.py": _span(1, 2, passed=40)}
     modules, why = flake.modules_to_rerun(timings, elapsed=2400)
     assert modules == [MOLECULE] and "re-running" in why
 
 
 def test_a_failed_fast_test_is_never_rerun() -> None:
-    timings = {MOLECULE: FAILED_MOLECULE, "tests/test_plan.py": _span(1, 2, passed=39, failed=1)}
+    timings = {MOLECULE: FAILED_MOLECULE, "tests/plan/test_planner.py": _span(1, 2, passed=39, failed=1)}
     modules, why = flake.modules_to_rerun(timings, elapsed=2400)
-    assert modules == [] and "tests/test_plan.py" in why
+    assert modules == [] and "tests/plan/test_planner.py" in why
 
 
 def test_no_rerun_past_the_ci_limit() -> None:
@@ -76,7 +76,7 @@ def test_the_stage_table_names_a_flaky_module_and_a_twice_failed_one(tmp_path: P
     first = {
         MOLECULE: FAILED_MOLECULE,
         faults: _span(60, 1900, passed=7, failed=1, failures=[f"{faults}::test_rollback"]),
-        "tests/test_plan.py": _span(1900, 1910, passed=40),
+        "tests/plan/test_planner.py": _span(1900, 1910, passed=40),
     }
     again = {MOLECULE: _span(2000, 2900, passed=1), faults: _span(2000, 2990, passed=7, failed=1)}
     (tmp_path / "first.json").write_text(json.dumps(first))
@@ -130,7 +130,7 @@ def _rerun_arguments(timings: dict[str, Any], tmp_path: Path) -> list[str]:
 def test_after_a_failed_fast_test_ci_re_runs_nothing_not_everything(tmp_path: Path) -> None:
     # flake.py once printed an empty line here; .ci/run read it as one empty argument, and `pytest ""`
     # ran all 1490 tests again, past CI's 90 minutes.
-    timings = {MOLECULE: FAILED_MOLECULE, "tests/test_plan.py": _span(1, 2, passed=39, failed=1)}
+    timings = {MOLECULE: FAILED_MOLECULE, "tests/plan/test_planner.py": _span(1, 2, passed=39, failed=1)}
     assert _rerun_arguments(timings, tmp_path) == []
 
 

@@ -24,7 +24,7 @@ from gpuhost.plan.model import TRIAL_MARKER
 from tests.helpers import FIXTURES, SNAPSHOTS
 
 LAB_VARS = {"gpuhost_gpus": ["1234:1111"], "gpuhost_hugepages": 1}
-GATHER = Path(__file__).resolve().parents[1] / "gpuhost/facts/gather.sh"
+GATHER = Path(__file__).resolve().parents[2] / "gpuhost/facts/gather.sh"
 LAB_GRUB = (SNAPSHOTS / "lab-gpu-pair-fresh/etc/default/grub").read_text()
 
 
