@@ -15,7 +15,7 @@ from gpuhost.inventory.spec import find_vm, host_policy, parse_vm, parse_vms
 from gpuhost.selection import GpuSelector
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 from tests.helpers import SNAPSHOTS
-from tests.test_render import eight_gpu_two_socket_host, pins_and_emulator, require_validator
+from tests.render.test_domain import eight_gpu_two_socket_host, pins_and_emulator, require_validator
 
 LAB_FRESH = SNAPSHOTS / "lab-gpu-pair-fresh"
 
@@ -122,7 +122,7 @@ def test_taken_option_is_validated():
             parse_taken_cpus([bad])
 
 
-# Two 8-vCPU VMs with one GPU each on node 1 of the 2-socket host of tests/test_render.py, and a
+# Two 8-vCPU VMs with one GPU each on node 1 of the 2-socket host of tests/render/test_domain.py, and a
 # third that node 1 cannot hold once they have their CPUs.
 TWO_SOCKET_INVENTORY = """\
 all:
@@ -140,7 +140,7 @@ all:
 @pytest.fixture
 def two_socket_inventory(tmp_path, monkeypatch):
     """The inventory above, its host's facts those of the 2-socket host (built from recorded facts
-    in tests/test_render.py; no capture of a 2-socket host exists to read with --from-snapshot)."""
+    in tests/render/test_domain.py; no capture of a 2-socket host exists to read with --from-snapshot)."""
     monkeypatch.setattr(render_cli, "_facts", lambda target, snapshot: eight_gpu_two_socket_host())
     path = tmp_path / "inventory.yml"
     path.write_text(TWO_SOCKET_INVENTORY)

@@ -378,7 +378,7 @@ def test_the_node_form_is_refused_on_a_kernel_older_than_5_16(tmp_path):
 
 
 def _two_socket(**variables):
-    from tests.test_render import HGX_NODE0, HGX_NODE1, eight_gpu_two_socket_host
+    from tests.render.test_domain import HGX_NODE0, HGX_NODE1, eight_gpu_two_socket_host
 
     facts = eight_gpu_two_socket_host()
     gpus = variables.pop("gpus", list(HGX_NODE0 + HGX_NODE1))
@@ -386,7 +386,7 @@ def _two_socket(**variables):
 
 
 def test_eight_gpus_on_two_sockets_split_by_gpus_and_declared_vms():
-    """The 2-socket host of tests/test_render.py: 1 TiB, two nodes of 512 GiB, four H100s on each."""
+    """The 2-socket host of tests/render/test_domain.py: 1 TiB, two nodes of 512 GiB, four H100s on each."""
     even = _two_socket(gpuhost_hugepages="auto")
     assert even.applicable and even.hugepages.per_node == ((0, 440), (1, 440))
     assert "hugepages=880" in even.kernel_options and not even.hugepages.node_form  # the kernel's split is the same
@@ -417,7 +417,7 @@ def test_a_gpu_two_declared_vms_name_is_refused_as_render_refuses_it():
 
 
 def test_gpus_on_one_socket_get_the_pages_their_node_holds_and_the_rest_go_to_the_other():
-    from tests.test_render import HGX_NODE1
+    from tests.render.test_domain import HGX_NODE1
 
     one_node = _two_socket(gpus=list(HGX_NODE1), gpuhost_hugepages=400)
     assert one_node.applicable and "hugepages=1:400" in one_node.kernel_options

@@ -13,8 +13,8 @@ from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.verify import verify_host
 from tests.helpers import snapshot_facts
+from tests.render.test_domain import _with_1g_pages
 from tests.test_audit_cases import CASES, derive_snapshot, load_case
-from tests.test_render import _with_1g_pages
 
 VARIABLES = {"gpuhost_gpus": ["1234:1111"], "gpuhost_hugepages": 1}
 SETTINGS = PlanSettings.from_variables(VARIABLES, "inventory host lab-1")

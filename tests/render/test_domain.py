@@ -1,7 +1,7 @@
 """`gpuhost render` as data: real host facts in, domain XML out, compared whole with golden files.
 
 Golden files live in tests/fixtures/render/. When the output changes on purpose, regenerate them
-with `GPUHOST_REGEN_GOLDEN=1 python3 -m pytest tests/test_render.py` and review the diff; without
+with `GPUHOST_REGEN_GOLDEN=1 python3 -m pytest tests/render/test_domain.py` and review the diff; without
 that variable any change to the XML fails the test. Schema checks by libvirt's own
 virt-xml-validate are marked `libvirt` (Debian: libvirt-clients + libxml2-utils); they skip when
 the tool is missing unless GPUHOST_REQUIRE_LIBVIRT=1 (CI sets it), where they fail instead.

@@ -21,7 +21,7 @@ from gpuhost.render.validate import validate_domain_xml, validator_available
 from gpuhost.render.xml import render_domain
 from gpuhost.selection import GpuSelector
 from tests.helpers import SNAPSHOTS, snapshot_facts
-from tests.test_render import CASES, LAB_POLICY, lab_two_gpus_applied
+from tests.render.test_domain import CASES, LAB_POLICY, lab_two_gpus_applied
 
 DEBIAN_12 = ("9.0.0-4+deb12u2", "2022.11-6+deb12u2")
 UBUNTU_2204 = {  # dev-vm's dpkg lines, with the versions Ubuntu 22.04 ships

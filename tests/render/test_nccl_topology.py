@@ -22,7 +22,7 @@ from gpuhost.render.nccl_topology import (
 )
 from gpuhost.render.xml import render_plan
 from tests.helpers import snapshot_facts
-from tests.test_render import CASES, HGX_NODE0, HGX_NODE1, controllers, hostdevs
+from tests.render.test_domain import CASES, HGX_NODE0, HGX_NODE1, controllers, hostdevs
 
 
 def plan_case(name: str):
