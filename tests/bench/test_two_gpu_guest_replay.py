@@ -18,8 +18,9 @@ from gpuhost.bench.models import load_model_table
 from gpuhost.bench.rules import Status
 from gpuhost.bench.verdict import judge
 from gpuhost.cli.main import main
+from tests.helpers import FIXTURES
 
-CAPTURE = Path(__file__).parent / "fixtures" / "h100x2"
+CAPTURE = FIXTURES / "h100x2"
 RUNS = sorted(CAPTURE.glob("full-gpu*-*.json")) + sorted(CAPTURE.glob("quick-gpu*.json"))
 
 
@@ -56,7 +57,7 @@ def test_both_nvlink_directions_run_near_link_speed(path: Path) -> None:
 
 def test_the_fabric_of_both_gpus_is_completed_as_nvml_reported_it() -> None:
     """The only capture of a fabric that Fabric Manager trained: NVML's COMPLETED/success, which
-    tests/test_bench_fabric.py otherwise takes from NVML's documented values."""
+    tests/bench/test_fabric.py otherwise takes from NVML's documented values."""
     for path in RUNS:
         gpus = read_recorded(json.loads(path.read_text())).environment.gpus
         assert len(gpus) == 2

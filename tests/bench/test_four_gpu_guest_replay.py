@@ -17,8 +17,9 @@ from gpuhost.bench.node_judge import HOST_SLOW_GPU, NCCL_SLOW, NODE_BENCHMARK_FA
 from gpuhost.bench.node_model import NvlinkReading
 from gpuhost.bench.rules import Status
 from gpuhost.cli.main import main
+from tests.helpers import FIXTURES
 
-CAPTURE = Path(__file__).parent / "fixtures" / "h100x4"
+CAPTURE = FIXTURES / "h100x4"
 HEALTHY = [CAPTURE / f"all-{i}.json" for i in (1, 2, 3)] + [CAPTURE / f"quick-{i}.json" for i in range(1, 11)]
 
 
@@ -112,7 +113,7 @@ def test_without_nccl_the_node_says_so_and_is_never_pass(tmp_path: Path) -> None
 def test_the_collectives_are_judged_against_the_table(tmp_path: Path) -> None:
     """The same healthy run with a table that doubles NVLink's bandwidth: the collectives (354 of 900
     GB/s) and the P2P pairs are below their link now."""
-    table = json.loads((Path(__file__).parent.parent / "gpuhost" / "data" / "gpu_models.json").read_text())
+    table = json.loads((Path(__file__).parents[2] / "gpuhost" / "data" / "gpu_models.json").read_text())
     for model in table["models"]:
         if model["pci_device_ids"] == ["2330"]:
             model["nvlink_GBps"] = 900

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gpuhost.bench.health import Health, XidEvent, judge_health, lines_since, parse_xid_lines
 from gpuhost.bench.rules import Status
+from tests.helpers import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures"
 XID_LOG = (FIXTURES / "xid" / "kernel-log-xid.txt").read_text()
 H100_DMESG = (FIXTURES / "h100-smoke" / "issue14" / "run2" / "dmesg.txt").read_text()
 

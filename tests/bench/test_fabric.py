@@ -27,9 +27,10 @@ from gpuhost.bench.rules import Status
 from gpuhost.bench.runner import SmokeOptions, run_suite_explained
 from gpuhost.errors import InputError
 from gpuhost.problems import Severity
+from tests.helpers import FIXTURES
 
-CAPTURE = Path(__file__).parent / "fixtures" / "nvml-fabric" / "h100-single-580.159.04.txt"
-RECORDED = Path(__file__).parent / "fixtures" / "h100-smoke" / "smoke-full.json"
+CAPTURE = FIXTURES / "nvml-fabric" / "h100-single-580.159.04.txt"
+RECORDED = FIXTURES / "h100-smoke" / "smoke-full.json"
 
 
 def captured() -> dict[str, Any]:

@@ -28,7 +28,7 @@ from gpuhost.bench.build import (
 )
 from gpuhost.bench.environment import GpuUnavailable, NvmlSampler, open_nvml, read_environment
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_sources_are_found_in_the_checkout_and_through_the_environment(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ from gpuhost.bench.report import render
 from gpuhost.bench.rules import Status
 from gpuhost.bench.verdict import judge
 from gpuhost.errors import InputError
+from tests import helpers
 
-FIXTURES = Path(__file__).parent / "fixtures" / "h100-smoke"
+FIXTURES = helpers.FIXTURES / "h100-smoke"
 
 
 def test_report_shows_checks_results_percentages_and_verdict() -> None:

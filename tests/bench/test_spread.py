@@ -19,8 +19,9 @@ from gpuhost.bench.rules import Status
 from gpuhost.bench.runner import below_pass, merge_remeasured
 from gpuhost.bench.spread import percentile, spread_of
 from gpuhost.bench.verdict import MetricVerdict, Verdict, judge
+from tests.helpers import FIXTURES
 
-ISSUE14 = Path(__file__).parent / "fixtures" / "h100-smoke" / "issue14"
+ISSUE14 = FIXTURES / "h100-smoke" / "issue14"
 RUNS = sorted((ISSUE14 / "runs").glob("full-*.json"), key=lambda path: int(path.stem.split("-")[1]))
 
 

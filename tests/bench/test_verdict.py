@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +16,9 @@ from gpuhost.bench.results import Measurement, SuiteError, SuiteRun, parse_suite
 from gpuhost.bench.rules import FULL_METRICS, Status, found, rule_for, worst
 from gpuhost.bench.verdict import judge, judge_measurement, measured_ridge
 from gpuhost.problems import Severity
+from tests import helpers
 
-FIXTURES = Path(__file__).parent / "fixtures" / "h100-smoke"
+FIXTURES = helpers.FIXTURES / "h100-smoke"
 H100 = 0x2330
 
 

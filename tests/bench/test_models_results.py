@@ -12,9 +12,10 @@ import pytest
 from gpuhost.bench.models import load_model_table, parse_model_table, pcie_ceiling_gbps
 from gpuhost.bench.results import ResultParseError, parse_suite_document, parse_suite_output
 from gpuhost.errors import EXIT_UNUSABLE, InputError
+from tests import helpers
 
-FIXTURES = Path(__file__).parent / "fixtures" / "h100-smoke"
-PACKAGED = Path(__file__).parents[1] / "gpuhost" / "data" / "gpu_models.json"
+FIXTURES = helpers.FIXTURES / "h100-smoke"
+PACKAGED = Path(__file__).parents[2] / "gpuhost" / "data" / "gpu_models.json"
 
 
 def table_document() -> dict[str, Any]:
@@ -174,7 +175,7 @@ def test_a_non_finite_datasheet_figure_is_refused_even_past_the_json_reader() ->
     # and the run passed. The strict reader refuses NaN in a file; the table's own check does too.
     from gpuhost.bench.models import parse_model_document
 
-    document = json.loads((Path(__file__).resolve().parents[1] / "gpuhost/data/gpu_models.json").read_text())
+    document = json.loads((Path(__file__).resolve().parents[2] / "gpuhost/data/gpu_models.json").read_text())
     for figure in (float("nan"), float("inf")):
         document["models"][0]["bf16_tflops"] = figure
         with pytest.raises(InputError, match="'bf16_tflops' must be a positive number or null"):

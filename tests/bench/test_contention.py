@@ -16,8 +16,9 @@ from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.models import load_model_table
 from gpuhost.bench.rules import Status
 from gpuhost.bench.verdict import NOT_REPRESENTATIVE, judge
+from tests.helpers import FIXTURES
 
-ISSUE14 = Path(__file__).parent / "fixtures" / "h100-smoke" / "issue14"
+ISSUE14 = FIXTURES / "h100-smoke" / "issue14"
 BUSY = json.loads((ISSUE14 / "nvml-busy.json").read_text())
 
 
