@@ -8,14 +8,14 @@ report brought back), on a real H100 passed through to a microVM.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from gpuhost.cli.main import main
 from gpuhost.guest.provision import GUEST_PATH, PIP_FROM_WHEEL, REPORT_JSON, VENV
+from tests.helpers import FIXTURES
 
-FIXTURE = Path(__file__).parent / "fixtures" / "h100-provision"
+FIXTURE = FIXTURES / "h100-provision"
 
 
 def test_the_h100_guest_report_is_a_pass_from_the_provisioned_venv() -> None:

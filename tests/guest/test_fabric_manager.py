@@ -5,7 +5,7 @@ This machine has no systemd to start a service under and no NVSwitch for Fabric 
 so systemctl's answers are scripted (a unit that comes up after a while, one that fails, one that
 never finishes starting): faults that cannot be caused here for real. The answers are the ones
 `systemctl is-active` prints (one state a line; exit 0 only for active, 3 for the others). The
-install of the package itself runs for real in tests/test_guest_offline_install.py.
+install of the package itself runs for real in tests/guest/test_offline_install.py.
 """
 
 from __future__ import annotations

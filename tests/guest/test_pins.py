@@ -13,8 +13,9 @@ from gpuhost.guest.lifecycle import Timeouts
 from gpuhost.inventory import pins
 from gpuhost.inventory.spec import find_vm, parse_vm
 from gpuhost.targets import ConnectionDefaults, inventory_targets
+from tests.helpers import FIXTURES
 
-STACK = Path(__file__).parent / "fixtures" / "guest-stack"
+STACK = FIXTURES / "guest-stack"
 
 
 def vm(**values: object) -> dict[str, object]:
