@@ -25,7 +25,7 @@ from gpuhost.lab.recipe import (
     recipe_hash,
 )
 from gpuhost.lab.topology import qemu_argv
-from tests.test_lab_topology import spec
+from tests.lab_unit.test_topology import spec
 
 MIB = 1024**2
 GIB = 1024**3

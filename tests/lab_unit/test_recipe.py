@@ -145,7 +145,7 @@ def test_a_kernel_image_without_an_xz_elf_payload_is_refused(image: bytes, messa
 def test_molecules_passthrough_proof_boots_what_the_nested_image_holds() -> None:
     """Molecule's verify (playbooks/molecule/default) starts the nested variant's tiny guest by path:
     the recipe's, which YAML cannot import."""
-    scenario = Path(__file__).resolve().parents[1] / "playbooks/molecule/default"
+    scenario = Path(__file__).resolve().parents[2] / "playbooks/molecule/default"
     variables = yaml.safe_load((scenario / "vars/main.yml").read_text())
     vm = variables["gpuhost_molecule_proof_vm"]
     assert vm["kernel"] == f"{NESTED_GUEST_DIR}/vmlinux" and vm["initrd"] == f"{NESTED_GUEST_DIR}/initrd.gz"
