@@ -15,7 +15,7 @@ import yaml
 from gpuhost.cli.main import main
 from gpuhost.errors import NoHostsSelected
 from gpuhost.targets import ConnectionDefaults, inventory_targets, load_inventory
-from tests import test_hostile_inventory as hostile
+from tests.inventory import test_hostile_values as hostile
 
 pytestmark = pytest.mark.hostile  # issue 13's corpus: pytest -m hostile
 

@@ -192,7 +192,7 @@ print(status, rc)
 
 def test_ctrl_c_during_a_rollout_stops_the_playbook_and_its_children(tmp_path: Path) -> None:
     """apply's engine: SIGINT cancels the run, kills ansible-playbook's process group (the task's
-    `sleep` with it) within a second, and reports 'canceled' (apply's 130: test_rollout.py)."""
+    `sleep` with it) within a second, and reports 'canceled' (apply's 130: tests/rollout/test_engine.py)."""
     pytest.importorskip("ansible_runner")
     pidfile = tmp_path / "task.pid"
     playbook = tmp_path / "slow.yml"

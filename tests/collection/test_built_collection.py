@@ -27,7 +27,7 @@ import gpuhost
 from gpuhost.rollout.environment import AUDIT_PLAYBOOK, SITE_PLAYBOOK
 from tests.helpers import COLLECTION
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 EE_DEFINITION = ROOT / "execution-environment.yml"
 # ansible-test's sanity tests that must run (among the 24 of ansible-core 2.19): those with
@@ -44,7 +44,7 @@ SANITY_MUST_RUN = (
     "validate-modules",
     "yamllint",
 )
-GET_PIP = Path(__file__).resolve().parent / "ansible_test_get_pip.py"
+GET_PIP = Path(__file__).resolve().parents[1] / "ansible_test_get_pip.py"
 
 
 def _timed(label: str, argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "inventory.example.yml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "inventory.example.yml"
 
 
 def test_example_inventory_validates(monkeypatch, tmp_path):
