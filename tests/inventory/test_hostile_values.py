@@ -57,7 +57,7 @@ def listener() -> Iterator[socket.socket]:
 
 
 def connections_made(server: socket.socket) -> int:
-    """Connections to `listener` since the last call (test_host_selection.py counts with it too)."""
+    """Connections to `listener` since the last call (tests/cli/test_host_selection.py counts with it too)."""
     count = 0
     while True:
         try:

@@ -20,7 +20,7 @@ from tests.inventory import test_hostile_values as hostile
 pytestmark = pytest.mark.hostile  # issue 13's corpus: pytest -m hostile
 
 listener = hostile.listener  # the fixture: a loopback port that counts connections
-EXAMPLE = Path(__file__).resolve().parents[1] / "inventory.example.yml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "inventory.example.yml"
 EMPTY_SELECTIONS = ["", ",", ":", " , ", "~[", "~", "!", "gpu99", "gpu01,gpu99", "@limit-file"]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from gpuhost.cli.main import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "h100-smoke"
 NO_DRIVER = (
     "gpuhost smoke-test: error: no NVIDIA driver in this machine: NVML (libnvidia-ml.so.1) was not found, so no "

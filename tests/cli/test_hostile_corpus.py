@@ -26,14 +26,14 @@ from gpuhost.output import write_output
 from gpuhost.targets import validate_host
 from gpuhost.transport import TransportError
 from gpuhost.transport.ssh import MAX_STDOUT_BYTES, _drain
+from tests.cli.test_render import INVENTORY as RENDER_INVENTORY
+from tests.cli.test_render import LAB_FRESH
 from tests.helpers import FIXTURES, SNAPSHOTS
 from tests.test_audit_cases import derive_snapshot, load_case
-from tests.test_render_cli import INVENTORY as RENDER_INVENTORY
-from tests.test_render_cli import LAB_FRESH
 
 pytestmark = pytest.mark.hostile  # issue 13's corpus: pytest -m hostile
 
-CORPUS = yaml.safe_load((Path(__file__).parent / "hostile/cases.yml").read_text(encoding="utf-8"))
+CORPUS = yaml.safe_load((Path(__file__).parents[1] / "hostile/cases.yml").read_text(encoding="utf-8"))
 H100 = SNAPSHOTS / "h100-guest"
 
 
@@ -412,7 +412,7 @@ def test_a_real_host_streaming_a_gibibyte_costs_the_cap_not_the_stream(sshd_serv
 # --- recorded smoke-test files: NaN, nonsense and broken JSON (class 6) ------------------------------------
 
 RECORDED_RUN = FIXTURES / "h100-smoke" / "issue14" / "run4-2026-11-25" / "runs" / "full-1.json"
-GPU_TABLE = Path(__file__).resolve().parents[1] / "gpuhost" / "data" / "gpu_models.json"
+GPU_TABLE = Path(__file__).resolve().parents[2] / "gpuhost" / "data" / "gpu_models.json"
 
 
 def _set(document: Any, dotted: str, value: Any) -> None:

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-import tests.test_hostile_corpus as corpus
+import tests.cli.test_hostile_corpus as corpus
 from gpuhost.facts.snapshot import MemoryTree
-from tests.test_hostile_corpus import Listener, assert_clean, cases, listener, run
+from tests.cli.test_hostile_corpus import Listener, assert_clean, cases, listener, run
 
 __all__ = ["listener"]  # the loopback listener fixture, shared with the corpus
 
@@ -75,7 +75,7 @@ def test_ansible_acts_on_the_selected_hosts_alone(
 
 def test_render_refuses_a_limit_beside_its_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 28.1: `render --host X --limit Y` rendered X and dropped --limit without a word."""
-    from tests.test_render_cli import INVENTORY, LAB_FRESH
+    from tests.cli.test_render import INVENTORY, LAB_FRESH
 
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(INVENTORY)
