@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-CI = Path(__file__).resolve().parent.parent / ".ci"
+CI = Path(__file__).resolve().parents[2] / ".ci"
 
 
 def _load(name: str) -> ModuleType:

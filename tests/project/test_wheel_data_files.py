@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers import SNAPSHOTS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # What the playbooks and the planner need at run time; playbooks/molecule/ is the scenario's test.
 SHIPPED = ("playbooks", "templates/grub", "templates/initramfs")
 
