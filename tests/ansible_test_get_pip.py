@@ -4,7 +4,7 @@ ansible-test creates a virtual environment per sanity test and puts pip in it by
 get-pip.py it downloads from ci-files.testing.ansible.com (cached as
 ~/.ansible/test/cache/get_pip_<version>.py). This stands in for it: the pip wheel that Python's own
 ensurepip bundles runs `pip install` with ansible-test's arguments (the pinned pip itself comes from
-the package index, as with get-pip.py), less get-pip.py's own options. tests/test_collection.py
+the package index, as with get-pip.py), less get-pip.py's own options. tests/collection/test_built_collection.py
 copies it to that cache path when nothing is there.
 """
 

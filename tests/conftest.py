@@ -109,8 +109,11 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 
 
 def _whole_fast_suite_ran(session: pytest.Session) -> bool:
-    """Every tests/test_*.py module reported, and no -k or --deselect narrowed one down."""
-    modules = {f"tests/{path.name}" for path in Path(__file__).parent.glob("test_*.py")}
+    """Every fast test module (tests/test_*.py, tests/*/test_*.py but the lab's tests/lab/) reported, and no
+    -k or --deselect narrowed one down."""
+    tests = Path(__file__).parent
+    paths = [*tests.glob("test_*.py"), *(path for path in tests.glob("*/test_*.py") if path.parent.name != "lab")]
+    modules = {f"tests/{path.relative_to(tests).as_posix()}" for path in paths}
     option = session.config.option
     return modules <= set(_module_spans) and not option.keyword and not option.deselect and session.testsfailed == 0
 

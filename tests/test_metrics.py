@@ -22,12 +22,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuhost.cli.main import main
 from gpuhost.metrics import SMOKE_UNITS
 from gpuhost.rollout.report import HostStatus
+from tests.cli.test_smoke_test import FIXTURES as SMOKE
+from tests.cli.test_smoke_test import REPO, h100_bandwidth_doubled, run_cli
 from tests.helpers import SNAPSHOTS
+from tests.rollout.test_engine import CONFIGURE_PLAY, _recorder, _unreachable
+from tests.rollout.test_engine import inventory as inventory  # a fixture, used by name
 from tests.sshd import free_port, is_listening
-from tests.test_rollout import CONFIGURE_PLAY, _recorder, _unreachable
-from tests.test_rollout import inventory as inventory  # a fixture, used by name
-from tests.test_smoke_test_cli import FIXTURES as SMOKE
-from tests.test_smoke_test_cli import REPO, h100_bandwidth_doubled, run_cli
 
 H100 = SNAPSHOTS / "h100-guest"
 DEV_VM = SNAPSHOTS / "dev-vm"

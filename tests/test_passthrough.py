@@ -18,8 +18,8 @@ from gpuhost.plan.verify import verify_host
 from gpuhost.problems import Severity
 from gpuhost.render.domain import RenderRefused, plan_domain
 from gpuhost.selection import GpuSelector
+from tests.render.test_domain import _with_1g_pages
 from tests.switch_host import epyc_switch_host
-from tests.test_render import _with_1g_pages
 
 ALL = GpuSelector(select_all_nvidia=True)
 VARIABLES = {"gpuhost_gpus": "all", "gpuhost_hugepages": 16}

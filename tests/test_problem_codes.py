@@ -1,8 +1,8 @@
 """Every registered problem code is produced by some test, and the docs' code tables are the registry's.
 
 tests/conftest.py records the code of every `Problem` built during the session (in every
-pytest-xdist worker) and, at the end of a run of the whole fast suite (every tests/test_*.py
-module, no -k or --deselect: the README's test command and CI), fails the session naming each
+pytest-xdist worker) and, at the end of a run of the whole fast suite (every test module but the
+lab's tests/lab/, no -k or --deselect: the README's test command and CI), fails the session naming each
 registered code that no test produced (`unproduced` below). A partial run has not built every
 module's problems, so it is not judged.
 

@@ -58,7 +58,7 @@ CONFIGURE_PLAY_PREFIX = "Configure for passthrough"
 # Steps of apply worth a progress line even when nothing changed.
 APPLY_KEY_TASKS = ("planner", "Reboot", "Verify")
 # What apply writes and rollback removes; the role's defaults hold the same list for
-# ansible-playbook without the CLI (tests/test_rollback.py keeps them equal).
+# ansible-playbook without the CLI (tests/rollout/test_rollback.py keeps them equal).
 REMOVED_FILES = (
     GRUB_DROPIN_PATH,
     TRIAL_SETTINGS_PATH,

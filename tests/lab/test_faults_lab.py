@@ -33,7 +33,7 @@ What this module does not repeat (each ran on the same playbook, on the same kin
   killed trial left behind, so update-grub did not run. Apply now runs update-grub for every trial
   (gpuhost_vfio's tasks); a fault that proves that alone is still to write.
 - Fault 7 (hostile inventory values) and the pure half of 4 need no VM:
-  tests/test_hostile_inventory.py and tests/test_trial_boot.py.
+  tests/inventory/test_hostile_values.py and tests/plan/test_trial_boot.py.
 Run alone: `pytest -m lab tests/lab/test_faults_lab.py -n 0 -s`; the times are printed as
 [fault timing] lines.
 """

@@ -39,13 +39,13 @@ from pathlib import Path
 
 import pytest
 from sshd import Sshd, start_sshd
-from test_guest_offline_install import build_repository
 
 from gpuhost.guest import libvirt_host
 from gpuhost.guest.provision import COPIED_REPO_DIR
 from gpuhost.guest.wheels import prepare_wheels
 from gpuhost.lab.builder import ensure_image
 from gpuhost.lab.paths import LabPaths
+from tests.guest.test_offline_install import build_repository
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400), pytest.mark.xdist_group("lab-rest")]
 
