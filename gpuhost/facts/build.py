@@ -32,6 +32,7 @@ from gpuhost.facts.model import (
     VfioPci,
     VirtualizationSoftware,
 )
+from gpuhost.facts.nccl import parse_nccl_conf_topology, parse_nccl_topology
 from gpuhost.facts.pci import PcieLinkStatus, PciFunction
 from gpuhost.facts.snapshot import Tree
 
@@ -94,7 +95,7 @@ def _nccl_topology(tree: Tree) -> NcclTopologyFile | None:
     """The topology file NCCL_CONF names (the gather records it as commands/nccl-topology when it is
     an absolute .xml path to a readable file of at most 1 MiB), else NCCL's default file."""
     conf = tree.read(NCCL_CONF)
-    named = p.parse_nccl_conf_topology(conf) if conf is not None else None
+    named = parse_nccl_conf_topology(conf) if conf is not None else None
     if named is not None:
         text, where = tree.command("nccl-topology"), NCCL_CONF
         path = named
@@ -106,7 +107,7 @@ def _nccl_topology(tree: Tree) -> NcclTopologyFile | None:
     if text is None:
         return NcclTopologyFile(path, where, None, "missing, unreadable, not an absolute .xml path, or over 1 MiB")
     try:
-        return NcclTopologyFile(path, where, p.parse_nccl_topology(text), None)
+        return NcclTopologyFile(path, where, parse_nccl_topology(text), None)
     except ValueError as error:
         return NcclTopologyFile(path, where, None, str(error))
 

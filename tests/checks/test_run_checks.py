@@ -6,7 +6,7 @@ import dataclasses
 
 from gpuhost.checks import AuditPolicy, Severity, run_checks
 from gpuhost.facts.model import NcclTopologyFile
-from gpuhost.facts.parsers import parse_nccl_topology
+from gpuhost.facts.nccl import parse_nccl_topology
 from gpuhost.facts.pci import PciFunction
 from gpuhost.inventory.policy import Role
 from gpuhost.render.nccl_topology import topology_for_guest, topology_xml

@@ -7,7 +7,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from gpuhost.facts.parsers import parse_nccl_topology
+from gpuhost.facts.nccl import parse_nccl_topology
 from gpuhost.guest.provision import NCCL_CONF_SET_TOPOLOGY
 from gpuhost.inventory.spec import parse_vm
 from gpuhost.render.domain import plan_domain

@@ -10,7 +10,7 @@ import statistics
 from gpuhost.checks import AuditPolicy, Severity, run_checks
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.model import NcclTopologyFile
-from gpuhost.facts.parsers import parse_nccl_topology
+from gpuhost.facts.nccl import parse_nccl_topology
 from gpuhost.facts.snapshot import open_snapshot
 from gpuhost.render.nccl_topology import topology_for_guest, topology_xml
 from gpuhost.selection import GpuSelector
