@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.files import APT_PIN, plan_files
 from gpuhost.plan.model import (
     GRUB_DROPIN_PATH,
@@ -33,7 +34,7 @@ from gpuhost.plan.model import (
     SystemdBootPlan,
     TrialBoot,
 )
-from tests.helpers import COLLECTION
+from tests.helpers import COLLECTION, snapshot_facts
 
 MODULE = COLLECTION / "plugins" / "modules" / "host_files.py"
 BLOCKINFILE = "ansible.modules.blockinfile"
@@ -253,3 +254,26 @@ def test_driver_files_pin_script_and_mount_point_are_in_the_configure_phase() ->
     assert by_path["/etc/apt/preferences.d/gpuhost-no-nvidia-driver"].content == APT_PIN
     assert by_path[INITRAMFS_SCRIPT_PATH].mode == "0755"
     assert by_path["/dev/hugepages1G"].state is FileState.DIRECTORY
+
+
+@pytest.mark.parametrize("snapshot", ["lab-gpu-pair-fresh", "lab-uefi-systemd-boot"])
+@pytest.mark.parametrize("trial", [True, False])
+def test_every_phase_of_a_real_plan_runs_as_the_playbook_passes_it(tmp_path: Path, snapshot: str, trial: bool) -> None:
+    """The plan's JSON as the playbooks hand it over, every field of every change (None included: a
+    choices list in the argument spec refused it in the lab), under a stand-in root in tmp_path."""
+    variables = {"gpuhost_gpus": ["1234:1111"], "gpuhost_hugepages": 0, "gpuhost_trial_boot": trial}
+    plan = plan_host("lab-1", snapshot_facts(snapshot), PlanSettings.from_variables(variables, "test"))
+    assert plan.applicable and plan.reboot_needed, plan.refusals
+    phases = plan.to_json()["files"]
+    root = tmp_path / "root"
+    for phase in ("configure", "commit", "revert"):
+        files = [{**change, "path": f"{root}{change['path']}"} for change in phases[phase]]
+        assert all(set(change) == {"path", "state", "content", "mode", "regenerates", "marker"} for change in files)
+        result = run_module(MODULE, tmp_path, {"files": files})
+        assert set(result["regenerate"]) <= {"initramfs", "grub", "loader-entries"}
+        assert not run_module(MODULE, tmp_path, {"files": files})["changed"], phase
+    dropin = root / GRUB_DROPIN_PATH.lstrip("/")
+    if plan.systemd_boot is None:
+        assert dropin.read_text() == plan.grub_dropin and not (root / TRIAL_SETTINGS_PATH.lstrip("/")).exists()
+    else:
+        assert (root / KERNEL_CMDLINE_PATH.lstrip("/")).read_text() == plan.systemd_boot.kernel_cmdline

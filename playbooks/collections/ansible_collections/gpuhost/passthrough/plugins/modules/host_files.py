@@ -61,9 +61,11 @@ options:
         type: str
         default: ""
       regenerates:
-        description: What the host must build again when this path changes.
+        description:
+          - What the host must build again when this path changes, V(initramfs), V(grub) or
+            V(loader-entries); null for nothing. Checked by the module, not by a choices list,
+            which would refuse the plan's null.
         type: str
-        choices: [initramfs, grub, loader-entries]
   backup:
     description: Files to copy under O(backup_dir) before anything changes (a missing file is skipped).
     type: list
@@ -108,13 +110,15 @@ from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 
+REGENERATES = ("initramfs", "grub", "loader-entries")
 FILE_CHANGE = {
     "path": {"type": "path", "required": True},
     "state": {"type": "str", "required": True, "choices": ["present", "absent", "directory", "block"]},
     "content": {"type": "str", "default": ""},
     "mode": {"type": "str", "default": "0644"},
     "marker": {"type": "str", "default": ""},
-    "regenerates": {"type": "str", "choices": ["initramfs", "grub", "loader-entries"]},
+    # Checked in main(): Ansible's choices refuse None, the plan's "nothing to rebuild".
+    "regenerates": {"type": "str"},
 }
 
 
@@ -235,6 +239,10 @@ def main():
     for change in module.params["files"]:
         if not Path(change["path"]).is_absolute():
             module.fail_json(msg=f"{change['path']}: gpuhost's plan names files by absolute paths only")
+        if change["regenerates"] not in (None, *REGENERATES):
+            module.fail_json(
+                msg=f"{change['path']}: regenerates is {change['regenerates']!r}, not one of {', '.join(REGENERATES)}"
+            )
         if change["state"] == "block" and "{mark}" not in change["marker"]:
             module.fail_json(msg=f"{change['path']}: a block needs a marker with {{mark}} in it")
     backed_up = _back_up(module, module.params["backup"], module.params["backup_dir"])
