@@ -104,6 +104,21 @@ HOST_SHARE_BELOW_MEDIAN = 0.75
 # loss this catches: below 60% is a flat topology or a slow path, below 25% rings through the host.
 NCCL_PASS, NCCL_FAIL = 0.60, 0.25
 
+# All_gather and reduce_scatter on two ranks: one step each, which nccl-tests' bus bandwidth (a half
+# of the algorithm bandwidth at two ranks) scores lower than at more: 59-62% of 450 GB/s on a healthy
+# two-H200 guest in 13 back-to-back runs (tests/fixtures/h200x2-node, 2026-11-28), against 72% on the
+# four-H100 guest. At 60% that node's verdict flipped between PASS and WARN run after run; at 50% it
+# holds, and a flat or host-routed path (the 25% line) still fails.
+NCCL_TWO_RANK_GATHER_PASS = 0.50
+
+
+def nccl_pass_fraction(collective: str, ranks: int) -> float:
+    """The fraction of the link a collective's bus bandwidth must reach to PASS on `ranks` GPUs."""
+    if ranks == 2 and collective in ("nccl_all_gather", "nccl_reduce_scatter"):
+        return NCCL_TWO_RANK_GATHER_PASS
+    return NCCL_PASS
+
+
 HOST_SHARE_REMEDY = (
     "a shared or narrower uplink, or pinned memory on the far NUMA node: check the GPU's PCIe link and NUMA node"
 )
@@ -474,7 +489,7 @@ def judge_node(record: NodeRecord, models: Sequence[GpuModel | None]) -> NodeVer
                     tuple(range(record.gpu_count)),
                     kind,
                     reference,
-                    NCCL_PASS,
+                    nccl_pass_fraction(name, record.gpu_count),
                     NCCL_FAIL,
                     NCCL_SLOW,
                     "nccl-tests' bus bandwidth at the largest size against one direction of the link",

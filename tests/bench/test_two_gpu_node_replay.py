@@ -1,9 +1,10 @@
 """Issue 30: the two-GPU guest, replayed. `tests/fixtures/h200x2-node/` is what `capture.sh` recorded on
 a guest with two H200 SXM GPUs on NV18 (asked for as nvidia-h100-x2; an H200 pair came): `smoke-test
 --all` run after run, beside a matmul loop on GPU 1, and the suite against PyTorch on the same machine.
-Every GPU verdict is PASS; the node's all_gather and reduce_scatter bus bandwidth sit at 59-62% of
-the link, on both sides of the 60% threshold, so 9 of the 13 runs are a node WARN: the replay judges
-each exactly as it was judged on the machine. Nothing here needs a GPU."""
+Every GPU verdict is PASS. The node's all_gather and reduce_scatter bus bandwidth sit at 59-62% of
+the link, on both sides of the 60% line that holds for more ranks, so on the machine 9 of the 13 runs
+were a node WARN; their line at two ranks is 50% since (node_judge.nccl_pass_fraction), and the replay
+judges all 13 PASS, as a healthy node must be run after run. Nothing here needs a GPU."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from gpuhost.bench.models import load_model_table
 from gpuhost.bench.node import _record
-from gpuhost.bench.node_judge import NCCL_PASS, NCCL_SLOW, judge_node
+from gpuhost.bench.node_judge import NCCL_PASS, judge_node, nccl_pass_fraction
 from gpuhost.bench.rules import Status
 from gpuhost.cli.main import main
 from tests.helpers import FIXTURES
@@ -22,8 +23,8 @@ from tests.helpers import FIXTURES
 CAPTURE = FIXTURES / "h200x2-node"
 H200 = load_model_table().lookup(0x2335)
 
-# The node's WARN findings of each back-to-back run, as the machine judged them (the per-GPU verdicts
-# are PASS in every run): a collective at the largest size (1 GiB) below 60% of 450 GB/s.
+# The node's WARN findings of each back-to-back run as the machine judged them, with the 60% line for
+# every collective (the per-GPU verdicts are PASS in every run): a collective at 1 GiB below 60% of 450 GB/s.
 NODE_WARNINGS: dict[str, set[str]] = {
     "all-1": set(),
     "all-2": {"NCCL all_gather bus bandwidth"},
@@ -52,21 +53,21 @@ def _record_of(name: str):
 
 
 @pytest.mark.parametrize("name", list(NODE_WARNINGS))
-def test_every_back_to_back_run_replays_to_the_verdict_it_had(name: str, tmp_path: Path) -> None:
+def test_every_back_to_back_run_of_the_healthy_node_replays_to_pass(name: str, tmp_path: Path) -> None:
     path = CAPTURE / f"{name}.json"
     recorded = json.loads(path.read_text())
-    expected = "WARN" if NODE_WARNINGS[name] else "PASS"
-    assert recorded["outcome"] == expected and recorded["node"]["outcome"] == expected
+    expected_then = "WARN" if NODE_WARNINGS[name] else "PASS"
+    assert recorded["outcome"] == expected_then and recorded["node"]["outcome"] == expected_then
+    warned_then = {f["check"] for f in recorded["node"]["findings"] if f["status"] == "WARN"}
+    assert warned_then == NODE_WARNINGS[name]
     code, again = _replayed(path, tmp_path)
-    assert code == 0 and again["outcome"] == expected and again["node"]["outcome"] == expected
+    assert code == 0 and again["outcome"] == "PASS" and again["node"]["outcome"] == "PASS"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS", "PASS"]
-    warned = {f["check"] for f in again["node"]["findings"] if f["status"] == "WARN"}
-    assert warned == NODE_WARNINGS[name]
-    assert {f["code"] for f in again["node"]["findings"] if f["code"]} <= {NCCL_SLOW}
+    assert not [f for f in again["node"]["findings"] if f["status"] != "PASS"]
     figures = {f["metric"]: f for f in again["node"]["figures"]}
-    for check in warned:  # just below the threshold, never far below it
+    for check in warned_then:  # just below the general line, well above the two-rank one
         metric = "nccl_" + check.split()[1]
-        assert 0.58 * 450 <= figures[metric]["value"] < NCCL_PASS * 450
+        assert nccl_pass_fraction(metric, 2) * 450 < 0.58 * 450 <= figures[metric]["value"] < NCCL_PASS * 450
 
 
 def test_the_back_to_back_runs_exit_zero_in_the_recorded_wall_times() -> None:
