@@ -17,7 +17,8 @@ from gpuhost.problems import Problem
 GRUB_DROPIN_PATH = GPUHOST_GRUB_DROPIN
 INITRAMFS_MODULES_PATH = "/etc/initramfs-tools/modules"
 # gpuhost's block in the host's own INITRAMFS_MODULES_PATH ({mark}: BEGIN, END). The rollback role
-# removes the block by the same marker: a change here must keep finding the blocks of earlier applies.
+# removes the block by the same marker (its defaults; tests/rollout/test_rollback.py keeps them equal): a
+# change here must keep finding the blocks of earlier applies.
 INITRAMFS_MODULES_MARKER = "# {mark} gpuhost: vfio-pci must own the passthrough GPUs before any host driver"
 INITRAMFS_SCRIPT_PATH = "/etc/initramfs-tools/scripts/init-top/gpuhost-vfio"
 APT_PIN_PATH = "/etc/apt/preferences.d/gpuhost-no-nvidia-driver"

@@ -27,6 +27,7 @@ from gpuhost.plan.model import (
     APT_PIN_PATH,
     BACKUP_DIR,
     GRUB_DROPIN_PATH,
+    INITRAMFS_MODULES_MARKER,
     INITRAMFS_MODULES_PATH,
     INITRAMFS_SCRIPT_PATH,
     KERNEL_INSTALL_REFRESH,
@@ -276,6 +277,7 @@ def rollback(
     extravars = {
         "gpuhost_rollback_removed_files": list(REMOVED_FILES),
         "gpuhost_rollback_initramfs_modules": INITRAMFS_MODULES_PATH,
+        "gpuhost_rollback_initramfs_marker": INITRAMFS_MODULES_MARKER,
         "gpuhost_rollback_backup_dir": BACKUP_DIR,
         "gpuhost_rollback_kernel_install_refresh": KERNEL_INSTALL_REFRESH,
         "gpuhost_rollback_reboot_timeout": request.reboot_timeout,

@@ -12,6 +12,7 @@ from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.model import (
     BACKUP_DIR,
+    INITRAMFS_MODULES_MARKER,
     INITRAMFS_MODULES_PATH,
     KERNEL_INSTALL_REFRESH,
     TRIAL_LOADER_ENTRY_PATHS,
@@ -27,6 +28,7 @@ def test_the_rollback_role_removes_what_the_planner_writes() -> None:
     defaults = yaml.safe_load(ROLE_DEFAULTS.read_text())
     assert tuple(defaults["gpuhost_rollback_removed_files"]) == REMOVED_FILES
     assert defaults["gpuhost_rollback_initramfs_modules"] == INITRAMFS_MODULES_PATH
+    assert defaults["gpuhost_rollback_initramfs_marker"] == INITRAMFS_MODULES_MARKER
     assert defaults["gpuhost_rollback_backup_dir"] == BACKUP_DIR
     paths = plan_host(
         "lab-1",
