@@ -67,3 +67,14 @@ def guide_host(listing: str, cmdline: str, base: HostFacts) -> HostFacts:
         group = None
     iommu = Iommu(dmar_table=False, ivrs_table=True, units=("ivhd0",), groups=groups, group_types={})
     return dataclasses.replace(base, pci=tuple(functions), iommu=iommu, cmdline=parse_cmdline(cmdline))
+
+
+def replay_smoke_test(path: Path, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    """`gpuhost smoke-test --replay PATH --json ...` with no GPU: its exit status and the JSON it wrote."""
+    import json
+
+    from gpuhost.cli.main import main
+
+    again = tmp_path / "again.json"
+    code = main(["smoke-test", "--replay", str(path), "--json", str(again), *extra])
+    return code, json.loads(again.read_text())

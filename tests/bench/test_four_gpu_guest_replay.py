@@ -17,16 +17,10 @@ from gpuhost.bench.node_judge import HOST_SLOW_GPU, NCCL_SLOW, NODE_BENCHMARK_FA
 from gpuhost.bench.node_model import NvlinkReading
 from gpuhost.bench.rules import Status
 from gpuhost.cli.main import main
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, replay_smoke_test
 
 CAPTURE = FIXTURES / "h100x4"
 HEALTHY = [CAPTURE / f"all-{i}.json" for i in (1, 2, 3)] + [CAPTURE / f"quick-{i}.json" for i in range(1, 11)]
-
-
-def _replayed(path: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:
-    again = tmp_path / "again.json"
-    code = main(["smoke-test", "--replay", str(path), "--json", str(again), *extra])
-    return code, json.loads(again.read_text())
 
 
 def _record_of(name: str):
@@ -40,7 +34,7 @@ H100 = load_model_table().lookup(0x2330)
 def test_every_back_to_back_run_replays_to_pass_for_each_gpu_and_the_node(path: Path, tmp_path: Path) -> None:
     recorded = json.loads(path.read_text())
     assert recorded["outcome"] == "PASS" and recorded["node"]["outcome"] == "PASS"
-    code, again = _replayed(path, tmp_path)
+    code, again = replay_smoke_test(path, tmp_path)
     assert code == 0 and again["outcome"] == "PASS"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS"] * 4
     assert again["node"]["outcome"] == "PASS"
@@ -70,7 +64,7 @@ def test_a_busy_gpu_is_named_and_only_its_figures_left_unjudged(
     process; GPUs 0, 1 and 3 PASS; the node's figures that involve GPU 2 reported, not judged."""
     path = CAPTURE / "busy-gpu2.json"
     capsys.readouterr()
-    code, again = _replayed(path, tmp_path)
+    code, again = replay_smoke_test(path, tmp_path)
     assert code == 2 and again["outcome"] == "NOT REPRESENTATIVE"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS", "PASS", "NOT REPRESENTATIVE", "PASS"]
     out = capsys.readouterr().out
@@ -83,7 +77,7 @@ def test_a_busy_gpu_is_named_and_only_its_figures_left_unjudged(
 
 
 def test_a_pair_without_peer_access_is_named_and_the_others_kept(tmp_path: Path) -> None:
-    code, again = _replayed(CAPTURE / "fault-no-peer-0-1.json", tmp_path)
+    code, again = replay_smoke_test(CAPTURE / "fault-no-peer-0-1.json", tmp_path)
     assert code == 1 and again["outcome"] == "FAIL"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS"] * 4
     findings = {(f["code"], f["check"]) for f in again["node"]["findings"] if f["code"]}
@@ -96,7 +90,7 @@ def test_a_pair_without_peer_access_is_named_and_the_others_kept(tmp_path: Path)
 
 
 def test_nccl_that_cannot_initialise_is_a_finding_with_the_rest_kept(tmp_path: Path) -> None:
-    code, again = _replayed(CAPTURE / "fault-nccl-init.json", tmp_path)
+    code, again = replay_smoke_test(CAPTURE / "fault-nccl-init.json", tmp_path)
     assert code == 1 and again["node"]["outcome"] == "FAIL"
     (nccl,) = [f for f in again["node"]["findings"] if f["code"] == "smoke.node.nccl.failed"]
     assert "ncclCommInitAll failed" in nccl["detail"]
@@ -105,7 +99,7 @@ def test_nccl_that_cannot_initialise_is_a_finding_with_the_rest_kept(tmp_path: P
 
 
 def test_without_nccl_the_node_says_so_and_is_never_pass(tmp_path: Path) -> None:
-    code, again = _replayed(CAPTURE / "fault-no-nccl.json", tmp_path)
+    code, again = replay_smoke_test(CAPTURE / "fault-no-nccl.json", tmp_path)
     assert code == 0 and again["node"]["outcome"] == "WARN" and again["outcome"] == "WARN"
     assert [f["code"] for f in again["node"]["findings"] if f["code"]] == ["smoke.node.nccl.missing"]
 
@@ -119,7 +113,7 @@ def test_the_collectives_are_judged_against_the_table(tmp_path: Path) -> None:
             model["nvlink_GBps"] = 900
     path = tmp_path / "table.json"
     path.write_text(json.dumps(table))
-    code, again = _replayed(CAPTURE / "all-1.json", tmp_path, "--gpu-table", str(path))
+    code, again = replay_smoke_test(CAPTURE / "all-1.json", tmp_path, "--gpu-table", str(path))
     assert code == 0 and again["node"]["outcome"] == "WARN"
     assert {f["code"] for f in again["node"]["findings"] if f["check"].startswith("NCCL")} == {NCCL_SLOW}
 
@@ -201,5 +195,5 @@ def test_a_gpu_whose_run_stops_is_a_finding_and_the_others_are_kept(
         (2, "PASS"),
         (3, "PASS"),
     ]
-    code, again = _replayed(out_json, tmp_path)
+    code, again = replay_smoke_test(out_json, tmp_path)
     assert code == 1 and again["outcome"] == "FAIL" and again["stopped"][0]["gpu"] == 1

@@ -18,7 +18,7 @@ from gpuhost.bench.node import _record
 from gpuhost.bench.node_judge import NCCL_PASS, judge_node, nccl_pass_fraction
 from gpuhost.bench.rules import Status
 from gpuhost.cli.main import main
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, replay_smoke_test
 
 CAPTURE = FIXTURES / "h200x2-node"
 H200 = load_model_table().lookup(0x2335)
@@ -42,12 +42,6 @@ NODE_WARNINGS: dict[str, set[str]] = {
 }
 
 
-def _replayed(path: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:
-    again = tmp_path / "again.json"
-    code = main(["smoke-test", "--replay", str(path), "--json", str(again), *extra])
-    return code, json.loads(again.read_text())
-
-
 def _record_of(name: str):
     return _record(json.loads((CAPTURE / name).read_text())["node"]["record"])
 
@@ -60,7 +54,7 @@ def test_every_back_to_back_run_of_the_healthy_node_replays_to_pass(name: str, t
     assert recorded["outcome"] == expected_then and recorded["node"]["outcome"] == expected_then
     warned_then = {f["check"] for f in recorded["node"]["findings"] if f["status"] == "WARN"}
     assert warned_then == NODE_WARNINGS[name]
-    code, again = _replayed(path, tmp_path)
+    code, again = replay_smoke_test(path, tmp_path)
     assert code == 0 and again["outcome"] == "PASS" and again["node"]["outcome"] == "PASS"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS", "PASS"]
     assert not [f for f in again["node"]["findings"] if f["status"] != "PASS"]
@@ -106,7 +100,7 @@ def test_a_busy_gpu_1_is_named_and_every_node_figure_left_unjudged(
     process; GPU 0 PASS. On two GPUs every node figure involves GPU 1: all reported, none judged;
     GPU 0's NVLink check still judged."""
     capsys.readouterr()
-    code, again = _replayed(CAPTURE / "busy-gpu1.json", tmp_path)
+    code, again = replay_smoke_test(CAPTURE / "busy-gpu1.json", tmp_path)
     assert code == 2 and again["outcome"] == "NOT REPRESENTATIVE"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS", "NOT REPRESENTATIVE"]
     out = capsys.readouterr().out
