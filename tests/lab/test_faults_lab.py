@@ -21,7 +21,9 @@ In this order, on A unless said:
    and its original backed up, the audit says READY;
 8. a second apply on A changes nothing and reboots nothing;
 rollback: `gpuhost rollback --limit A`: A's own old command line and the modprobe.d file are back,
-nothing of gpuhost's left.
+nothing of gpuhost's left;
+issue 27.1: A rebooted with intel_iommu=off on its own line, applied twice with a change in between:
+the second apply keeps the intel_iommu=on the first added, in its trial boot and its committed entry.
 
 What this module does not repeat (each ran on the same playbook, on the same kind of host):
 - Molecule's scenario (tests/lab/test_molecule.py, playbooks/molecule/default) converges a stand-in
@@ -60,7 +62,7 @@ from gpuhost.lab import fleet
 from gpuhost.lab.image import Image
 from gpuhost.lab.recipe import KERNEL_CMDLINE
 from gpuhost.lab.state import is_our_process, load_state, process_start_ticks, save_state
-from gpuhost.plan.model import TRIAL_MARKER
+from gpuhost.plan.model import GRUB_DROPIN_PATH, TRIAL_MARKER
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
 from .rollout_lab import (
@@ -359,3 +361,57 @@ def test_rollback_restores_the_old_command_line_and_the_backed_up_files(lab: Lab
     # The modules file keeps the lab disk's own lines (its comment says "gpuhost lab"): gpuhost's
     # marked block and its vfio lines are what must be gone.
     assert left == OLD_MODPROBE + "clean\n", left
+
+
+# An operator's own drop-in that boots A without its IOMMU, as a kernel whose VT-d is off by default
+# does (Debian's 6.1 turns it on, RHEL's does not): the first apply must add intel_iommu=on.
+IOMMU_OFF_DROPIN = "/etc/default/grub.d/10-site-iommu.cfg"
+
+
+def test_a_second_apply_with_a_change_keeps_the_iommu_option_the_first_added(lab: Lab) -> None:
+    """Issue 27.1 on a real host. A boots with intel_iommu=off on its own line: no IOMMU groups. The
+    first apply's drop-in replaces it with intel_iommu=on (its trial boot has groups). The second,
+    with a change that needs a reboot (pcie_aspm=off), runs on a host whose IOMMU is on only because
+    of the first apply's drop-in: it must keep intel_iommu=on in the drop-in it writes, its trial
+    boot must have the IOMMU, and the entry it commits as the default (the next reboot's, whenever it
+    comes) must carry it."""
+    host_a = lab.hosts[A]
+    host_a.sh(
+        f"cat > {IOMMU_OFF_DROPIN} <<'EOF'\n"
+        'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX intel_iommu=off"\n'
+        "EOF\n"
+        "update-grub 2>/dev/null"
+    )
+    seconds = fleet.reboot(host_a.paths, "lab-1", timeout=600)
+    timing(f"issue 27.1: A rebooted without its IOMMU in {seconds:.0f} s")
+    assert "intel_iommu=off" in host_a.cmdline()
+    assert host_a.sh("ls /sys/kernel/iommu_groups | wc -l").strip() == "0"
+
+    first = lab.inventory("iommu-first")
+    code, report, _ = apply(lab, first, "iommu-first", "--limit", A)
+    entry = report["hosts"][A]
+    assert code == 0 and entry["status"] == "ready" and entry["rebooted"] is True, entry
+    cmdline = host_a.cmdline()
+    # The drop-in drops the options gpuhost owns wherever the host set them, the host's intel_iommu=off
+    # included, and appends its own: one setting on the line.
+    assert [t for t in cmdline if t.startswith("intel_iommu=")] == ["intel_iommu=on"], cmdline
+    assert "intel_iommu=on" in host_a.sh(f"cat {GRUB_DROPIN_PATH}")
+
+    second = lab.inventory("iommu-second", **{A: {"gpuhost_pcie_aspm_off": True}})
+    code, report, _ = apply(lab, second, "iommu-second", "--limit", A)
+    entry = report["hosts"][A]
+    assert code == 0 and entry["status"] == "ready" and entry["rebooted"] is True, entry
+    cmdline = host_a.cmdline()
+    assert {"pcie_aspm=off", "gpuhost.trial=1"} <= set(cmdline), cmdline
+    assert [t for t in cmdline if t.startswith("intel_iommu=")] == ["intel_iommu=on"], cmdline
+    assert int(host_a.sh("ls /sys/kernel/iommu_groups | wc -l")) > 0
+    drivers = host_a.sh(
+        "for d in " + " ".join(GPU_FUNCTIONS) + '; do basename "$(readlink /sys/bus/pci/devices/$d/driver)"; done'
+    )
+    assert drivers.split() == ["vfio-pci", "vfio-pci"], drivers
+    (target_a,) = inventory_targets(second, A, ConnectionDefaults())
+    assert audit_target(target_a).status is AuditStatus.READY
+    # The default entry the second apply committed: the line every later boot starts.
+    default_entry = host_a.sh("awk '/^menuentry /{n++} n==1 && /linux\\t/{print; exit}' /boot/grub/grub.cfg").split()
+    assert "pcie_aspm=off" in default_entry, default_entry
+    assert [t for t in default_entry if t.startswith("intel_iommu=")] == ["intel_iommu=on"], default_entry
