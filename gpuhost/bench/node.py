@@ -25,11 +25,21 @@ from typing import Any
 from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sources, toolkit_root
 from gpuhost.bench.contention import GpuProcess
 from gpuhost.bench.environment import Environment, load_pynvml, open_nvml, read_environment
-from gpuhost.bench.jsonout import CANNOT_RUN, build_document, read_recorded
+from gpuhost.bench.jsonout import CANNOT_RUN, SCHEMA, build_document, read_recorded
 from gpuhost.bench.models import load_model_table
 from gpuhost.bench.node_judge import judge_node, rejudged
-from gpuhost.bench.node_model import GpuStopped, NodeFigure, NodeOutcome, NodeRecord, NvlinkReading
+from gpuhost.bench.node_model import (
+    BaselineComparison,
+    GpuStopped,
+    NodeBaseline,
+    NodeFigure,
+    NodeOutcome,
+    NodeRecord,
+    NvlinkReading,
+)
+from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.runner import Outcome, SmokeOptions, _processes, smoke_test
+from gpuhost.bench.strictjson import read_json_file
 from gpuhost.bench.verdict import judge
 from gpuhost.errors import GpuhostError, InputError
 
@@ -124,17 +134,24 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
         environment: Environment = read_environment(nvml, count)
     finally:
         nvml.nvmlShutdown()
+    # Inputs first: a baseline of other GPUs should not wait for every GPU's run.
+    baseline = (
+        None
+        if options.baseline is None
+        else load_node_baseline(options.baseline, tuple(g.pci_device_id for g in environment.gpus))
+    )
     outcomes = []
     stopped = []
     for gpu in range(count):
         try:
-            outcome = smoke_test(replace(options, device=gpu))
+            # Each GPU is compared with its own run in the node baseline (rejudged), not the file.
+            outcome = smoke_test(replace(options, device=gpu, baseline=None))
         except InputError:
             raise  # a bad table or option is the same for every GPU
         except GpuhostError as error:  # this GPU's run stopped: the others are still measured
             stopped.append(GpuStopped(gpu, str(error)))
             continue
-        outcomes.append(rejudged(outcome, table, gpu, complete=not options.benchmarks))
+        outcomes.append(rejudged(outcome, table, gpu, complete=not options.benchmarks, baseline=baseline))
     try:
         record = measure_node(options, environment)
     except InputError:
@@ -143,7 +160,14 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
         ids = tuple(g.pci_device_id for g in environment.gpus)
         record = NodeRecord(len(ids), ids, None, str(error), None, None, None, None, (), (), 0.0)
     models = [table.lookup(g.pci_device_id) for g in environment.gpus]
-    return NodeOutcome(tuple(outcomes), record, judge_node(record, models), time.monotonic() - started, tuple(stopped))
+    return NodeOutcome(
+        tuple(outcomes),
+        record,
+        judge_node(record, models, baseline),
+        time.monotonic() - started,
+        tuple(stopped),
+        None if baseline is None else baseline.origin,
+    )
 
 
 def measure_node(options: SmokeOptions, environment: Environment) -> NodeRecord:
@@ -206,6 +230,10 @@ def _figure(f: NodeFigure) -> dict[str, Any]:
     return {**dataclasses.asdict(f), "status": f.status.value, "gpus": list(f.gpus)}
 
 
+def _comparison(c: BaselineComparison) -> dict[str, Any]:
+    return {**dataclasses.asdict(c), "status": c.status.value, "gpus": list(c.gpus)}
+
+
 def build_node_document(outcome: NodeOutcome, per_gpu: list[dict[str, Any]]) -> dict[str, Any]:
     verdict = outcome.verdict
     record = outcome.record
@@ -241,6 +269,10 @@ def build_node_document(outcome: NodeOutcome, per_gpu: list[dict[str, Any]]) -> 
                 for f in verdict.findings
             ],
             "record": {**dataclasses.asdict(record), "pci_device_ids": list(record.pci_device_ids)},
+            # null: judged without --baseline; each GPU's comparison is in its own document's metrics.
+            "baseline": None
+            if outcome.baseline is None
+            else {"file": outcome.baseline, "comparisons": [_comparison(c) for c in verdict.baseline]},
         },
         "gpus": per_gpu,
     }
@@ -285,6 +317,48 @@ def _record(raw: Any) -> NodeRecord:
         raise InputError(f"recorded node run: node.record is not what --all writes ({error})") from error
 
 
+def _ids(ids: tuple[int, ...]) -> str:
+    counts: dict[int, int] = {}
+    for i in ids:
+        counts[i] = counts.get(i, 0) + 1
+    return ", ".join(f"{n} x 10de:{i:04x}" for i, n in counts.items()) or "no GPU"
+
+
+def load_node_baseline(path: Path, pci_device_ids: tuple[int, ...]) -> NodeBaseline:
+    """An earlier `smoke-test --all --json` run to compare this node with: one of the same GPUs (as
+    many, of the same models, in the same order). Anything else is an InputError naming the file
+    and the fix: a one-GPU run, another count or model, a run that could not start."""
+    document = read_json_file(path, "the baseline")
+    if not is_node_document(document):
+        if isinstance(document, dict) and (document.get("schema") == SCHEMA or "results" in document):
+            raise InputError(
+                f"the baseline {path} is one GPU's run (smoke-test --device N --json, or the suite's own output): "
+                "--all compares a node with a node; record the baseline with `gpuhost smoke-test --all --json FILE` "
+                "(e.g. on bare metal), or compare one GPU with `--device N --baseline FILE`"
+            )
+        raise InputError(
+            f"the baseline {path} is not a `smoke-test --all --json` document (schema {NODE_SCHEMA}): "
+            "record one with `gpuhost smoke-test --all --json FILE`"
+        )
+    try:
+        node = document.get("node")
+        record = _record(node.get("record") if isinstance(node, dict) else None)
+        gpus: dict[int, SuiteRun] = {}
+        for raw in document.get("gpus") or []:
+            run = read_recorded(raw).run
+            gpus[run.device.index] = run
+    except InputError as error:
+        raise InputError(f"the baseline {path}: {error}") from error
+    if record.pci_device_ids != pci_device_ids:
+        raise InputError(
+            f"the baseline {path} was recorded on {record.gpu_count} GPU(s) ({_ids(record.pci_device_ids)}), this "
+            f"node has {len(pci_device_ids)} ({_ids(pci_device_ids)}): a node is compared only with a run of the same "
+            "GPUs; record the baseline with `smoke-test --all --json` on a node of this count and model (or "
+            "compare one GPU with `--device N --baseline FILE`)"
+        )
+    return NodeBaseline(str(path), gpus, record)
+
+
 def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
     """Judge a recorded `--all --json` document again, with today's rules and table: no GPU."""
     from gpuhost.bench.runner import Outcome as GpuOutcome
@@ -298,6 +372,9 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
         raise InputError(f"recorded node run: 'stopped' is not what --all writes ({error})") from error
     if not isinstance(raw_gpus, list) or not (raw_gpus or stopped):
         raise InputError("recorded node run: 'gpus' names no GPU's run")
+    node = document.get("node")
+    record = _record(node.get("record") if isinstance(node, dict) else None)
+    baseline = None if options.baseline is None else load_node_baseline(options.baseline, record.pci_device_ids)
     outcomes = []
     for raw in raw_gpus:
         recorded = read_recorded(raw)
@@ -314,18 +391,27 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
             contention=recorded.contention,
             health=recorded.health,
         )
-        outcomes.append(rejudged(outcome, table, recorded.run.device.index, complete=True))
-    node = document.get("node")
-    record = _record(node.get("record") if isinstance(node, dict) else None)
+        outcomes.append(rejudged(outcome, table, recorded.run.device.index, complete=True, baseline=baseline))
     models = [table.lookup(i) for i in record.pci_device_ids]
     return NodeOutcome(
-        tuple(outcomes), record, judge_node(record, models), float(document.get("seconds", 0.0)), stopped
+        tuple(outcomes),
+        record,
+        judge_node(record, models, baseline),
+        float(document.get("seconds", 0.0)),
+        stopped,
+        None if baseline is None else baseline.origin,
     )
 
 
 # ---------------------------------------------------------------------------------- text
 def _cell(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _size_cell(size_bytes: int | None, prefix: str = "") -> str:
+    if size_bytes is None:
+        return "" if prefix else "-"
+    return prefix + (f"{size_bytes / 2**30:g} GiB" if size_bytes >= 2**30 else f"{size_bytes / 2**20:g} MiB")
 
 
 def render_node(outcome: NodeOutcome, *, verbose: bool = False) -> str:
@@ -374,9 +460,31 @@ def render_node(outcome: NodeOutcome, *, verbose: bool = False) -> str:
             lines.append(
                 f"  {f.label}, each GPU's share (GB/s): " + ", ".join(f"GPU {p['gpu']} {p['GBps']:.1f}" for p in shares)
             )
+    if outcome.baseline is not None:
+        lines.append(f"Against the baseline {outcome.baseline}")
+        lines.extend(
+            _table(
+                ["status", "measurement", "size", "GB/s", "baseline", "% baseline"],
+                [
+                    [
+                        c.status.value,
+                        c.label,
+                        _size_cell(c.size_bytes),
+                        _cell(c.value),
+                        _cell(c.baseline),
+                        "-" if c.percent_of_baseline is None else f"{c.percent_of_baseline:.0f}%",
+                    ]
+                    for c in verdict.baseline
+                ],
+                {2, 3, 4, 5},
+            )
+        )
     if verbose:
         lines.append("Why each threshold")
         lines.extend(f"  {f.metric}: {f.reason}" for f in verdict.figures)
+        lines.extend(
+            f"  {c.metric}{_size_cell(c.size_bytes, ' ')} against the baseline: {c.reason}" for c in verdict.baseline
+        )
     checks = [[f.status.value, f.check, f.detail] for f in verdict.findings]
     if checks:
         lines.append("Node checks")
