@@ -117,10 +117,14 @@ def test_without_a_baseline_the_node_document_says_none(tmp_path: Path) -> None:
             "was recorded on 2 GPU(s) (2 x 10de:2335), this node has 4 (4 x 10de:2330): a node is compared only "
             "with a run of the same GPUs",
         ),
+        (
+            FIXTURES / "h100x2-node" / "all-1.json",
+            "was recorded on 2 GPU(s) (2 x 10de:2330), this node has 4 (4 x 10de:2330)",
+        ),
         # One GPU's run (the two-H100 guest's `--device 0 --json`), given to --all.
         (FIXTURES / "h100x2" / "full-gpu0-1.json", "is one GPU's run"),
     ],
-    ids=["other-count-and-model", "one-gpu-run"],
+    ids=["other-count-and-model", "other-count", "one-gpu-run"],
 )
 def test_a_baseline_of_other_gpus_or_of_one_gpu_is_an_input_error_naming_the_file_and_the_fix(
     baseline: Path, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -131,6 +135,16 @@ def test_a_baseline_of_other_gpus_or_of_one_gpu_is_an_input_error_naming_the_fil
     assert code == 2 and not out.exists()
     assert f"the baseline {baseline}" in err and said in err
     assert "smoke-test --all --json" in err
+
+
+def test_a_baseline_of_another_model_with_as_many_gpus_is_an_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = FIXTURES / "h100x2-node" / "all-1.json"  # two H100s, for the two-H200 guest
+    code = main(["smoke-test", "--replay", str(H200X2 / "all-1.json"), "--baseline", str(baseline)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"the baseline {baseline} was recorded on 2 GPU(s) (2 x 10de:2330), this node has 2 (2 x 10de:2335)" in err
 
 
 def test_a_baseline_missing_a_gpus_run_is_said_on_that_gpu(tmp_path: Path) -> None:
