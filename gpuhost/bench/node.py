@@ -17,7 +17,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,9 +25,10 @@ from typing import Any
 from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sources, toolkit_root
 from gpuhost.bench.contention import GpuProcess
 from gpuhost.bench.environment import Environment, load_pynvml, open_nvml, read_environment
+from gpuhost.bench.health import GpuXid, XidWatch
 from gpuhost.bench.jsonout import CANNOT_RUN, SCHEMA, build_document, read_recorded
 from gpuhost.bench.models import load_model_table
-from gpuhost.bench.node_judge import judge_node, rejudged
+from gpuhost.bench.node_judge import NODE_PHASE, judge_node, rejudged
 from gpuhost.bench.node_model import (
     BaselineComparison,
     GpuStopped,
@@ -38,6 +39,7 @@ from gpuhost.bench.node_model import (
     NvlinkReading,
 )
 from gpuhost.bench.results import SuiteRun
+from gpuhost.bench.rules import Status
 from gpuhost.bench.runner import Outcome, SmokeOptions, _processes, smoke_test
 from gpuhost.bench.strictjson import read_json_file
 from gpuhost.bench.verdict import judge
@@ -50,6 +52,11 @@ NODE_SCHEMA = "gpuhost.smoke-node/1"
 NCCL_TIMEOUT_S = 180
 
 NODE_TIMEOUT_S = 300
+
+# How often a running node measurement looks at NVML's Xid events: a GPU that hits a fatal Xid (it
+# fell off the bus, an uncorrectable ECC error) stops the measurement within about this long instead
+# of leaving it to hang until its timeout.
+XID_POLL_S = 0.5
 
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS on Hopper and Blackwell
 
@@ -87,22 +94,53 @@ def find_nccl(nvcc: Path | None, environ: dict[str, str] | None = None) -> Path 
 
 
 def _suite(
-    binary: Path, arguments: list[str], environ: dict[str, str], timeout: int
+    binary: Path,
+    arguments: list[str],
+    environ: dict[str, str],
+    timeout: float,
+    stop: Callable[[], str | None] | None = None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """A node run of the suite: its document, or why there is none (never an exception: the
-    other measurements and the GPUs' verdicts are kept)."""
+    other measurements and the GPUs' verdicts are kept). `stop` is asked every XID_POLL_S while it
+    runs: a reason from it (a fatal Xid) stops the run there, as the timeout does a hang."""
     env = {**os.environ, **environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     try:
-        done = subprocess.run(
-            [str(binary), *arguments], capture_output=True, text=True, timeout=timeout, env=env, check=False
+        process = subprocess.Popen(
+            [str(binary), *arguments], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
-    except subprocess.TimeoutExpired:
-        return None, f"did not finish within {timeout} s and was stopped (a hang)"
+    except OSError as error:
+        return None, f"could not start: {error}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            stdout, stderr = process.communicate(timeout=XID_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            reason = stop() if stop is not None else None
+            if reason is None and time.monotonic() < deadline:
+                continue
+            process.kill()
+            process.communicate()
+            if reason is not None:
+                return None, f"stopped: {reason}"
+            return None, f"did not finish within {timeout:g} s and was stopped (a hang)"
     try:
-        document = json.loads(done.stdout)
+        document = json.loads(stdout)
     except json.JSONDecodeError:
-        return None, f"exited with status {done.returncode} and no results: {done.stderr.strip()[-500:]}"
+        return None, f"exited with status {process.returncode} and no results: {stderr.strip()[-500:]}"
     return (document, None) if isinstance(document, dict) else (None, "printed JSON that is not an object")
+
+
+def fatal_xid(watch: XidWatch, phase: str) -> Callable[[], str | None]:
+    """A `stop` for _suite: the first Xid of FAIL severity NVML reports during `phase`, described."""
+
+    def check() -> str | None:
+        for xid in watch.drain(phase):
+            if xid.meaning.status is Status.FAIL:
+                return xid.describe()
+        return None
+
+    return check
 
 
 def read_nvlinks(nvml: Any, count: int) -> tuple[NvlinkReading, ...]:
@@ -125,40 +163,60 @@ def read_nvlinks(nvml: Any, count: int) -> tuple[NvlinkReading, ...]:
     return tuple(readings)
 
 
+def _with_xids(reason: str, gpu: int, xids: Iterable[GpuXid]) -> str:
+    named = [x.describe() for x in xids if x.gpu == gpu]
+    return reason if not named else f"{reason}; {'; '.join(named)}"
+
+
 def run_all(options: SmokeOptions) -> NodeOutcome:
     started = time.monotonic()
     table = load_model_table(options.gpu_table)
     nvml = load_pynvml()
     count = open_nvml(nvml)
+    # NVML stays open for the whole run (the runs below open and close it too: NVML counts), so
+    # that one Xid watch sees every GPU through every phase.
+    watch: XidWatch | None = None
     try:
         environment: Environment = read_environment(nvml, count)
-    finally:
-        nvml.nvmlShutdown()
-    # Inputs first: a baseline of other GPUs should not wait for every GPU's run.
-    baseline = (
-        None
-        if options.baseline is None
-        else load_node_baseline(options.baseline, tuple(g.pci_device_id for g in environment.gpus))
-    )
-    outcomes = []
-    stopped = []
-    for gpu in range(count):
+        # Inputs first: a baseline of other GPUs should not wait for every GPU's run.
+        baseline = (
+            None
+            if options.baseline is None
+            else load_node_baseline(options.baseline, tuple(g.pci_device_id for g in environment.gpus))
+        )
+        watch = XidWatch(nvml, count)
+        finished: list[tuple[int, Outcome]] = []
+        stopped = []
+        for gpu in range(count):
+            phase = f"GPU {gpu}'s run"
+            try:
+                # Each GPU is compared with its own run in the node baseline (rejudged), not the file.
+                finished.append((gpu, smoke_test(replace(options, device=gpu, baseline=None))))
+            except InputError:
+                raise  # a bad table or option is the same for every GPU
+            except GpuhostError as error:  # this GPU's run stopped: the others are still measured
+                stopped.append(GpuStopped(gpu, _with_xids(str(error), gpu, watch.drain(phase))))
+                continue
+            watch.drain(phase)
         try:
-            # Each GPU is compared with its own run in the node baseline (rejudged), not the file.
-            outcome = smoke_test(replace(options, device=gpu, baseline=None))
+            record = measure_node(options, environment, watch)
         except InputError:
-            raise  # a bad table or option is the same for every GPU
-        except GpuhostError as error:  # this GPU's run stopped: the others are still measured
-            stopped.append(GpuStopped(gpu, str(error)))
-            continue
-        outcomes.append(rejudged(outcome, table, gpu, complete=not options.benchmarks, baseline=baseline))
-    try:
-        record = measure_node(options, environment)
-    except InputError:
-        raise
-    except GpuhostError as error:  # no build, no NVML: the GPUs' verdicts are kept, the node FAILs
-        ids = tuple(g.pci_device_id for g in environment.gpus)
-        record = NodeRecord(len(ids), ids, None, str(error), None, None, None, None, (), (), 0.0)
+            raise
+        except GpuhostError as error:  # no build, no NVML: the GPUs' verdicts are kept, the node FAILs
+            ids = tuple(g.pci_device_id for g in environment.gpus)
+            record = NodeRecord(len(ids), ids, None, str(error), None, None, None, None, (), (), 0.0)
+        watch.drain(NODE_PHASE)
+        record = replace(
+            record, xids=tuple(watch.seen), xids_watched=watch.unwatched is None, xid_unwatched=watch.unwatched
+        )
+    finally:
+        if watch is not None:
+            watch.close()
+        nvml.nvmlShutdown()
+    outcomes = [
+        rejudged(outcome, table, gpu, complete=not options.benchmarks, baseline=baseline, xids=record.xids)
+        for gpu, outcome in finished
+    ]
     models = [table.lookup(g.pci_device_id) for g in environment.gpus]
     return NodeOutcome(
         tuple(outcomes),
@@ -170,7 +228,7 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
     )
 
 
-def measure_node(options: SmokeOptions, environment: Environment) -> NodeRecord:
+def measure_node(options: SmokeOptions, environment: Environment, watch: XidWatch | None = None) -> NodeRecord:
     started = time.monotonic()
     count = len(environment.gpus)
     ids = tuple(g.pci_device_id for g in environment.gpus)
@@ -189,8 +247,9 @@ def measure_node(options: SmokeOptions, environment: Environment) -> NodeRecord:
     open_nvml(nvml)
     try:
         before, _ = _processes(nvml, count, "before")
+        stop = None if watch is None else fatal_xid(watch, NODE_PHASE)
         suite, suite_error = _suite(
-            built.binary, ["--bench", ",".join(NODE_BENCHMARKS), *quick, *seed], {}, NODE_TIMEOUT_S
+            built.binary, ["--bench", ",".join(NODE_BENCHMARKS), *quick, *seed], {}, NODE_TIMEOUT_S, stop
         )
         library = find_nccl(toolchain.nvcc)
         nccl = nccl_error = topology = None
@@ -202,6 +261,7 @@ def measure_node(options: SmokeOptions, environment: Environment) -> NodeRecord:
                     ["--bench", "nccl", *quick, *seed],
                     {"GPUHOST_NCCL": str(library), "NCCL_TOPO_DUMP_FILE": str(dump)},
                     NCCL_TIMEOUT_S,
+                    stop,
                 )
                 topology = dump.read_text(errors="replace") if dump.is_file() else None
         after, _ = _processes(nvml, count, "after")
@@ -312,6 +372,9 @@ def _record(raw: Any) -> NodeRecord:
             nvlinks=tuple(NvlinkReading(int(r["gpu"]), r["active"], int(r["queried"])) for r in raw.get("nvlinks", [])),
             contention=tuple(GpuProcess(**{**p, "seen": tuple(p["seen"])}) for p in raw.get("contention", [])),
             seconds=float(raw.get("seconds", 0.0)),
+            xids=tuple(GpuXid(int(x["gpu"]), int(x["code"]), str(x["phase"])) for x in raw.get("xids") or []),
+            xids_watched=None if raw.get("xids_watched") is None else bool(raw["xids_watched"]),
+            xid_unwatched=None if raw.get("xid_unwatched") is None else str(raw["xid_unwatched"]),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise InputError(f"recorded node run: node.record is not what --all writes ({error})") from error
@@ -391,7 +454,9 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
             contention=recorded.contention,
             health=recorded.health,
         )
-        outcomes.append(rejudged(outcome, table, recorded.run.device.index, complete=True, baseline=baseline))
+        outcomes.append(
+            rejudged(outcome, table, recorded.run.device.index, complete=True, baseline=baseline, xids=record.xids)
+        )
     models = [table.lookup(i) for i in record.pci_device_ids]
     return NodeOutcome(
         tuple(outcomes),

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from gpuhost.bench.contention import Contention
 from gpuhost.bench.environment_judge import judge_environment
-from gpuhost.bench.health import judge_health
+from gpuhost.bench.health import XID_EVENT, GpuXid, judge_gpu_xids, judge_health
 from gpuhost.bench.models import GpuModel, ModelTable
 from gpuhost.bench.node_model import BaselineComparison, NodeBaseline, NodeFigure, NodeFinding, NodeRecord, NodeVerdict
 from gpuhost.bench.results import Measurement, parse_suite_document
@@ -79,6 +79,16 @@ BASELINE_MISSING_GPU = register(
     Severity.WARNING,
     "the node baseline holds no finished run of this GPU: its figures are not compared",
 )
+
+XID_UNWATCHED = register(
+    "smoke.node.xid.unwatched",
+    Stage.SMOKE_TEST,
+    Severity.INFO,
+    "NVML could not watch for Xid events during --all: only the kernel log can show them",
+)
+
+# The phase of an --all run in which the node's own measurements run (health.GpuXid.phase).
+NODE_PHASE = "the node measurements"
 
 NODE_CONTENTION = register(
     "smoke.node.contention",
@@ -642,6 +652,30 @@ def judge_node(
                     (gpu,),
                 )
             )
+    # Xids NVML reported during the node measurements: a finding on the GPU each hit (its own verdict
+    # gets every Xid on it too, rejudged). The figures stay as measured: the finding decides.
+    for xid in record.xids:
+        if xid.phase != NODE_PHASE:
+            continue
+        what = f"Xid {xid.code}, GPU {xid.gpu}" if xid.gpu >= 0 else f"Xid {xid.code}, a GPU NVML cannot name"
+        findings.append(
+            NodeFinding(
+                what,
+                f"{xid.describe()}. Check: {xid.meaning.check}",
+                xid.meaning.status,
+                _problem(XID_EVENT, xid.meaning.status, what, xid.describe(), xid.meaning.check),
+                (xid.gpu,) if xid.gpu >= 0 else (),
+            )
+        )
+    if record.xids_watched is False:
+        findings.append(
+            NodeFinding(
+                "Xid watch",
+                f"{record.xid_unwatched}: Xids during --all show only in the kernel log",
+                Status.INFO,
+                _problem(XID_UNWATCHED, Status.INFO, "Xid watch", f"Xid watch: {record.xid_unwatched}"),
+            )
+        )
     comparisons: list[BaselineComparison] = []
     if baseline is not None:
         comparisons = compare_with_baseline(figures, judge_node(baseline.record, models).figures)
@@ -695,15 +729,23 @@ def _only_gpu(contention: Contention | None, gpu: int) -> Contention | None:
 
 
 def rejudged(
-    outcome: Outcome, table: ModelTable, gpu: int, complete: bool, baseline: NodeBaseline | None = None
+    outcome: Outcome,
+    table: ModelTable,
+    gpu: int,
+    complete: bool,
+    baseline: NodeBaseline | None = None,
+    xids: tuple[GpuXid, ...] = (),
 ) -> Outcome:
     """One GPU's run of --all judged as its own; with a node baseline, against that GPU's run in it
-    (the one-GPU comparison, verdict.judge's)."""
+    (the one-GPU comparison, verdict.judge's); every Xid NVML reported on this GPU during --all, in
+    whichever phase, is a row of its verdict."""
     contention = _only_gpu(outcome.contention, gpu)
     models = {g.index: table.lookup(g.pci_device_id) for g in outcome.environment.gpus}
+    bus_ids = {g.index: g.pci_bus_id for g in outcome.environment.gpus}
     checks: list[CheckOutcome] = [
         *judge_environment(outcome.environment, outcome.samples, models),
         *(judge_health(outcome.health) if outcome.health is not None else []),
+        *judge_gpu_xids(tuple(x for x in xids if x.gpu == gpu), outcome.health, bus_ids.get(gpu, "")),
     ]
     theirs = None if baseline is None else baseline.gpus.get(gpu)
     if baseline is not None and theirs is None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost.bench.contention import GpuProcess
+from gpuhost.bench.health import GpuXid
 from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.rules import Status, worst
 from gpuhost.bench.runner import Outcome
@@ -96,6 +97,10 @@ class NodeRecord:
     nvlinks: tuple[NvlinkReading, ...]
     contention: tuple[GpuProcess, ...]
     seconds: float
+    # NVML's Xid events over the whole --all run (health.XidWatch), each on its GPU and phase.
+    xids: tuple[GpuXid, ...] = ()
+    xids_watched: bool | None = None  # None: recorded before the watch; False: see xid_unwatched
+    xid_unwatched: str | None = None
 
 
 @dataclass(frozen=True)
