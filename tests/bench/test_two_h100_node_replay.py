@@ -50,3 +50,22 @@ def test_nvml_in_this_guest_registers_xid_critical_events() -> None:
     assert "0 registered for nvmlEventTypeXidCriticalError" in lines
     assert "1 registered for nvmlEventTypeXidCriticalError" in lines
     assert any(line.startswith("nvmlEventSetWait_v2") and line.endswith("Timeout") for line in lines)
+
+
+def test_the_second_machines_run_against_the_first_as_recorded_and_replayed(tmp_path: Path) -> None:
+    """all-2 ran on the machine with `--baseline` (the first call's all-1) and the Xid watch open."""
+    recorded = json.loads((CAPTURE / "all-2.json").read_text())
+    assert recorded["outcome"] == "PASS" and recorded["node"]["baseline"]["file"] == "baseline-all-1.json"
+    assert {c["status"] for c in recorded["node"]["baseline"]["comparisons"]} == {"PASS"}
+    assert all(m["percent_of_baseline"] is not None for g in recorded["gpus"] for m in g["metrics"] if m["value"])
+    for name in ("all-2", "quick-2"):
+        record = json.loads((CAPTURE / f"{name}.json").read_text())["node"]["record"]
+        assert record["xids_watched"] is True and record["xids"] == [] and record["xid_unwatched"] is None
+    code, again = replay_smoke_test(CAPTURE / "all-2.json", tmp_path, "--baseline", str(CAPTURE / "all-1.json"))
+    assert code == 0 and again["outcome"] == "PASS"
+    compared = {(c["metric"], c["size_bytes"]): c for c in again["node"]["baseline"]["comparisons"]}
+    as_recorded = {
+        (c["metric"], c["size_bytes"]): c["percent_of_baseline"] for c in recorded["node"]["baseline"]["comparisons"]
+    }
+    assert {key: c["percent_of_baseline"] for key, c in compared.items()} == as_recorded
+    assert 98 < compared[("nccl_all_reduce", 1 << 30)]["percent_of_baseline"] < 100
