@@ -26,7 +26,7 @@ from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sourc
 from gpuhost.bench.contention import GpuProcess
 from gpuhost.bench.environment import Environment, load_pynvml, open_nvml, read_environment
 from gpuhost.bench.health import GpuXid, XidWatch
-from gpuhost.bench.jsonout import CANNOT_RUN, SCHEMA, build_document, read_recorded
+from gpuhost.bench.jsonout import CANNOT_RUN, NODE_SCHEMA, SCHEMA, build_document, read_recorded
 from gpuhost.bench.models import load_model_table
 from gpuhost.bench.node_judge import NODE_PHASE, judge_node, rejudged
 from gpuhost.bench.node_model import (
@@ -44,8 +44,6 @@ from gpuhost.bench.runner import Outcome, SmokeOptions, _processes, smoke_test
 from gpuhost.bench.strictjson import read_json_file
 from gpuhost.bench.verdict import judge
 from gpuhost.errors import GpuhostError, InputError
-
-NODE_SCHEMA = "gpuhost.smoke-node/1"
 
 # A hung NCCL (a collective that never completes, a peer that never joins) is stopped after this:
 # the whole nccl benchmark takes 2-5 s on a healthy 4-GPU node, with the communicator's set-up.

@@ -158,3 +158,15 @@ def test_a_baseline_missing_a_gpus_run_is_said_on_that_gpu(tmp_path: Path) -> No
     missing = [c for c in gpu1["checks"] if c["code"] == "smoke.baseline.missing-gpu"]
     assert missing and "holds no finished run of GPU 1" in missing[0]["detail"]
     assert gpu1["outcome"] == "WARN" and all(m["baseline"] is None for m in gpu1["metrics"])
+
+
+def test_a_node_run_given_to_one_gpus_baseline_is_an_input_error_naming_the_file_and_the_fix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The other way round: the two-H100 node's --all run as the baseline of one GPU's run of a two-H100 guest."""
+    baseline = FIXTURES / "h100x2-node" / "all-1.json"
+    code = main(["smoke-test", "--replay", str(FIXTURES / "h100x2" / "full-gpu0-1.json"), "--baseline", str(baseline)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"the baseline {baseline} is a whole node's run (smoke-test --all --json)" in err
+    assert "`--all --baseline FILE`" in err
