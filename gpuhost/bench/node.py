@@ -25,10 +25,10 @@ from typing import Any
 from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sources, toolkit_root
 from gpuhost.bench.contention import GpuProcess
 from gpuhost.bench.environment import Environment, load_pynvml, open_nvml, read_environment
-from gpuhost.bench.health import GpuXid, XidWatch
+from gpuhost.bench.health import GpuXid, XidEvent, XidWatch, same_pci_device
 from gpuhost.bench.jsonout import CANNOT_RUN, NODE_SCHEMA, SCHEMA, build_document, read_recorded
 from gpuhost.bench.models import load_model_table
-from gpuhost.bench.node_judge import NODE_PHASE, judge_node, rejudged
+from gpuhost.bench.node_judge import NODE_PHASE, judge_node, logged_xids, rejudged
 from gpuhost.bench.node_model import (
     BaselineComparison,
     GpuStopped,
@@ -161,8 +161,15 @@ def read_nvlinks(nvml: Any, count: int) -> tuple[NvlinkReading, ...]:
     return tuple(readings)
 
 
-def _with_xids(reason: str, gpu: int, xids: Iterable[GpuXid]) -> str:
+def _with_xids(reason: str, gpu: int, xids: Iterable[GpuXid], logged: Iterable[XidEvent], pci_bus_id: str) -> str:
+    """A stopped GPU's reason with the Xids NVML reported on it and those the kernel log showed for
+    its address during any GPU's run: a GPU that fell off the bus says so on its own line."""
     named = [x.describe() for x in xids if x.gpu == gpu]
+    named += [
+        f"the kernel log showed Xid {e.code} ({e.meaning.name}) at PCI {e.address}"
+        for e in dict.fromkeys(logged)
+        if same_pci_device(e.address, pci_bus_id)
+    ]
     return reason if not named else f"{reason}; {'; '.join(named)}"
 
 
@@ -184,7 +191,7 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
         )
         watch = XidWatch(nvml, count)
         finished: list[tuple[int, Outcome]] = []
-        stopped = []
+        failed: list[tuple[int, str]] = []
         for gpu in range(count):
             phase = f"GPU {gpu}'s run"
             try:
@@ -193,8 +200,7 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
             except InputError:
                 raise  # a bad table or option is the same for every GPU
             except GpuhostError as error:  # this GPU's run stopped: the others are still measured
-                stopped.append(GpuStopped(gpu, _with_xids(str(error), gpu, watch.drain(phase))))
-                continue
+                failed.append((gpu, str(error)))
             watch.drain(phase)
         try:
             record = measure_node(options, environment, watch)
@@ -211,8 +217,15 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
         if watch is not None:
             watch.close()
         nvml.nvmlShutdown()
+    logged = logged_xids(outcome for _, outcome in finished)
+    bus_ids = {g.index: g.pci_bus_id for g in environment.gpus}
+    stopped = [
+        GpuStopped(gpu, _with_xids(reason, gpu, record.xids, logged, bus_ids.get(gpu, ""))) for gpu, reason in failed
+    ]
     outcomes = [
-        rejudged(outcome, table, gpu, complete=not options.benchmarks, baseline=baseline, xids=record.xids)
+        rejudged(
+            outcome, table, gpu, complete=not options.benchmarks, baseline=baseline, xids=record.xids, logged=logged
+        )
         for gpu, outcome in finished
     ]
     models = [table.lookup(g.pci_device_id) for g in environment.gpus]
@@ -436,25 +449,29 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
     node = document.get("node")
     record = _record(node.get("record") if isinstance(node, dict) else None)
     baseline = None if options.baseline is None else load_node_baseline(options.baseline, record.pci_device_ids)
-    outcomes = []
+    recorded_runs = []
     for raw in raw_gpus:
         recorded = read_recorded(raw)
-        outcome = GpuOutcome(
-            verdict=judge(recorded.run, model=None),  # replaced just below
-            run=recorded.run,
-            suite_document=recorded.suite_document,
-            environment=recorded.environment,
-            samples=recorded.samples,
-            model_table=table.origin,
-            timings=recorded.timings,
-            build=recorded.build,
-            with_baseline=False,
-            contention=recorded.contention,
-            health=recorded.health,
+        recorded_runs.append(
+            GpuOutcome(
+                verdict=judge(recorded.run, model=None),  # replaced just below
+                run=recorded.run,
+                suite_document=recorded.suite_document,
+                environment=recorded.environment,
+                samples=recorded.samples,
+                model_table=table.origin,
+                timings=recorded.timings,
+                build=recorded.build,
+                with_baseline=False,
+                contention=recorded.contention,
+                health=recorded.health,
+            )
         )
-        outcomes.append(
-            rejudged(outcome, table, recorded.run.device.index, complete=True, baseline=baseline, xids=record.xids)
-        )
+    logged = logged_xids(recorded_runs)
+    outcomes = [
+        rejudged(o, table, o.run.device.index, complete=True, baseline=baseline, xids=record.xids, logged=logged)
+        for o in recorded_runs
+    ]
     models = [table.lookup(i) for i in record.pci_device_ids]
     return NodeOutcome(
         tuple(outcomes),

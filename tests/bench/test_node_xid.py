@@ -11,6 +11,7 @@ tests/bench/test_health.py's, on real NVRM lines. Nothing here needs a GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -82,16 +83,25 @@ class InjectingNvml:
 
 
 def _all_with(
-    monkeypatch: pytest.MonkeyPatch, nvml: InjectingNvml, during_gpu_run: Any = None, during_node: Any = None
+    monkeypatch: pytest.MonkeyPatch,
+    nvml: InjectingNvml,
+    during_gpu_run: Any = None,
+    during_node: Any = None,
+    kernel_log: dict[int, str] | None = None,
 ) -> None:
-    """`smoke-test --all` on the recorded four-H100 run, NVML being `nvml`; the hooks inject faults."""
+    """`smoke-test --all` on the recorded four-H100 run, NVML being `nvml`; the hooks inject faults,
+    `kernel_log` the kernel-log lines a GPU's run saw."""
     healthy = node.replay_all(json.loads((CAPTURE / "quick-1.json").read_text()), SmokeOptions())
     by_gpu = {o.run.device.index: o for o in healthy.gpus}
 
     def one_gpu(options: SmokeOptions) -> object:
         if during_gpu_run is not None:
             during_gpu_run(options.device)
-        return by_gpu[options.device]
+        outcome = by_gpu[options.device]
+        if kernel_log and options.device in kernel_log and outcome.health is not None:
+            logged = parse_xid_lines(kernel_log[options.device])
+            return dataclasses.replace(outcome, health=dataclasses.replace(outcome.health, xid_events=logged))
+        return outcome
 
     def node_measurements(options: SmokeOptions, environment: object, watch: XidWatch | None) -> object:
         if during_node is not None:
@@ -224,3 +234,51 @@ def test_an_xid_the_kernel_log_of_the_gpus_own_run_shows_is_not_counted_twice() 
     assert judge_gpu_xids(same, health, "00000000:2B:00.0") == []
     other_gpu = judge_gpu_xids(same, health, "00000000:2C:00.0")
     assert [(c.check, c.status) for c in other_gpu] == [("xid 79", Status.FAIL)]
+
+
+def test_an_xid_of_another_gpu_in_the_kernel_log_of_a_gpus_run_is_that_other_gpus(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The kernel log is the guest's: GPU 2 falls off the bus while GPU 0 is measured, and GPU 0's run
+    logs it. The line is the real Xid 79 line of tests/fixtures/xid with its address made GPU 2's
+    (00:08.0 in the capture): the injection here is at the kernel-log boundary, NVML's event set off."""
+    real = next(line for line in (FIXTURES / "xid" / "kernel-log-xid.txt").read_text().splitlines() if "): 79," in line)
+    line = real.replace("PCI:0000:2b:00", "PCI:0000:00:08")
+
+    def gpu_run(gpu: int) -> None:
+        if gpu == 2:
+            raise GpuUnavailable("the kernel suite could not use the GPU: cudaErrorDevicesUnavailable")
+
+    _all_with(monkeypatch, InjectingNvml(events_supported=False), during_gpu_run=gpu_run, kernel_log={0: line})
+    out_json = tmp_path / "all.json"
+    assert main(["smoke-test", "--all", "--json", str(out_json)]) == 1
+    out = capsys.readouterr().out
+    assert "VERDICT GPU 0: PASS" in out  # measured fine: not blamed for GPU 2's Xid
+    assert (
+        "VERDICT GPU 2: FAIL (cannot run: the kernel suite could not use the GPU: cudaErrorDevicesUnavailable; "
+        "the kernel log showed Xid 79 (GPU has fallen off the bus) at PCI 0000:00:08)" in out
+    )
+    document = json.loads(out_json.read_text())
+    gpu0 = document["gpus"][0]
+    assert gpu0["health"]["xid_events"] == [] and not [c for c in gpu0["checks"] if c["check"] == "xid 79"]
+
+
+def test_a_gpus_own_kernel_log_xid_stays_on_it_and_an_unknown_address_stays_with_its_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real Xid lines (tests/fixtures/xid): Xid 94 made GPU 1's address (00:07.0), logged in GPU 3's run;
+    Xid 13 at PCI:0000:cb:00, a GPU this guest does not have, logged in GPU 3's run too."""
+    lines = (FIXTURES / "xid" / "kernel-log-xid.txt").read_text().splitlines()
+    ecc = next(line for line in lines if "): 94," in line).replace("PCI:0000:9b:00", "PCI:0000:00:07")
+    foreign = next(line for line in lines if "): 13," in line)
+    _all_with(monkeypatch, InjectingNvml(events_supported=False), kernel_log={3: ecc + "\n" + foreign})
+    out_json = tmp_path / "all.json"
+    assert main(["smoke-test", "--all", "--json", str(out_json)]) == 1
+    out = capsys.readouterr().out
+    assert "VERDICT GPU 1: FAIL" in out and "VERDICT GPU 3: WARN" in out
+    assert "VERDICT GPU 0: PASS" in out and "VERDICT GPU 2: PASS" in out
+    document = json.loads(out_json.read_text())
+    assert [c["check"] for c in document["gpus"][1]["checks"] if c["check"].startswith("xid")] == ["xid 94"]
+    assert [c["check"] for c in document["gpus"][3]["checks"] if c["check"].startswith("xid")] == ["xid 13"]
+    code, again = replay_smoke_test(out_json, tmp_path)  # the replay attributes them the same way
+    assert code == 1 and [v["status"] for v in again["verdicts"]] == ["PASS", "FAIL", "PASS", "WARN"]
