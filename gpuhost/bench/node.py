@@ -40,7 +40,15 @@ from gpuhost.bench.node_model import (
 )
 from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.rules import Status
-from gpuhost.bench.runner import Outcome, SmokeOptions, _processes, smoke_test
+from gpuhost.bench.runner import (
+    Outcome,
+    SmokeOptions,
+    StopCheck,
+    SuiteStopped,
+    _processes,
+    run_bounded,
+    smoke_test,
+)
 from gpuhost.bench.strictjson import read_json_file
 from gpuhost.bench.verdict import judge
 from gpuhost.errors import GpuhostError, InputError
@@ -51,10 +59,6 @@ NCCL_TIMEOUT_S = 180
 
 NODE_TIMEOUT_S = 300
 
-# How often a running node measurement looks at NVML's Xid events: a GPU that hits a fatal Xid (it
-# fell off the bus, an uncorrectable ECC error) stops the measurement within about this long instead
-# of leaving it to hang until its timeout.
-XID_POLL_S = 0.5
 
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS on Hopper and Blackwell
 
@@ -99,42 +103,33 @@ def _suite(
     stop: Callable[[], str | None] | None = None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """A node run of the suite: its document, or why there is none (never an exception: the
-    other measurements and the GPUs' verdicts are kept). `stop` is asked every XID_POLL_S while it
-    runs: a reason from it (a fatal Xid) stops the run there, as the timeout does a hang."""
+    other measurements and the GPUs' verdicts are kept). `stop` is asked while it runs: a reason from
+    it (a fatal Xid) stops the run there, as the timeout does a hang."""
     env = {**os.environ, **environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     try:
-        process = subprocess.Popen(
-            [str(binary), *arguments], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
+        returncode, stdout, stderr = run_bounded([str(binary), *arguments], env, timeout, stop)
     except OSError as error:
         return None, f"could not start: {error}"
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            stdout, stderr = process.communicate(timeout=XID_POLL_S)
-            break
-        except subprocess.TimeoutExpired:
-            reason = stop() if stop is not None else None
-            if reason is None and time.monotonic() < deadline:
-                continue
-            process.kill()
-            process.communicate()
-            if reason is not None:
-                return None, f"stopped: {reason}"
-            return None, f"did not finish within {timeout:g} s and was stopped (a hang)"
+    except subprocess.TimeoutExpired:
+        return None, f"did not finish within {timeout:g} s and was stopped (a hang)"
+    except SuiteStopped as stopped:
+        return None, f"stopped: {stopped}"
     try:
         document = json.loads(stdout)
     except json.JSONDecodeError:
-        return None, f"exited with status {process.returncode} and no results: {stderr.strip()[-500:]}"
+        return None, f"exited with status {returncode} and no results: {stderr.strip()[-500:]}"
     return (document, None) if isinstance(document, dict) else (None, "printed JSON that is not an object")
 
 
-def fatal_xid(watch: XidWatch, phase: str) -> Callable[[], str | None]:
-    """A `stop` for _suite: the first Xid of FAIL severity NVML reports during `phase`, described."""
+def fatal_xid(watch: XidWatch, phase: str, gpus: Iterable[int] | None = None) -> StopCheck:
+    """A `stop` for a running suite: the first Xid of FAIL severity NVML reports during `phase` on one
+    of `gpus` (None: any GPU, as the node measurements use them all), described. Every Xid drained
+    is kept in the watch, for the verdicts."""
+    concerned = None if gpus is None else set(gpus)
 
     def check() -> str | None:
         for xid in watch.drain(phase):
-            if xid.meaning.status is Status.FAIL:
+            if xid.meaning.status is Status.FAIL and (concerned is None or xid.gpu in concerned):
                 return xid.describe()
         return None
 
@@ -196,7 +191,8 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
             phase = f"GPU {gpu}'s run"
             try:
                 # Each GPU is compared with its own run in the node baseline (rejudged), not the file.
-                finished.append((gpu, smoke_test(replace(options, device=gpu, baseline=None))))
+                stop = fatal_xid(watch, phase, (gpu,))
+                finished.append((gpu, smoke_test(replace(options, device=gpu, baseline=None), stop=stop)))
             except InputError:
                 raise  # a bad table or option is the same for every GPU
             except GpuhostError as error:  # this GPU's run stopped: the others are still measured

@@ -26,7 +26,7 @@ from gpuhost.bench.environment import GpuUnavailable
 from gpuhost.bench.health import GpuXid, Health, XidWatch, judge_gpu_xids, parse_xid_lines
 from gpuhost.bench.node_judge import NODE_PHASE
 from gpuhost.bench.rules import Status
-from gpuhost.bench.runner import SmokeOptions
+from gpuhost.bench.runner import SmokeOptions, SuiteCrashed, run_suite
 from gpuhost.cli.main import main
 from tests.helpers import FIXTURES, replay_smoke_test
 
@@ -94,7 +94,7 @@ def _all_with(
     healthy = node.replay_all(json.loads((CAPTURE / "quick-1.json").read_text()), SmokeOptions())
     by_gpu = {o.run.device.index: o for o in healthy.gpus}
 
-    def one_gpu(options: SmokeOptions) -> object:
+    def one_gpu(options: SmokeOptions, stop: object = None) -> object:
         if during_gpu_run is not None:
             during_gpu_run(options.device)
         outcome = by_gpu[options.device]
@@ -282,3 +282,29 @@ def test_a_gpus_own_kernel_log_xid_stays_on_it_and_an_unknown_address_stays_with
     assert [c["check"] for c in document["gpus"][3]["checks"] if c["check"].startswith("xid")] == ["xid 13"]
     code, again = replay_smoke_test(out_json, tmp_path)  # the replay attributes them the same way
     assert code == 1 and [v["status"] for v in again["verdicts"]] == ["PASS", "FAIL", "PASS", "WARN"]
+
+
+def _suite_binary(tmp_path: Path, name: str, seconds: float) -> Path:
+    """A stand-in for the suite binary (one process, as gpuhost-kernels is) that runs `seconds` and prints
+    an empty document."""
+    binary = tmp_path / name
+    binary.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import time; time.sleep({seconds}); print('{{}}')\"\n")
+    binary.chmod(0o755)
+    return binary
+
+
+def test_a_fatal_xid_on_the_gpu_being_measured_stops_its_run_and_one_on_another_gpu_does_not(tmp_path: Path) -> None:
+    nvml = InjectingNvml()
+    watch = XidWatch(nvml, 4)
+    stop = node.fatal_xid(watch, "GPU 0's run", (0,))
+    nvml.inject(1, 79)  # another GPU fell off the bus: GPU 0's run goes on (GPU 1's own run will say it)
+    assert run_suite(_suite_binary(tmp_path, "finishes", 1.2), SmokeOptions(device=0), stop) == {}
+    nvml.inject(0, 79)
+    started = time.monotonic()
+    with pytest.raises(SuiteCrashed) as stopped:
+        run_suite(_suite_binary(tmp_path, "hangs", 60), SmokeOptions(device=0), stop)
+    assert time.monotonic() - started < 5  # not the suite's 600 s timeout
+    assert str(stopped.value) == (
+        "the kernel suite was stopped: NVML reported Xid 79 (GPU has fallen off the bus) on GPU 0 during GPU 0's run"
+    )
+    assert [(x.gpu, x.code, x.phase) for x in watch.seen] == [(1, 79, "GPU 0's run"), (0, 79, "GPU 0's run")]
