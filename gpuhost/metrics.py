@@ -237,6 +237,26 @@ def smoke_node_metrics(outcome: NodeOutcome, now: float) -> bytes:
         if figure.value is not None:
             bandwidth.labels(metric=figure.metric).set(figure.value * 1e9)
         _state_set(status, {"metric": figure.metric}, statuses, figure.status.value)
+    if outcome.baseline is not None:
+        ratio = out.gauge(
+            "gpuhost_smoke_node_baseline_ratio",
+            "A node figure over the same figure of the --baseline node run (>1: better); size_bytes is a "
+            "collective's size, empty for the figures of one size.",
+            ("metric", "size_bytes"),
+        )
+        compared = out.gauge(
+            "gpuhost_smoke_node_baseline_status",
+            "1 for the status of a node figure against the baseline, 0 for the others.",
+            ("metric", "size_bytes", "status"),
+        )
+        for comparison in verdict.baseline:
+            labels = {
+                "metric": comparison.metric,
+                "size_bytes": "" if comparison.size_bytes is None else str(comparison.size_bytes),
+            }
+            if comparison.percent_of_baseline is not None:
+                ratio.labels(**labels).set(comparison.percent_of_baseline / 100.0)
+            _state_set(compared, labels, statuses, comparison.status.value)
     problems = out.gauge(
         "gpuhost_smoke_node_problems",
         "The node's findings by problem code and severity (absent: none).",

@@ -149,6 +149,7 @@ struct Options {
     size_t l2_bytes = 0;
     size_t total_mem = 0;
     double delay_ms = 0.0;  // --delay-streams: see set_stream_delay_ms
+    std::vector<size_t> nccl_sizes;  // --nccl-bytes: the collectives' sizes instead of the default ladder
 };
 
 using Emit = std::function<void(Result&&)>;

@@ -1,6 +1,10 @@
 // gpuhost-kernels: runs the selected benchmarks and prints one JSON document on stdout.
 //
-//   gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--delay-streams MS] [--list]
+//   gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--delay-streams MS]
+//                   [--nccl-bytes N[,N...]] [--list]
+//
+// --nccl-bytes N[,N...] measures the NCCL collectives at these sizes (bytes, ascending, each a multiple
+// of 4) instead of 8 MiB to 1 GiB: benchmarks/node_vs_torch.py asks for 1 and 4 GiB.
 //
 // --delay-streams MS is the stream-ordering self-test: each poison, fill and counter reset waits
 // MS ms on its own stream first (common.cuh), so any check that does not wait for them fails.
@@ -69,7 +73,7 @@ std::string result_json(const gh::Result& r, const char* benchmark) {
 int usage(const char* message) {
     std::cerr << "gpuhost-kernels: " << message
               << "\nusage: gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--delay-streams MS] "
-                 "[--list]\n";
+                 "[--nccl-bytes N[,N...]] [--list]\n";
     return 2;
 }
 
@@ -95,10 +99,27 @@ int main(int argc, char** argv) {
             }
             std::cout << gh::json_array(items) << std::endl;
             return 0;
-        } else if ((arg == "--bench" || arg == "--seed" || arg == "--device" || arg == "--delay-streams") &&
+        } else if ((arg == "--bench" || arg == "--seed" || arg == "--device" || arg == "--delay-streams" ||
+                    arg == "--nccl-bytes") &&
                    i + 1 < argc) {
             const std::string value = argv[++i];
-            if (arg == "--delay-streams") {
+            if (arg == "--nccl-bytes") {
+                size_t start = 0;
+                while (start <= value.size()) {
+                    const size_t comma = value.find(',', start);
+                    const std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+                    char* end = nullptr;
+                    const unsigned long long bytes = std::strtoull(item.c_str(), &end, 10);
+                    if (item.empty() || *end != '\0' || bytes == 0 || bytes % 4 != 0 ||
+                        (!options.nccl_sizes.empty() && bytes <= options.nccl_sizes.back())) {
+                        return usage(("--nccl-bytes takes ascending byte counts, each a multiple of 4, not '" + value + "'")
+                                         .c_str());
+                    }
+                    options.nccl_sizes.push_back(static_cast<size_t>(bytes));
+                    if (comma == std::string::npos) break;
+                    start = comma + 1;
+                }
+            } else if (arg == "--delay-streams") {
                 char* end = nullptr;
                 options.delay_ms = std::strtod(value.c_str(), &end);
                 if (end == value.c_str() || *end != '\0' || !(options.delay_ms > 0.0) || options.delay_ms > 10000.0) {

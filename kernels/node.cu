@@ -483,7 +483,9 @@ void bench_nccl(const Options& options, const Emit& emit) {
     } destroy{&nccl, &comms};
 
     std::vector<size_t> sizes;
-    if (options.quick) {
+    if (!options.nccl_sizes.empty()) {
+        sizes = options.nccl_sizes;  // ascending (main.cu checks): the largest is judged
+    } else if (options.quick) {
         sizes = {size_t{8} << 20, size_t{64} << 20, size_t{1} << 30};
     } else {
         sizes = {size_t{8} << 20, size_t{32} << 20, size_t{128} << 20, size_t{512} << 20, size_t{1} << 30};

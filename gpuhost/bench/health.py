@@ -1,5 +1,5 @@
-"""GPU health the way DCGM reports it: NVRM Xid events in the kernel log during the run, and PCIe
-replay counter growth (NVML) across it.
+"""GPU health the way DCGM reports it: NVRM Xid events in the kernel log during the run, NVML's Xid
+event set during `smoke-test --all` (XidWatch), and PCIe replay counter growth (NVML) across it.
 
 The driver logs each Xid as `NVRM: Xid (PCI:0000:cb:00): 13, pid=..., name=..., <detail>`
 (older drivers: `NVRM: Xid (0000:01:00): 3, ...`). Meanings and what to check follow NVIDIA's Xid
@@ -8,9 +8,11 @@ catalog (docs.nvidia.com/deploy/xid-errors).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 from gpuhost.bench.rules import CheckOutcome, Status, found, passed
 from gpuhost.problems import Severity, Stage, register
@@ -114,6 +116,73 @@ class Health:
     pcie_replays_after: tuple[int | None, ...]
 
 
+@dataclass(frozen=True)
+class GpuXid:
+    """An Xid that NVML's event set reported on one GPU during `smoke-test --all`: the GPU by its NVML
+    index, the Xid, and the phase of the run it came in ("GPU 2's run", "the node measurements")."""
+
+    gpu: int
+    code: int
+    phase: str
+
+    @property
+    def meaning(self) -> XidMeaning:
+        return XID_MEANINGS.get(self.code, UNKNOWN_XID)
+
+    def describe(self) -> str:
+        return f"NVML reported Xid {self.code} ({self.meaning.name}) on GPU {self.gpu} during {self.phase}"
+
+
+class XidWatch:
+    """NVML's event set for Xids (nvmlEventTypeXidCriticalError, what DCGM watches) over every GPU, open
+    for a whole `--all` run: drained without waiting after each phase and while the node measurements
+    run, so an Xid is named on the GPU it hit whatever was running, also where the kernel log cannot be
+    read. The H100 guest's NVML registers it (tests/fixtures/h100x2-node/nvml-events.txt). Where NVML
+    cannot, `unwatched` says why and nothing is drained."""
+
+    def __init__(self, nvml: Any, count: int) -> None:
+        self._nvml = nvml
+        self._events: Any = None
+        self.seen: list[GpuXid] = []
+        self.unwatched: str | None = None
+        kind = getattr(nvml, "nvmlEventTypeXidCriticalError", None)
+        if kind is None or not hasattr(nvml, "nvmlEventSetCreate"):
+            self.unwatched = "this nvidia-ml-py has no NVML event sets"
+            return
+        try:
+            self._events = nvml.nvmlEventSetCreate()
+            for index in range(count):
+                nvml.nvmlDeviceRegisterEvents(nvml.nvmlDeviceGetHandleByIndex(index), kind, self._events)
+        except nvml.NVMLError as error:
+            self.unwatched = f"NVML could not register for Xid events: {error}"
+            self.close()
+
+    def drain(self, phase: str) -> tuple[GpuXid, ...]:
+        """The Xids reported since the last drain, attributed to `phase`; never waits."""
+        if self._events is None:
+            return ()
+        nvml = self._nvml
+        found: list[GpuXid] = []
+        while True:
+            try:
+                event = nvml.nvmlEventSetWait_v2(self._events, 0)
+            except nvml.NVMLError:  # NVML_ERROR_TIMEOUT: nothing (more) pending
+                break
+            try:
+                gpu = int(nvml.nvmlDeviceGetIndex(event.device))
+            except nvml.NVMLError:  # the GPU is gone (fell off the bus): NVML cannot name it
+                gpu = -1
+            found.append(GpuXid(gpu, int(event.eventData), phase))
+        self.seen.extend(found)
+        return tuple(found)
+
+    def close(self) -> None:
+        if self._events is not None:
+            with contextlib.suppress(self._nvml.NVMLError):  # freeing is best effort: the run is over
+                self._nvml.nvmlEventSetFree(self._events)
+            self._events = None
+
+
 def parse_xid_lines(text: str) -> tuple[XidEvent, ...]:
     events = []
     for line in text.splitlines():
@@ -155,6 +224,41 @@ XID_EVENT = register(
 PCIE_REPLAYS = register(
     "smoke.pcie-replays", Stage.SMOKE_TEST, Severity.WARNING, "the PCIe replay counter grew during the run"
 )
+
+
+def same_pci_device(logged_address: str, pci_bus_id: str) -> bool:
+    """The kernel log's `0000:cb:00` (domain:bus:device) and NVML's `00000000:CB:00.0` name one device."""
+    logged = logged_address.lower().split(":")
+    nvml = pci_bus_id.lower().split(":")
+    if len(logged) != 3 or len(nvml) != 3:
+        return False
+    try:
+        return (int(logged[0], 16), logged[1], logged[2]) == (int(nvml[0], 16), nvml[1], nvml[2].split(".")[0])
+    except ValueError:
+        return False
+
+
+def judge_gpu_xids(xids: tuple[GpuXid, ...], health: Health | None, pci_bus_id: str) -> list[CheckOutcome]:
+    """One row per Xid NVML reported on this GPU during `--all`, its status from the Xid catalog; an
+    Xid the kernel log of this GPU's own run already shows (same code, same PCI address) is not
+    counted twice."""
+    logged = {
+        event.code
+        for event in (health.xid_events if health is not None else ())
+        if same_pci_device(event.address, pci_bus_id)
+    }
+    return [
+        found(
+            XID_EVENT,
+            xid.meaning.status,
+            f"xid {xid.code}",
+            f"{xid.describe()}. Check: {xid.meaning.check}",
+            xid.gpu,
+            xid.meaning.check,
+        )
+        for xid in xids
+        if xid.code not in logged
+    ]
 
 
 def judge_health(health: Health | None) -> list[CheckOutcome]:

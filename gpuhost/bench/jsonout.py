@@ -80,6 +80,9 @@ from gpuhost.bench.verdict import Verdict
 from gpuhost.errors import GpuhostError, InputError
 
 SCHEMA = "gpuhost-smoke-test/1"
+# `smoke-test --all --json` (gpuhost.bench.node writes it): named here so that a one-GPU
+# --baseline given a node's run can say which it is.
+NODE_SCHEMA = "gpuhost.smoke-node/1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +248,11 @@ def load_baseline(path: Path) -> SuiteRun:
     """A baseline is an earlier smoke-test document, or the suite's own output."""
     document = read_json_file(path, "the baseline")
     _refuse_failure_document(document, path, "compare with (--baseline)")
+    if isinstance(document, dict) and document.get("schema") == NODE_SCHEMA:
+        raise InputError(
+            f"the baseline {path} is a whole node's run (smoke-test --all --json): compare a node with it "
+            "(`--all --baseline FILE`), or one GPU with one GPU's run (`--device N --json`)"
+        )
     if isinstance(document, dict) and document.get("schema") == SCHEMA:
         document = document.get("suite")
     try:

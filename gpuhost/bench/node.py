@@ -17,7 +17,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,21 +25,40 @@ from typing import Any
 from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sources, toolkit_root
 from gpuhost.bench.contention import GpuProcess
 from gpuhost.bench.environment import Environment, load_pynvml, open_nvml, read_environment
-from gpuhost.bench.jsonout import CANNOT_RUN, build_document, read_recorded
+from gpuhost.bench.health import GpuXid, XidEvent, XidWatch, same_pci_device
+from gpuhost.bench.jsonout import CANNOT_RUN, NODE_SCHEMA, SCHEMA, build_document, read_recorded
 from gpuhost.bench.models import load_model_table
-from gpuhost.bench.node_judge import judge_node, rejudged
-from gpuhost.bench.node_model import GpuStopped, NodeFigure, NodeOutcome, NodeRecord, NvlinkReading
-from gpuhost.bench.runner import Outcome, SmokeOptions, _processes, smoke_test
+from gpuhost.bench.node_judge import NODE_PHASE, judge_node, logged_xids, rejudged
+from gpuhost.bench.node_model import (
+    BaselineComparison,
+    GpuStopped,
+    NodeBaseline,
+    NodeFigure,
+    NodeOutcome,
+    NodeRecord,
+    NvlinkReading,
+)
+from gpuhost.bench.results import SuiteRun
+from gpuhost.bench.rules import Status
+from gpuhost.bench.runner import (
+    Outcome,
+    SmokeOptions,
+    StopCheck,
+    SuiteStopped,
+    _processes,
+    run_bounded,
+    smoke_test,
+)
+from gpuhost.bench.strictjson import read_json_file
 from gpuhost.bench.verdict import judge
 from gpuhost.errors import GpuhostError, InputError
-
-NODE_SCHEMA = "gpuhost.smoke-node/1"
 
 # A hung NCCL (a collective that never completes, a peer that never joins) is stopped after this:
 # the whole nccl benchmark takes 2-5 s on a healthy 4-GPU node, with the communicator's set-up.
 NCCL_TIMEOUT_S = 180
 
 NODE_TIMEOUT_S = 300
+
 
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS on Hopper and Blackwell
 
@@ -77,22 +96,44 @@ def find_nccl(nvcc: Path | None, environ: dict[str, str] | None = None) -> Path 
 
 
 def _suite(
-    binary: Path, arguments: list[str], environ: dict[str, str], timeout: int
+    binary: Path,
+    arguments: list[str],
+    environ: dict[str, str],
+    timeout: float,
+    stop: Callable[[], str | None] | None = None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """A node run of the suite: its document, or why there is none (never an exception: the
-    other measurements and the GPUs' verdicts are kept)."""
+    other measurements and the GPUs' verdicts are kept). `stop` is asked while it runs: a reason from
+    it (a fatal Xid) stops the run there, as the timeout does a hang."""
     env = {**os.environ, **environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     try:
-        done = subprocess.run(
-            [str(binary), *arguments], capture_output=True, text=True, timeout=timeout, env=env, check=False
-        )
+        returncode, stdout, stderr = run_bounded([str(binary), *arguments], env, timeout, stop)
+    except OSError as error:
+        return None, f"could not start: {error}"
     except subprocess.TimeoutExpired:
-        return None, f"did not finish within {timeout} s and was stopped (a hang)"
+        return None, f"did not finish within {timeout:g} s and was stopped (a hang)"
+    except SuiteStopped as stopped:
+        return None, f"stopped: {stopped}"
     try:
-        document = json.loads(done.stdout)
+        document = json.loads(stdout)
     except json.JSONDecodeError:
-        return None, f"exited with status {done.returncode} and no results: {done.stderr.strip()[-500:]}"
+        return None, f"exited with status {returncode} and no results: {stderr.strip()[-500:]}"
     return (document, None) if isinstance(document, dict) else (None, "printed JSON that is not an object")
+
+
+def fatal_xid(watch: XidWatch, phase: str, gpus: Iterable[int] | None = None) -> StopCheck:
+    """A `stop` for a running suite: the first Xid of FAIL severity NVML reports during `phase` on one
+    of `gpus` (None: any GPU, as the node measurements use them all), described. Every Xid drained
+    is kept in the watch, for the verdicts."""
+    concerned = None if gpus is None else set(gpus)
+
+    def check() -> str | None:
+        for xid in watch.drain(phase):
+            if xid.meaning.status is Status.FAIL and (concerned is None or xid.gpu in concerned):
+                return xid.describe()
+        return None
+
+    return check
 
 
 def read_nvlinks(nvml: Any, count: int) -> tuple[NvlinkReading, ...]:
@@ -115,38 +156,86 @@ def read_nvlinks(nvml: Any, count: int) -> tuple[NvlinkReading, ...]:
     return tuple(readings)
 
 
+def _with_xids(reason: str, gpu: int, xids: Iterable[GpuXid], logged: Iterable[XidEvent], pci_bus_id: str) -> str:
+    """A stopped GPU's reason with the Xids NVML reported on it and those the kernel log showed for
+    its address during any GPU's run: a GPU that fell off the bus says so on its own line."""
+    named = [x.describe() for x in xids if x.gpu == gpu]
+    named += [
+        f"the kernel log showed Xid {e.code} ({e.meaning.name}) at PCI {e.address}"
+        for e in dict.fromkeys(logged)
+        if same_pci_device(e.address, pci_bus_id)
+    ]
+    return reason if not named else f"{reason}; {'; '.join(named)}"
+
+
 def run_all(options: SmokeOptions) -> NodeOutcome:
     started = time.monotonic()
     table = load_model_table(options.gpu_table)
     nvml = load_pynvml()
     count = open_nvml(nvml)
+    # NVML stays open for the whole run (the runs below open and close it too: NVML counts), so
+    # that one Xid watch sees every GPU through every phase.
+    watch: XidWatch | None = None
     try:
         environment: Environment = read_environment(nvml, count)
-    finally:
-        nvml.nvmlShutdown()
-    outcomes = []
-    stopped = []
-    for gpu in range(count):
+        # Inputs first: a baseline of other GPUs should not wait for every GPU's run.
+        baseline = (
+            None
+            if options.baseline is None
+            else load_node_baseline(options.baseline, tuple(g.pci_device_id for g in environment.gpus))
+        )
+        watch = XidWatch(nvml, count)
+        finished: list[tuple[int, Outcome]] = []
+        failed: list[tuple[int, str]] = []
+        for gpu in range(count):
+            phase = f"GPU {gpu}'s run"
+            try:
+                # Each GPU is compared with its own run in the node baseline (rejudged), not the file.
+                stop = fatal_xid(watch, phase, (gpu,))
+                finished.append((gpu, smoke_test(replace(options, device=gpu, baseline=None), stop=stop)))
+            except InputError:
+                raise  # a bad table or option is the same for every GPU
+            except GpuhostError as error:  # this GPU's run stopped: the others are still measured
+                failed.append((gpu, str(error)))
+            watch.drain(phase)
         try:
-            outcome = smoke_test(replace(options, device=gpu))
+            record = measure_node(options, environment, watch)
         except InputError:
-            raise  # a bad table or option is the same for every GPU
-        except GpuhostError as error:  # this GPU's run stopped: the others are still measured
-            stopped.append(GpuStopped(gpu, str(error)))
-            continue
-        outcomes.append(rejudged(outcome, table, gpu, complete=not options.benchmarks))
-    try:
-        record = measure_node(options, environment)
-    except InputError:
-        raise
-    except GpuhostError as error:  # no build, no NVML: the GPUs' verdicts are kept, the node FAILs
-        ids = tuple(g.pci_device_id for g in environment.gpus)
-        record = NodeRecord(len(ids), ids, None, str(error), None, None, None, None, (), (), 0.0)
+            raise
+        except GpuhostError as error:  # no build, no NVML: the GPUs' verdicts are kept, the node FAILs
+            ids = tuple(g.pci_device_id for g in environment.gpus)
+            record = NodeRecord(len(ids), ids, None, str(error), None, None, None, None, (), (), 0.0)
+        watch.drain(NODE_PHASE)
+        record = replace(
+            record, xids=tuple(watch.seen), xids_watched=watch.unwatched is None, xid_unwatched=watch.unwatched
+        )
+    finally:
+        if watch is not None:
+            watch.close()
+        nvml.nvmlShutdown()
+    logged = logged_xids(outcome for _, outcome in finished)
+    bus_ids = {g.index: g.pci_bus_id for g in environment.gpus}
+    stopped = [
+        GpuStopped(gpu, _with_xids(reason, gpu, record.xids, logged, bus_ids.get(gpu, ""))) for gpu, reason in failed
+    ]
+    outcomes = [
+        rejudged(
+            outcome, table, gpu, complete=not options.benchmarks, baseline=baseline, xids=record.xids, logged=logged
+        )
+        for gpu, outcome in finished
+    ]
     models = [table.lookup(g.pci_device_id) for g in environment.gpus]
-    return NodeOutcome(tuple(outcomes), record, judge_node(record, models), time.monotonic() - started, tuple(stopped))
+    return NodeOutcome(
+        tuple(outcomes),
+        record,
+        judge_node(record, models, baseline),
+        time.monotonic() - started,
+        tuple(stopped),
+        None if baseline is None else baseline.origin,
+    )
 
 
-def measure_node(options: SmokeOptions, environment: Environment) -> NodeRecord:
+def measure_node(options: SmokeOptions, environment: Environment, watch: XidWatch | None = None) -> NodeRecord:
     started = time.monotonic()
     count = len(environment.gpus)
     ids = tuple(g.pci_device_id for g in environment.gpus)
@@ -165,8 +254,9 @@ def measure_node(options: SmokeOptions, environment: Environment) -> NodeRecord:
     open_nvml(nvml)
     try:
         before, _ = _processes(nvml, count, "before")
+        stop = None if watch is None else fatal_xid(watch, NODE_PHASE)
         suite, suite_error = _suite(
-            built.binary, ["--bench", ",".join(NODE_BENCHMARKS), *quick, *seed], {}, NODE_TIMEOUT_S
+            built.binary, ["--bench", ",".join(NODE_BENCHMARKS), *quick, *seed], {}, NODE_TIMEOUT_S, stop
         )
         library = find_nccl(toolchain.nvcc)
         nccl = nccl_error = topology = None
@@ -178,6 +268,7 @@ def measure_node(options: SmokeOptions, environment: Environment) -> NodeRecord:
                     ["--bench", "nccl", *quick, *seed],
                     {"GPUHOST_NCCL": str(library), "NCCL_TOPO_DUMP_FILE": str(dump)},
                     NCCL_TIMEOUT_S,
+                    stop,
                 )
                 topology = dump.read_text(errors="replace") if dump.is_file() else None
         after, _ = _processes(nvml, count, "after")
@@ -204,6 +295,10 @@ def measure_node(options: SmokeOptions, environment: Environment) -> NodeRecord:
 # ---------------------------------------------------------------------------------- JSON
 def _figure(f: NodeFigure) -> dict[str, Any]:
     return {**dataclasses.asdict(f), "status": f.status.value, "gpus": list(f.gpus)}
+
+
+def _comparison(c: BaselineComparison) -> dict[str, Any]:
+    return {**dataclasses.asdict(c), "status": c.status.value, "gpus": list(c.gpus)}
 
 
 def build_node_document(outcome: NodeOutcome, per_gpu: list[dict[str, Any]]) -> dict[str, Any]:
@@ -241,6 +336,10 @@ def build_node_document(outcome: NodeOutcome, per_gpu: list[dict[str, Any]]) -> 
                 for f in verdict.findings
             ],
             "record": {**dataclasses.asdict(record), "pci_device_ids": list(record.pci_device_ids)},
+            # null: judged without --baseline; each GPU's comparison is in its own document's metrics.
+            "baseline": None
+            if outcome.baseline is None
+            else {"file": outcome.baseline, "comparisons": [_comparison(c) for c in verdict.baseline]},
         },
         "gpus": per_gpu,
     }
@@ -280,9 +379,54 @@ def _record(raw: Any) -> NodeRecord:
             nvlinks=tuple(NvlinkReading(int(r["gpu"]), r["active"], int(r["queried"])) for r in raw.get("nvlinks", [])),
             contention=tuple(GpuProcess(**{**p, "seen": tuple(p["seen"])}) for p in raw.get("contention", [])),
             seconds=float(raw.get("seconds", 0.0)),
+            xids=tuple(GpuXid(int(x["gpu"]), int(x["code"]), str(x["phase"])) for x in raw.get("xids") or []),
+            xids_watched=None if raw.get("xids_watched") is None else bool(raw["xids_watched"]),
+            xid_unwatched=None if raw.get("xid_unwatched") is None else str(raw["xid_unwatched"]),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise InputError(f"recorded node run: node.record is not what --all writes ({error})") from error
+
+
+def _ids(ids: tuple[int, ...]) -> str:
+    counts: dict[int, int] = {}
+    for i in ids:
+        counts[i] = counts.get(i, 0) + 1
+    return ", ".join(f"{n} x 10de:{i:04x}" for i, n in counts.items()) or "no GPU"
+
+
+def load_node_baseline(path: Path, pci_device_ids: tuple[int, ...]) -> NodeBaseline:
+    """An earlier `smoke-test --all --json` run to compare this node with: one of the same GPUs (as
+    many, of the same models, in the same order). Anything else is an InputError naming the file
+    and the fix: a one-GPU run, another count or model, a run that could not start."""
+    document = read_json_file(path, "the baseline")
+    if not is_node_document(document):
+        if isinstance(document, dict) and (document.get("schema") == SCHEMA or "results" in document):
+            raise InputError(
+                f"the baseline {path} is one GPU's run (smoke-test --device N --json, or the suite's own output): "
+                "--all compares a node with a node; record the baseline with `gpuhost smoke-test --all --json FILE` "
+                "(e.g. on bare metal), or compare one GPU with `--device N --baseline FILE`"
+            )
+        raise InputError(
+            f"the baseline {path} is not a `smoke-test --all --json` document (schema {NODE_SCHEMA}): "
+            "record one with `gpuhost smoke-test --all --json FILE`"
+        )
+    try:
+        node = document.get("node")
+        record = _record(node.get("record") if isinstance(node, dict) else None)
+        gpus: dict[int, SuiteRun] = {}
+        for raw in document.get("gpus") or []:
+            run = read_recorded(raw).run
+            gpus[run.device.index] = run
+    except InputError as error:
+        raise InputError(f"the baseline {path}: {error}") from error
+    if record.pci_device_ids != pci_device_ids:
+        raise InputError(
+            f"the baseline {path} was recorded on {record.gpu_count} GPU(s) ({_ids(record.pci_device_ids)}), this "
+            f"node has {len(pci_device_ids)} ({_ids(pci_device_ids)}): a node is compared only with a run of the same "
+            "GPUs; record the baseline with `smoke-test --all --json` on a node of this count and model (or "
+            "compare one GPU with `--device N --baseline FILE`)"
+        )
+    return NodeBaseline(str(path), gpus, record)
 
 
 def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
@@ -298,34 +442,52 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
         raise InputError(f"recorded node run: 'stopped' is not what --all writes ({error})") from error
     if not isinstance(raw_gpus, list) or not (raw_gpus or stopped):
         raise InputError("recorded node run: 'gpus' names no GPU's run")
-    outcomes = []
-    for raw in raw_gpus:
-        recorded = read_recorded(raw)
-        outcome = GpuOutcome(
-            verdict=judge(recorded.run, model=None),  # replaced just below
-            run=recorded.run,
-            suite_document=recorded.suite_document,
-            environment=recorded.environment,
-            samples=recorded.samples,
-            model_table=table.origin,
-            timings=recorded.timings,
-            build=recorded.build,
-            with_baseline=False,
-            contention=recorded.contention,
-            health=recorded.health,
-        )
-        outcomes.append(rejudged(outcome, table, recorded.run.device.index, complete=True))
     node = document.get("node")
     record = _record(node.get("record") if isinstance(node, dict) else None)
+    baseline = None if options.baseline is None else load_node_baseline(options.baseline, record.pci_device_ids)
+    recorded_runs = []
+    for raw in raw_gpus:
+        recorded = read_recorded(raw)
+        recorded_runs.append(
+            GpuOutcome(
+                verdict=judge(recorded.run, model=None),  # replaced just below
+                run=recorded.run,
+                suite_document=recorded.suite_document,
+                environment=recorded.environment,
+                samples=recorded.samples,
+                model_table=table.origin,
+                timings=recorded.timings,
+                build=recorded.build,
+                with_baseline=False,
+                contention=recorded.contention,
+                health=recorded.health,
+            )
+        )
+    logged = logged_xids(recorded_runs)
+    outcomes = [
+        rejudged(o, table, o.run.device.index, complete=True, baseline=baseline, xids=record.xids, logged=logged)
+        for o in recorded_runs
+    ]
     models = [table.lookup(i) for i in record.pci_device_ids]
     return NodeOutcome(
-        tuple(outcomes), record, judge_node(record, models), float(document.get("seconds", 0.0)), stopped
+        tuple(outcomes),
+        record,
+        judge_node(record, models, baseline),
+        float(document.get("seconds", 0.0)),
+        stopped,
+        None if baseline is None else baseline.origin,
     )
 
 
 # ---------------------------------------------------------------------------------- text
 def _cell(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _size_cell(size_bytes: int | None, prefix: str = "") -> str:
+    if size_bytes is None:
+        return "" if prefix else "-"
+    return prefix + (f"{size_bytes / 2**30:g} GiB" if size_bytes >= 2**30 else f"{size_bytes / 2**20:g} MiB")
 
 
 def render_node(outcome: NodeOutcome, *, verbose: bool = False) -> str:
@@ -374,9 +536,31 @@ def render_node(outcome: NodeOutcome, *, verbose: bool = False) -> str:
             lines.append(
                 f"  {f.label}, each GPU's share (GB/s): " + ", ".join(f"GPU {p['gpu']} {p['GBps']:.1f}" for p in shares)
             )
+    if outcome.baseline is not None:
+        lines.append(f"Against the baseline {outcome.baseline}")
+        lines.extend(
+            _table(
+                ["status", "measurement", "size", "GB/s", "baseline", "% baseline"],
+                [
+                    [
+                        c.status.value,
+                        c.label,
+                        _size_cell(c.size_bytes),
+                        _cell(c.value),
+                        _cell(c.baseline),
+                        "-" if c.percent_of_baseline is None else f"{c.percent_of_baseline:.0f}%",
+                    ]
+                    for c in verdict.baseline
+                ],
+                {2, 3, 4, 5},
+            )
+        )
     if verbose:
         lines.append("Why each threshold")
         lines.extend(f"  {f.metric}: {f.reason}" for f in verdict.figures)
+        lines.extend(
+            f"  {c.metric}{_size_cell(c.size_bytes, ' ')} against the baseline: {c.reason}" for c in verdict.baseline
+        )
     checks = [[f.status.value, f.check, f.detail] for f in verdict.findings]
     if checks:
         lines.append("Node checks")

@@ -9,11 +9,19 @@ from dataclasses import replace
 
 from gpuhost.bench.contention import Contention
 from gpuhost.bench.environment_judge import judge_environment
-from gpuhost.bench.health import judge_health
+from gpuhost.bench.health import (
+    XID_EVENT,
+    GpuXid,
+    Health,
+    XidEvent,
+    judge_gpu_xids,
+    judge_health,
+    same_pci_device,
+)
 from gpuhost.bench.models import GpuModel, ModelTable
-from gpuhost.bench.node_model import NodeFigure, NodeFinding, NodeRecord, NodeVerdict
+from gpuhost.bench.node_model import BaselineComparison, NodeBaseline, NodeFigure, NodeFinding, NodeRecord, NodeVerdict
 from gpuhost.bench.results import Measurement, parse_suite_document
-from gpuhost.bench.rules import Status, worst
+from gpuhost.bench.rules import BASELINE_WHY, CheckOutcome, Status, found, worst
 from gpuhost.bench.runner import Outcome
 from gpuhost.bench.verdict import judge
 from gpuhost.problems import Problem, Severity, Stage, register
@@ -65,6 +73,30 @@ NCCL_SLOW = register(
 NODE_BENCHMARK_FAILED = register(
     "smoke.node.benchmark.failed", Stage.SMOKE_TEST, Severity.ERROR, "a node measurement did not complete"
 )
+
+NODE_BELOW_BASELINE = register(
+    "smoke.node.baseline.below",
+    Stage.SMOKE_TEST,
+    None,
+    "a node figure below the baseline node run's (warning) or far below it (error)",
+)
+
+BASELINE_MISSING_GPU = register(
+    "smoke.baseline.missing-gpu",
+    Stage.SMOKE_TEST,
+    Severity.WARNING,
+    "the node baseline holds no finished run of this GPU: its figures are not compared",
+)
+
+XID_UNWATCHED = register(
+    "smoke.node.xid.unwatched",
+    Stage.SMOKE_TEST,
+    Severity.INFO,
+    "NVML could not watch for Xid events during --all: only the kernel log can show them",
+)
+
+# The phase of an --all run in which the node's own measurements run (health.GpuXid.phase).
+NODE_PHASE = "the node measurements"
 
 NODE_CONTENTION = register(
     "smoke.node.contention",
@@ -119,6 +151,116 @@ def nccl_pass_fraction(collective: str, ranks: int) -> float:
     return NCCL_PASS
 
 
+# Against a baseline node run (--all --baseline, e.g. the same node on bare metal), fraction of the
+# baseline's figure: PASS at or above the first, FAIL below the second. Each line sits below what one
+# healthy node did run to run, across the 13 runs of each capture (tests/fixtures/h100x4,
+# tests/fixtures/h200x2-node), and above the loss it is there to catch:
+# - P2P pairs, both at once, all to all: the one-GPU suite's baseline line (rules.BASELINE_WHY); the
+#   worst ratio between two healthy runs was 0.965 (all to all, quick against full).
+BASELINE_P2P_PASS, BASELINE_P2P_FAIL = 0.95, 0.90
+# - collectives, at every size: 0.929 at worst between two healthy runs (8 MiB, where latency
+#   dominates), 0.958 from 128 MiB up; guests without their topology reach 56-74% of bare metal
+#   (nccl-tests#380: 180 vs 320 GB/s; #256: 260 vs 350), which the FAIL line catches.
+BASELINE_NCCL_PASS, BASELINE_NCCL_FAIL = 0.90, 0.75
+# - host to every GPU at once, and back: the host's memory is shared with everything else on it and
+#   moved 148-196 GB/s over 13 healthy runs of the four-H100 guest (0.758 at worst); a GPU behind the
+#   far NUMA node or a halved uplink drops a share by half, which the FAIL line catches.
+BASELINE_HOST_PASS, BASELINE_HOST_FAIL = 0.75, 0.50
+
+
+def _baseline_lines(metric: str) -> tuple[float, float, str]:
+    if metric.startswith("nccl_"):
+        return (
+            BASELINE_NCCL_PASS,
+            BASELINE_NCCL_FAIL,
+            "a collective varies <= 7% run to run; guests without their topology reach 56-74% of bare metal",
+        )
+    if metric in ("h2d_all", "d2h_all"):
+        return (
+            BASELINE_HOST_PASS,
+            BASELINE_HOST_FAIL,
+            "the host's shared memory moves the aggregate by up to 24% run to run; a far NUMA node or a "
+            "halved uplink costs half",
+        )
+    return BASELINE_P2P_PASS, BASELINE_P2P_FAIL, BASELINE_WHY
+
+
+def _figure_points(figure: NodeFigure) -> dict[int | None, float | None]:
+    """A figure's values by size: a collective's bus bandwidth at each size it was measured at, or
+    the figure's one value under None."""
+    points = figure.extra.get("points") if figure.metric.startswith("nccl_") else None
+    if not points:
+        return {None: figure.value}
+    return {int(p["bytes"]): p.get("busbw_GBps") for p in points if isinstance(p, dict) and "bytes" in p}
+
+
+def compare_with_baseline(
+    figures: Sequence[NodeFigure], baseline_figures: Sequence[NodeFigure]
+) -> list[BaselineComparison]:
+    """Each node figure (each collective at each size) against the same one of the baseline run.
+    A figure or size the baseline did not measure (a --quick baseline has other sizes) is listed as
+    not compared; one the baseline measured as nothing is a WARN, never skipped in silence."""
+    theirs = {f.metric: _figure_points(f) for f in baseline_figures}
+    comparisons = []
+    for figure in figures:
+        pass_at, fail_below, why = _baseline_lines(figure.metric)
+        for size, value in _figure_points(figure).items():
+            baseline_points = theirs.get(figure.metric)
+            baseline = None if baseline_points is None else baseline_points.get(size)
+            percent = None
+            if baseline_points is None or size not in baseline_points:
+                status, reason = Status.INFO, "the baseline did not measure it: not compared"
+            elif value is None:
+                status, reason = Status.INFO, "not measured in this run (judged above): not compared"
+            elif baseline is None or baseline <= 0:
+                status, reason = Status.WARN, "the baseline's figure is null: not compared (is it a finished run?)"
+            else:
+                fraction = value / baseline
+                percent = 100 * fraction
+                status = _graded(fraction, pass_at, fail_below)
+                reason = f"{percent:.0f}% of the baseline (PASS needs >= {pass_at:.0%}): {why}"
+            comparisons.append(
+                BaselineComparison(
+                    figure.metric, figure.label, size, value, baseline, percent, status, reason, figure.gpus
+                )
+            )
+    return comparisons
+
+
+def _size(size_bytes: int | None) -> str:
+    if size_bytes is None:
+        return ""
+    return f" at {size_bytes / 2**30:g} GiB" if size_bytes >= 2**30 else f" at {size_bytes / 2**20:g} MiB"
+
+
+def baseline_findings(comparisons: Iterable[BaselineComparison], origin: str) -> list[NodeFinding]:
+    findings = []
+    for c in comparisons:
+        if c.status not in (Status.WARN, Status.FAIL):
+            continue
+        what = f"{c.label}{_size(c.size_bytes)} against the baseline"
+        shown = "-" if c.value is None else f"{c.value:.1f} GB/s"
+        against = "" if c.baseline is None else f" against {c.baseline:.1f} GB/s"
+        detail = f"{shown}{against}: {c.reason}"
+        findings.append(
+            NodeFinding(
+                what,
+                detail,
+                c.status,
+                _problem(
+                    NODE_BELOW_BASELINE,
+                    c.status,
+                    what,
+                    f"{what} ({origin}): {detail}",
+                    "compare the guest's topology with the baseline host's: NCCL_TOPO_FILE, the PCI tree, "
+                    "the GPUs' NUMA nodes, peer access",
+                ),
+                c.gpus,
+            )
+        )
+    return findings
+
+
 HOST_SHARE_REMEDY = (
     "a shared or narrower uplink, or pinned memory on the far NUMA node: check the GPU's PCIe link and NUMA node"
 )
@@ -148,7 +290,11 @@ def _link(model: GpuModel | None, on_nvlink: bool) -> tuple[str | None, float | 
     return "pcie", model.pcie_ceiling_gbps
 
 
-def judge_node(record: NodeRecord, models: Sequence[GpuModel | None]) -> NodeVerdict:
+def judge_node(
+    record: NodeRecord, models: Sequence[GpuModel | None], baseline: NodeBaseline | None = None
+) -> NodeVerdict:
+    """The node's verdict: each figure against the model table and, with `baseline`, against the
+    same figure of that earlier node run."""
     figures: list[NodeFigure] = []
     findings: list[NodeFinding] = []
     model = models[0] if models else None
@@ -514,7 +660,45 @@ def judge_node(record: NodeRecord, models: Sequence[GpuModel | None]) -> NodeVer
                     (gpu,),
                 )
             )
+    # Xids NVML reported during the node measurements: a finding on the GPU each hit (its own verdict
+    # gets every Xid on it too, rejudged). The figures stay as measured: the finding decides.
+    for xid in record.xids:
+        if xid.phase != NODE_PHASE:
+            continue
+        what = f"Xid {xid.code}, GPU {xid.gpu}" if xid.gpu >= 0 else f"Xid {xid.code}, a GPU NVML cannot name"
+        findings.append(
+            NodeFinding(
+                what,
+                f"{xid.describe()}. Check: {xid.meaning.check}",
+                xid.meaning.status,
+                _problem(XID_EVENT, xid.meaning.status, what, xid.describe(), xid.meaning.check),
+                (xid.gpu,) if xid.gpu >= 0 else (),
+            )
+        )
+    if record.xids_watched is False:
+        findings.append(
+            NodeFinding(
+                "Xid watch",
+                f"{record.xid_unwatched}: Xids during --all show only in the kernel log",
+                Status.INFO,
+                _problem(XID_UNWATCHED, Status.INFO, "Xid watch", f"Xid watch: {record.xid_unwatched}"),
+            )
+        )
+    comparisons: list[BaselineComparison] = []
+    if baseline is not None:
+        comparisons = compare_with_baseline(figures, judge_node(baseline.record, models).figures)
+        findings.extend(baseline_findings(comparisons, baseline.origin))
     # A figure that involves a busy GPU is reported, not judged.
+    comparisons = [
+        dataclasses.replace(
+            c,
+            status=Status.INFO,
+            reason=f"not judged: GPU(s) {', '.join(map(str, sorted(set(c.gpus) & set(busy))))} busy",
+        )
+        if set(c.gpus) & set(busy)
+        else c
+        for c in comparisons
+    ]
     figures = [
         dataclasses.replace(
             f,
@@ -530,15 +714,15 @@ def judge_node(record: NodeRecord, models: Sequence[GpuModel | None]) -> NodeVer
         for f in findings
         if not (
             f.problem is not None
-            and f.problem.code in (P2P_SLOW, NCCL_SLOW, P2P_BELOW_MEDIAN, HOST_SLOW_GPU)
+            and f.problem.code in (P2P_SLOW, NCCL_SLOW, P2P_BELOW_MEDIAN, HOST_SLOW_GPU, NODE_BELOW_BASELINE)
             and set(f.gpus) & set(busy)
         )
     ]
-    statuses = [f.status for f in figures] + [f.status for f in findings]
+    statuses = [f.status for f in figures] + [f.status for f in findings] + [c.status for c in comparisons]
     reasons = tuple(
         f"{f.status.value} {f.check}: {f.detail}" for f in findings if f.status in (Status.WARN, Status.FAIL)
     )
-    return NodeVerdict(worst(statuses), not busy, tuple(figures), tuple(findings), reasons)
+    return NodeVerdict(worst(statuses), not busy, tuple(figures), tuple(findings), reasons, tuple(comparisons))
 
 
 # ---------------------------------------------------------------------------------- running
@@ -552,12 +736,60 @@ def _only_gpu(contention: Contention | None, gpu: int) -> Contention | None:
     )
 
 
-def rejudged(outcome: Outcome, table: ModelTable, gpu: int, complete: bool) -> Outcome:
+def logged_xids(outcomes: Iterable[Outcome]) -> tuple[XidEvent, ...]:
+    """Every kernel-log Xid logged during any GPU's run of --all."""
+    return tuple(event for o in outcomes if o.health is not None for event in o.health.xid_events)
+
+
+def attributed_health(outcome: Outcome, gpu: int, logged: tuple[XidEvent, ...]) -> Health | None:
+    """This GPU's health with the kernel-log Xids that are its own: the kernel log is the guest's, so
+    during GPU 0's run it also shows an Xid of GPU 2, which belongs to GPU 2's verdict, not GPU 0's.
+    An Xid whose address names no GPU of the guest stays with the run it was logged in."""
+    health = outcome.health
+    if health is None:
+        return None
+    bus_ids = [g.pci_bus_id for g in outcome.environment.gpus]
+    mine = next((g.pci_bus_id for g in outcome.environment.gpus if g.index == gpu), "")
+    events = [e for e in logged if same_pci_device(e.address, mine)]
+    events += [e for e in health.xid_events if not any(same_pci_device(e.address, b) for b in bus_ids)]
+    return replace(health, xid_events=tuple(dict.fromkeys(events)))
+
+
+def rejudged(
+    outcome: Outcome,
+    table: ModelTable,
+    gpu: int,
+    complete: bool,
+    baseline: NodeBaseline | None = None,
+    xids: tuple[GpuXid, ...] = (),
+    logged: tuple[XidEvent, ...] | None = None,
+) -> Outcome:
+    """One GPU's run of --all judged as its own; with a node baseline, against that GPU's run in it
+    (the one-GPU comparison, verdict.judge's); every Xid NVML reported on this GPU during --all, in
+    whichever phase, is a row of its verdict, and so is every kernel-log Xid of it in `logged` (those of
+    every GPU's run: attributed_health)."""
     contention = _only_gpu(outcome.contention, gpu)
+    health = outcome.health if logged is None else attributed_health(outcome, gpu, logged)
     models = {g.index: table.lookup(g.pci_device_id) for g in outcome.environment.gpus}
-    checks = [
+    bus_ids = {g.index: g.pci_bus_id for g in outcome.environment.gpus}
+    checks: list[CheckOutcome] = [
         *judge_environment(outcome.environment, outcome.samples, models),
-        *(judge_health(outcome.health) if outcome.health is not None else []),
+        *(judge_health(health) if health is not None else []),
+        *judge_gpu_xids(tuple(x for x in xids if x.gpu == gpu), health, bus_ids.get(gpu, "")),
     ]
-    verdict = judge(outcome.run, model=models.get(gpu), checks=checks, complete=complete, contention=contention)
-    return replace(outcome, verdict=verdict, contention=contention)
+    theirs = None if baseline is None else baseline.gpus.get(gpu)
+    if baseline is not None and theirs is None:
+        checks.append(
+            found(
+                BASELINE_MISSING_GPU,
+                Status.WARN,
+                "baseline",
+                f"the baseline {baseline.origin} holds no finished run of GPU {gpu}: not compared",
+                gpu,
+                "record the baseline again with every GPU finishing (smoke-test --all --json)",
+            )
+        )
+    verdict = judge(
+        outcome.run, model=models.get(gpu), checks=checks, complete=complete, contention=contention, baseline=theirs
+    )
+    return replace(outcome, verdict=verdict, contention=contention, health=health, with_baseline=theirs is not None)

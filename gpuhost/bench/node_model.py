@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost.bench.contention import GpuProcess
+from gpuhost.bench.health import GpuXid
+from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.rules import Status, worst
 from gpuhost.bench.runner import Outcome
 from gpuhost.bench.verdict import NOT_REPRESENTATIVE
@@ -47,12 +49,29 @@ class NodeFigure:
 
 
 @dataclass(frozen=True)
+class BaselineComparison:
+    """One node figure against the same figure of a baseline node run (--all --baseline): a P2P
+    pair, both at once, all to all, a host aggregate, or a collective's bus bandwidth at one size."""
+
+    metric: str  # the node figure's metric (NodeFigure.metric)
+    label: str
+    size_bytes: int | None  # a collective's size; None for the figures measured at one size
+    value: float | None
+    baseline: float | None
+    percent_of_baseline: float | None
+    status: Status
+    reason: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class NodeVerdict:
     status: Status
     representative: bool
     figures: tuple[NodeFigure, ...]
     findings: tuple[NodeFinding, ...]
     reasons: tuple[str, ...]
+    baseline: tuple[BaselineComparison, ...] = ()  # empty: judged without a baseline
 
     @property
     def outcome(self) -> str:
@@ -78,6 +97,10 @@ class NodeRecord:
     nvlinks: tuple[NvlinkReading, ...]
     contention: tuple[GpuProcess, ...]
     seconds: float
+    # NVML's Xid events over the whole --all run (health.XidWatch), each on its GPU and phase.
+    xids: tuple[GpuXid, ...] = ()
+    xids_watched: bool | None = None  # None: recorded before the watch; False: see xid_unwatched
+    xid_unwatched: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,12 +113,23 @@ class GpuStopped:
 
 
 @dataclass(frozen=True)
+class NodeBaseline:
+    """An earlier `--all --json` run of a node of the same GPUs (e.g. on bare metal): each GPU's
+    suite run, by index, and the node's record; `origin` is the file it came from."""
+
+    origin: str
+    gpus: dict[int, SuiteRun]
+    record: NodeRecord
+
+
+@dataclass(frozen=True)
 class NodeOutcome:
     gpus: tuple[Outcome, ...]
     record: NodeRecord
     verdict: NodeVerdict
     seconds: float
     stopped: tuple[GpuStopped, ...] = ()
+    baseline: str | None = None  # the --baseline file the node was compared with
 
     @property
     def status(self) -> Status:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -33,6 +34,41 @@ from gpuhost.bench.verdict import Verdict, judge
 from gpuhost.errors import EXIT_FINDINGS, GpuhostError, InputError
 
 SUITE_TIMEOUT_S = 600
+
+# How often a running suite asks its `stop` (smoke-test --all: a fatal Xid on its GPU, from NVML's event
+# set): such a GPU stops its run within about this long instead of leaving it to hang to its timeout.
+STOP_POLL_S = 0.5
+
+# Asked while a suite runs: a reason stops it there (None: carry on).
+StopCheck = Callable[[], str | None]
+
+
+class SuiteStopped(Exception):
+    """A suite run stopped by its StopCheck, with the reason."""
+
+
+def run_bounded(
+    argv: list[str], env: dict[str, str], timeout: float, stop: StopCheck | None = None
+) -> tuple[int, str, str]:
+    """Run `argv` to its end: exit status, stdout, stderr. Killed and raised when it outlasts `timeout`
+    (subprocess.TimeoutExpired) or when `stop`, asked every STOP_POLL_S, gives a reason (SuiteStopped)."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            stdout, stderr = process.communicate(timeout=STOP_POLL_S)
+            return process.returncode, stdout, stderr
+        except subprocess.TimeoutExpired:
+            reason = stop() if stop is not None else None
+            if reason is None and time.monotonic() < deadline:
+                continue
+            process.kill()
+            # A child of the suite could hold its pipes open after the kill: the bound holds anyway.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.communicate(timeout=10 * STOP_POLL_S)
+            if reason is not None:
+                raise SuiteStopped(reason) from None
+            raise
 
 
 class SuiteCrashed(GpuhostError):
@@ -85,42 +121,37 @@ def suite_command(binary: Path, options: SmokeOptions) -> list[str]:
     return command
 
 
-def run_suite(binary: Path, options: SmokeOptions) -> dict[str, Any]:
+def run_suite(binary: Path, options: SmokeOptions, stop: StopCheck | None = None) -> dict[str, Any]:
     environment = dict(os.environ)
     # CUDA numbers GPUs fastest-first by default, NVML by PCI bus: make them agree so that
     # the NVML checks and the measurements talk about the same GPU.
     environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     try:
-        completed = subprocess.run(
-            suite_command(binary, options),
-            capture_output=True,
-            text=True,
-            timeout=SUITE_TIMEOUT_S,
-            env=environment,
-            check=False,
-        )
+        returncode, stdout, stderr = run_bounded(suite_command(binary, options), environment, SUITE_TIMEOUT_S, stop)
     except subprocess.TimeoutExpired as error:
         raise SuiteCrashed(f"the kernel suite ran past {SUITE_TIMEOUT_S} s and was stopped") from error
-    if completed.returncode == 2:
-        raise GpuUnavailable(f"the kernel suite could not use the GPU: {completed.stderr.strip()[-600:]}")
-    if completed.returncode not in (0, 3):
-        raise SuiteCrashed(
-            f"the kernel suite exited with status {completed.returncode}: {completed.stderr.strip()[-800:]}"
-        )
+    except SuiteStopped as stopped:
+        raise SuiteCrashed(f"the kernel suite was stopped: {stopped}") from stopped
+    if returncode == 2:
+        raise GpuUnavailable(f"the kernel suite could not use the GPU: {stderr.strip()[-600:]}")
+    if returncode not in (0, 3):
+        raise SuiteCrashed(f"the kernel suite exited with status {returncode}: {stderr.strip()[-800:]}")
     try:
-        document = json.loads(completed.stdout)
+        document = json.loads(stdout)
     except json.JSONDecodeError as error:
-        raise SuiteCrashed(f"the kernel suite printed no JSON ({error}): {completed.stderr.strip()[-400:]}") from error
+        raise SuiteCrashed(f"the kernel suite printed no JSON ({error}): {stderr.strip()[-400:]}") from error
     if not isinstance(document, dict):
         raise SuiteCrashed("the kernel suite printed JSON that is not an object")
     return document
 
 
-def run_suite_explained(binary: Path, options: SmokeOptions, environment: Environment) -> dict[str, Any]:
+def run_suite_explained(
+    binary: Path, options: SmokeOptions, environment: Environment, stop: StopCheck | None = None
+) -> dict[str, Any]:
     """run_suite; when it cannot use the GPU and NVML said a GPU's NVSwitch fabric is not ready, the
     error names that (its problem code and Fabric Manager): CUDA error 802 alone does not say why."""
     try:
-        return run_suite(binary, options)
+        return run_suite(binary, options, stop)
     except (GpuUnavailable, SuiteCrashed) as error:
         problems = fabric_problems(environment)
         if not problems:
@@ -221,9 +252,14 @@ def _utilization(nvml: Any, count: int) -> tuple[int | None, ...]:
     return tuple(readings)
 
 
-def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], None] | None = None) -> Outcome:
+def smoke_test(
+    options: SmokeOptions,
+    on_environment: Callable[[Environment], None] | None = None,
+    stop: StopCheck | None = None,
+) -> Outcome:
     """One smoke test. `on_environment` hears what NVML showed as soon as it is read, so that a
-    run stopped later (no nvcc, a crashed suite) can still report it."""
+    run stopped later (no nvcc, a crashed suite) can still report it; `stop` (smoke-test --all: a
+    fatal Xid on this GPU) is asked while the suite runs and stops it with its reason."""
     started = time.monotonic()
     # Inputs first: a bad table or baseline should not wait for a build.
     table = load_model_table(options.gpu_table)
@@ -254,14 +290,14 @@ def smoke_test(options: SmokeOptions, on_environment: Callable[[Environment], No
         suite_started = time.monotonic()
         with NvmlSampler(nvml, tuple(range(count))) as sampler:
             # The sampler reads once as it starts, so even a very short run has a sample.
-            document = run_suite_explained(built.binary, options, environment)
+            document = run_suite_explained(built.binary, options, environment, stop)
             # Re-measure once before calling a result below PASS: a slow spell of the link or
             # the host (seen on the H100 guest) should not decide the verdict on its own.
             first = judge(parse_suite_document(document), model=table.lookup(gpu.pci_device_id), complete=False)
             low = below_pass(first, document)
             if low:
                 again = run_suite_explained(
-                    built.binary, replace(options, benchmarks=tuple(sorted(set(low.values())))), environment
+                    built.binary, replace(options, benchmarks=tuple(sorted(set(low.values())))), environment, stop
                 )
                 document = merge_remeasured(document, again, set(low))
         samples = sampler.results()

@@ -57,7 +57,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plot", metavar="FILE", help="draw the roofline with the measured points (PNG)")
     parser.add_argument(
-        "--baseline", type=Path, metavar="FILE", help="compare with an earlier --json output (e.g. from bare metal)"
+        "--baseline",
+        type=Path,
+        metavar="FILE",
+        help="compare with an earlier --json output (e.g. from bare metal); with --all, an earlier --all --json of "
+        "the same GPUs: each GPU with its own run in it, and the node's P2P pairs, host copies and collectives",
     )
     parser.add_argument(
         "--gpu-table",
@@ -143,15 +147,20 @@ def _run_all(args: argparse.Namespace) -> int:
     if args.replay is not None:
         outcome = replay_all(read_json_file(args.replay, "the recorded run"), options)
     else:
-        if args.baseline is not None or args.plot is not None:
+        if args.plot is not None:
             from gpuhost.errors import InputError
 
-            raise InputError("--all takes no --baseline or --plot: compare or plot one GPU with --device N")
+            raise InputError("--all takes no --plot: plot one GPU's roofline with --device N")
         outcome = run_all(options)
     # GPU and model names come from the GPUs or a recording: escaped, as in one GPU's report.
     for gpu in outcome.gpus:
         text = report.render(
-            gpu.verdict, gpu.run, timings=gpu.timings, model_table=gpu.model_table, verbose=args.verbose
+            gpu.verdict,
+            gpu.run,
+            timings=gpu.timings,
+            model_table=gpu.model_table,
+            with_baseline=gpu.with_baseline,
+            verbose=args.verbose,
         )
         print(printable(text))
     print(printable(render_node(outcome, verbose=args.verbose)), end="")

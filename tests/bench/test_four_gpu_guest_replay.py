@@ -168,7 +168,7 @@ def test_a_gpu_whose_run_stops_is_a_finding_and_the_others_are_kept(
     healthy = node.replay_all(json.loads((CAPTURE / "quick-1.json").read_text()), SmokeOptions())
     by_gpu = {o.run.device.index: o for o in healthy.gpus}
 
-    def one_gpu(options: SmokeOptions) -> object:
+    def one_gpu(options: SmokeOptions, stop: object = None) -> object:
         if options.device == 1:
             raise GpuUnavailable("the kernel suite could not use the GPU: cudaErrorDevicesUnavailable")
         return by_gpu[options.device]
@@ -181,7 +181,7 @@ def test_a_gpu_whose_run_stops_is_a_finding_and_the_others_are_kept(
     monkeypatch.setattr(node, "open_nvml", lambda nvml: 4)
     monkeypatch.setattr(node, "read_environment", lambda nvml, count: healthy.gpus[0].environment)
     monkeypatch.setattr(node, "smoke_test", one_gpu)
-    monkeypatch.setattr(node, "measure_node", lambda options, environment: healthy.record)
+    monkeypatch.setattr(node, "measure_node", lambda options, environment, watch: healthy.record)
     capsys.readouterr()
     out_json = tmp_path / "all.json"
     assert main(["smoke-test", "--all", "--json", str(out_json)]) == 1
