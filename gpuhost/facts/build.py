@@ -566,4 +566,8 @@ def _rescue(tree: Tree, exists: frozenset[str] | None, command_status: dict[str,
         kernel=kernel,
         systemd_runtime_watchdog_s=None if systemd is None else systemd["RuntimeWatchdogSec"],
         systemd_reboot_watchdog_s=None if systemd is None else systemd["RebootWatchdogSec"],
+        ipmitool=next(
+            (line.strip() for line in (tree.command("which") or "").splitlines() if line.strip().endswith("/ipmitool")),
+            None,
+        ),
     )

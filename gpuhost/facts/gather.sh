@@ -153,7 +153,7 @@ run_command acpi-tables ls /sys/firmware/acpi/tables
 {
     for c in update-grub grub-mkconfig grub2-mkconfig grub-reboot grub-editenv grubby bootctl kernel-install \
         proxmox-boot-tool kernelstub update-initramfs lsinitramfs dracut lsinitrd lspci dpkg-query rpm \
-        nvidia-smi nvidia-uninstall journalctl dmesg sudo; do
+        nvidia-smi nvidia-uninstall journalctl dmesg sudo ipmitool; do
         command -v "$c"
     done
 } > "$T/commands/which.txt" 2>/dev/null

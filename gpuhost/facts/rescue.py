@@ -12,7 +12,8 @@ world-readable (gather.sh):
   each (iTCO_wdt on Intel chipsets, sp5100_tco on AMD, i6300esb in QEMU, ...), the list from
   `ls /sys/class/watchdog` (commands/watchdogs.txt, whose exit status says it was gathered);
 - /dev/ipmi0 (or /dev/ipmi/0, /dev/ipmidev/0; ipmi_devintf with ipmi_si): the BMC's interface,
-  whose watchdog (ipmi_watchdog, or `ipmitool mc watchdog`) a host reset does not stop;
+  whose watchdog (ipmi_watchdog, or `ipmitool mc watchdog`) a host reset does not stop, and
+  `command -v ipmitool` (commands/which.txt): apply arms that watchdog with ipmitool;
 - /proc/sys/kernel/{panic,panic_on_oops,softlockup_panic,hung_task_panic,hardlockup_panic};
 - /etc/systemd/system.conf and its drop-ins: RuntimeWatchdogSec (systemd pets the hardware watchdog
   while it runs, so a hung userspace is reset) and RebootWatchdogSec (a reboot that hangs).
@@ -83,6 +84,7 @@ class RescueFacts:
     kernel: KernelPanics
     systemd_runtime_watchdog_s: float | None  # 0: off; None: no systemd configuration read
     systemd_reboot_watchdog_s: float | None
+    ipmitool: str | None = None  # its path (`command -v ipmitool`), or None: not installed or not gathered
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -106,6 +108,7 @@ class RescueFacts:
             },
             "systemd_runtime_watchdog_s": self.systemd_runtime_watchdog_s,
             "systemd_reboot_watchdog_s": self.systemd_reboot_watchdog_s,
+            "ipmitool": self.ipmitool,
         }
 
 
