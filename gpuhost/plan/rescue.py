@@ -1,0 +1,350 @@
+"""Which rescue each trial boot gets, and for how long (issue 31, item 2). Pure: facts in, a plan out.
+
+A trial that panics comes back by itself (panic=N and the boot loader's one-shot entry). One that
+hangs needs something to act, strongest first:
+
+1. The BMC's watchdog (IPMI "OS Load" timer): armed with ipmitool just before the trial reboot, it
+   runs on the BMC, so it catches every hang: firmware, boot loader, kernel, initramfs, userspace.
+   It is stopped only once the trial is verified (or reverted). Whether a BMC keeps the timer
+   across the host's reset is the BMC's own: the IPMI specification leaves it open, and FreeIPMI's
+   bmc-watchdog(8) says the timer stops at a reboot on the BMCs it knows. The lab measures it
+   (issue 31, item 4); the rescues below act whether it does or not.
+2. A hardware watchdog (/dev/watchdogN) that systemd opens and pets on the trial boot only
+   (systemd.watchdog_device= and systemd.watchdog_sec= on the trial entry, systemd's
+   kernel-command-line(7); systemd.watchdog_sec= also sets the reboot watchdog). It resets a
+   kernel that stops scheduling PID 1, from the moment systemd starts; it does not catch a
+   userspace stall (PID 1 keeps petting) nor anything before systemd runs.
+3. Kernel options on the trial entry only that turn stalls into panics, which panic=N turns into
+   a reboot onto the old default: softlockup_panic=1 (a CPU stuck in the kernel), the hung-task
+   panic (a task blocked in D state), and Debian's initramfs-tools, whose panic() reboots after
+   panic=N when it gives up waiting for the root device (scripts/functions: "Rebooting
+   automatically due to panic= boot argument"; it waits rootdelay=, 180 s by default).
+4. A deadline for userspace (a unit that never finishes, which no watchdog sees): a systemd timer
+   pulled in by systemd.wants= on the trial entry only, that force-reboots the trial once the
+   deadline passes unless the verify role stopped it. Its unit files are plan files (configure
+   writes them, commit and revert remove them, rollback removes them too).
+
+The deadline is derived from the controller's wait, never shorter: a trial that comes back within
+gpuhost_verify_reboot_timeout is verified (VERIFICATION_ALLOWANCE_S) and its rescues stopped
+before any of them acts; one that does not is reset by the deadline, and the controller, waiting
+the deadline plus one more boot, sees the old entry come back and reverts.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from gpuhost.facts.model import TextEnum
+from gpuhost.facts.rescue import SYSTEMD_DEFAULTS, RescueFacts, Watchdog
+from gpuhost.plan.model import DEADLINE_SERVICE, DEADLINE_TIMER, TRIAL_MARKER
+from gpuhost.problems import Severity, Stage, register
+
+REFUSE_RESCUE_NONE = register(
+    "plan.rescue.none",
+    Stage.PLAN,
+    Severity.ERROR,
+    "--require-rescue: the trial boot would have no watchdog (BMC or hardware) to reset a kernel that stops",
+)
+
+# How long verification may take once the host answers again: the verify module's audit runs
+# for minutes under emulation (TCG) and on large hosts. The rescues act only after this too.
+VERIFICATION_ALLOWANCE_S = 600
+# The BMC's timer is armed a few tasks before the reboot command starts the controller's wait.
+BMC_ARMING_SLACK_S = 60
+# The IPMI timer counts 100 ms ticks in 16 bits (Set Watchdog Timer, initial countdown).
+BMC_MAX_TIMEOUT_S = 0xFFFF // 10
+# systemd pets the hardware watchdog at half this; long enough that PID 1, slowed by emulation,
+# never misses it, and within iTCO_wdt's and i6300esb's ranges (up to 613 s and 2046 s).
+HARDWARE_WATCHDOG_S = 120
+# Soft lockups are reported after 2 x watchdog_thresh: 60 makes it 120 s (10 s by default), as
+# TCG stalls a healthy vCPU for 20 s and more ("soft lockup - CPU#0 stuck for 22s!").
+SOFTLOCKUP_THRESHOLD_S = 60
+# A task blocked this long panics the trial. The kernel's default of 120 s is hit by healthy boots
+# under QEMU TCG (the lab's D-state waits for the disk reach 120 s), so the trial allows five
+# times that. sysctl.*= on the command line works from kernel 5.8 on and applies just before init
+# runs, so the panic and its timeout start together (never the panic with the 120 s default).
+HUNG_TASK_TIMEOUT_S = 600
+KERNEL_STALL_OPTIONS = (
+    "softlockup_panic=1",
+    f"watchdog_thresh={SOFTLOCKUP_THRESHOLD_S}",
+    "sysctl.kernel.hung_task_panic=1",
+    f"sysctl.kernel.hung_task_timeout_secs={HUNG_TASK_TIMEOUT_S}",
+)
+
+# systemd's private socket: busctl reaches PID 1 there without a D-Bus daemon (the lab hosts run none).
+SYSTEMD_PRIVATE_BUS = "unix:path=/run/systemd/private"
+
+
+class RescueKind(TextEnum):
+    """What can bring back a trial boot that hangs, strongest first."""
+
+    BMC_WATCHDOG = "bmc-watchdog"
+    HARDWARE_WATCHDOG = "hardware-watchdog"
+    KERNEL_PANICS = "kernel-panics"
+    TRIAL_DEADLINE = "trial-deadline"
+
+
+class Hang(TextEnum):
+    """The ways a trial boot stops without panicking."""
+
+    FIRMWARE = "firmware"  # the firmware or the boot loader stops after the reset
+    ROOT_DEVICE = "root-device"  # the initramfs never finds the root device
+    KERNEL_STALL = "kernel-stall"  # the kernel stops without a panic
+    USERSPACE_STALL = "userspace-stall"  # a unit never finishes, SSH never starts
+
+
+@dataclass(frozen=True)
+class Rescue:
+    kind: RescueKind
+    armed: bool  # False: this host lacks it (`how` says why)
+    # The latest it acts (None: not armed): the BMC's timer from its arming just before the trial
+    # reboot, the deadline from the trial kernel's start, the others from the moment the boot stalls.
+    seconds: int | None
+    catches: tuple[Hang, ...]
+    how: str  # what it is and how it is armed, or why it is not
+
+    def describe(self) -> str:
+        if not self.armed:
+            return f"{self.kind}: not armed, {self.how}"
+        catches = ", ".join(str(hang) for hang in self.catches)
+        return f"{self.kind}: {self.how}; acts within {self.seconds} s; catches {catches}"
+
+
+@dataclass(frozen=True)
+class TrialRescue:
+    """The rescues of one host's trial boot, and what arms and stops them."""
+
+    rescues: tuple[Rescue, ...]  # every kind, strongest first, armed or not
+    kernel_options: tuple[str, ...]  # on the trial entry only, never on the default entry
+    deadline_s: int  # the userspace deadline, from the trial kernel's start
+    controller_wait_s: int  # how long the controller waits for the trial reboot: the latest rescue, plus one boot
+    bmc_watchdog_timeout_s: int  # the BMC timer's countdown (armed only where the BMC rescue is)
+    bmc_arm_command: str  # shell: arm the BMC's watchdog ("" where it is not armed)
+    # shell, once the trial is verified (or found reverted): stop the deadline timer, systemd's runtime
+    # watchdog the trial entry started and gpuhost's BMC timer, each only if it runs ("stopped" per stop)
+    stop_command: str
+    warning: str  # why no watchdog resets a kernel that stops ("" where one does)
+
+    def armed(self, kind: RescueKind) -> bool:
+        return any(rescue.kind is kind and rescue.armed for rescue in self.rescues)
+
+    @property
+    def has_watchdog(self) -> bool:
+        """A watchdog outside the trial kernel resets the host however the kernel stops."""
+        return self.armed(RescueKind.BMC_WATCHDOG) or self.armed(RescueKind.HARDWARE_WATCHDOG)
+
+    @property
+    def uncaught(self) -> tuple[Hang, ...]:
+        caught = {hang for rescue in self.rescues if rescue.armed for hang in rescue.catches}
+        return tuple(hang for hang in Hang if hang not in caught)
+
+
+def plan_rescue(
+    rescue: RescueFacts | None, *, reboot_timeout_s: int, panic_seconds: int, kernel_release: str | None
+) -> TrialRescue:
+    """The rescues for this host's trial boot. `reboot_timeout_s`: gpuhost_verify_reboot_timeout."""
+    deadline = reboot_timeout_s + VERIFICATION_ALLOWANCE_S
+    bmc_timeout = deadline + BMC_ARMING_SLACK_S
+    bmc = _bmc_rescue(rescue, bmc_timeout)
+    watchdog, device = _hardware_watchdog(rescue)
+    hardware = Rescue(
+        RescueKind.HARDWARE_WATCHDOG,
+        device is not None,
+        HARDWARE_WATCHDOG_S if device is not None else None,
+        (Hang.KERNEL_STALL,) if device is not None else (),
+        watchdog,
+    )
+    kernel_note = _kernel_note(kernel_release)
+    kernel = Rescue(
+        RescueKind.KERNEL_PANICS,
+        True,
+        # initramfs-tools' rootdelay (180 s) or the hung-task timeout, then panic=N.
+        max(180, HUNG_TASK_TIMEOUT_S) + panic_seconds,
+        (Hang.ROOT_DEVICE, Hang.KERNEL_STALL),
+        f"{' '.join(KERNEL_STALL_OPTIONS)} on the trial entry, and initramfs-tools' panic() when the root "
+        f"device never comes (panic={panic_seconds} reboots){kernel_note}",
+    )
+    deadline_rescue = Rescue(
+        RescueKind.TRIAL_DEADLINE,
+        True,
+        deadline,
+        (Hang.USERSPACE_STALL,),
+        f"{DEADLINE_TIMER} (systemd.wants= on the trial entry) force-reboots the trial {deadline} s after the "
+        f"kernel started (gpuhost_verify_reboot_timeout {reboot_timeout_s} s + {VERIFICATION_ALLOWANCE_S} s "
+        "to verify) unless verification stopped it",
+    )
+    options = list(KERNEL_STALL_OPTIONS)
+    if device is not None:
+        options += [f"systemd.watchdog_device={device}", f"systemd.watchdog_sec={HARDWARE_WATCHDOG_S}"]
+    options.append(f"systemd.wants={DEADLINE_TIMER}")
+    rescues = (bmc, hardware, kernel, deadline_rescue)
+    latest = max(r.seconds or 0 for r in rescues if r.armed)
+    has_watchdog = bmc.armed or hardware.armed
+    reboot_watchdog = (
+        SYSTEMD_DEFAULTS["RebootWatchdogSec"]
+        if rescue is None or rescue.systemd_reboot_watchdog_s is None
+        else rescue.systemd_reboot_watchdog_s
+    )
+    return TrialRescue(
+        rescues=rescues,
+        kernel_options=tuple(options),
+        deadline_s=deadline,
+        controller_wait_s=latest + reboot_timeout_s,
+        bmc_watchdog_timeout_s=bmc_timeout,
+        bmc_arm_command=_bmc_arm_command(bmc_timeout) if bmc.armed else "",
+        stop_command=" && ".join(
+            f"( {command} )"
+            for command in (
+                _DEADLINE_STOP,
+                _watchdog_stop_command(reboot_watchdog) if device is not None else "",
+                _BMC_STOP if bmc.armed else "",
+            )
+            if command
+        ),
+        warning=""
+        if has_watchdog
+        else "no watchdog is armed for the trial boot: a kernel that stops without a panic (no soft lockup, no "
+        "hung task) or firmware that stops after the reset stays down until someone power-cycles the host",
+    )
+
+
+def deadline_units(deadline_s: int) -> tuple[str, str]:
+    """The timer and the service of the userspace deadline (DEADLINE_TIMER_PATH, DEADLINE_SERVICE_PATH).
+
+    Nothing enables them: only the trial entry's systemd.wants= pulls the timer into the boot, and
+    its condition holds only where the trial marker is on the command line. DefaultDependencies=no:
+    the timer starts with the first transaction, before the units a stalled boot waits for.
+    reboot-force kills every process and unmounts without waiting for the units that hang.
+    """
+    condition = f"ConditionKernelCommandLine={TRIAL_MARKER}"
+    timer = (
+        "# Managed by gpuhost: reboots a trial boot that verification did not stop in time (gpuhost apply).\n"
+        "[Unit]\n"
+        "Description=gpuhost: deadline of the trial boot\n"
+        "DefaultDependencies=no\n"
+        f"{condition}\n"
+        "\n"
+        "[Timer]\n"
+        f"OnBootSec={deadline_s}s\n"
+        "AccuracySec=1s\n"
+        f"Unit={DEADLINE_SERVICE}\n"
+    )
+    service = (
+        "# Managed by gpuhost: reboots a trial boot that verification did not stop in time (gpuhost apply).\n"
+        "[Unit]\n"
+        "Description=gpuhost: reboot the trial boot onto the default entry\n"
+        "DefaultDependencies=no\n"
+        f"{condition}\n"
+        "SuccessAction=reboot-force\n"
+        "\n"
+        "[Service]\n"
+        "Type=oneshot\n"
+        f"ExecStart=/bin/echo gpuhost: the trial boot was not verified within {deadline_s} s, rebooting onto the "
+        "default entry\n"
+    )
+    return timer, service
+
+
+def _bmc_rescue(rescue: RescueFacts | None, timeout: int) -> Rescue:
+    def missing(why: str) -> Rescue:
+        return Rescue(RescueKind.BMC_WATCHDOG, False, None, (), why)
+
+    if rescue is None:
+        return missing("the snapshot did not gather the rescue facts (an older gpuhost)")
+    if rescue.ipmi_device is None:
+        return missing("no BMC interface (/dev/ipmi0: load ipmi_si and ipmi_devintf)")
+    if rescue.ipmitool is None:
+        return missing(f"the BMC interface {rescue.ipmi_device} is there but ipmitool is not installed")
+    busy = next((w for w in rescue.watchdogs if _is_ipmi(w) and w.active), None)
+    if busy is not None:
+        return missing(f"the BMC's timer is in use: {busy.describe()} is running (ipmi_watchdog)")
+    if timeout > BMC_MAX_TIMEOUT_S:
+        return missing(
+            f"its timer counts at most {BMC_MAX_TIMEOUT_S} s, less than the {timeout} s the trial needs "
+            "(lower gpuhost_verify_reboot_timeout)"
+        )
+    return Rescue(
+        RescueKind.BMC_WATCHDOG,
+        True,
+        timeout,
+        tuple(Hang),
+        f"the BMC's OS Load timer through {rescue.ipmi_device} (ipmitool), hard reset after {timeout} s, armed "
+        "just before the trial reboot",
+    )
+
+
+def _hardware_watchdog(rescue: RescueFacts | None) -> tuple[str, str | None]:
+    """Why there is none, or what is used and its device path."""
+    if rescue is None:
+        return "the snapshot did not gather the rescue facts (an older gpuhost)", None
+    free = [w for w in rescue.watchdogs if not w.active and not _is_ipmi(w)]
+    if not free:
+        named = ", ".join(w.describe() for w in rescue.watchdogs)
+        return (f"every watchdog is in use ({named})" if named else "no watchdog device (/sys/class/watchdog)"), None
+    if rescue.systemd_runtime_watchdog_s is None:
+        return "no systemd configuration was found (systemd drives the watchdog)", None
+    if rescue.systemd_runtime_watchdog_s:
+        # The host's own configuration already pets a watchdog: the trial keeps it as it is.
+        return (
+            f"systemd already pets the watchdog on every boot (RuntimeWatchdogSec "
+            f"{rescue.systemd_runtime_watchdog_s:g} s)",
+            None,
+        )
+    device = f"/dev/{free[0].name}"
+    return f"{free[0].describe()} petted by systemd every {HARDWARE_WATCHDOG_S // 2} s on the trial boot only", device
+
+
+def _is_ipmi(watchdog: Watchdog) -> bool:
+    return "ipmi" in (watchdog.identity or "").lower()
+
+
+def _kernel_note(release: str | None) -> str:
+    numbers = re.match(r"([0-9]+)\.([0-9]+)", release or "")
+    if numbers is not None and (int(numbers.group(1)), int(numbers.group(2))) < (5, 8):
+        return f"; kernel {release} ignores sysctl.*= (5.8 and later): no hung-task panic"
+    return ""
+
+
+def _bmc_arm_command(timeout: int) -> str:
+    """Set Watchdog Timer (NetFn App 0x06, command 0x24), then Reset Watchdog Timer to start it.
+
+    Bytes: timer use 0x03 (OS Load; logged on expiry, stopped by this Set); action 0x01 (hard
+    reset, no pre-timeout interrupt); pre-timeout interval 0; clear the OS Load expiration flag
+    (0x08); the countdown in 100 ms ticks, least significant byte first.
+    """
+    ticks = timeout * 10
+    data = ["0x03", "0x01", "0x00", "0x08", f"0x{ticks & 0xFF:02x}", f"0x{ticks >> 8:02x}"]
+    return f"ipmitool raw 0x06 0x24 {' '.join(data)} > /dev/null && ipmitool mc watchdog reset"
+
+
+_DEADLINE_STOP = (
+    f"if systemctl is-active --quiet {DEADLINE_TIMER}; then systemctl stop {DEADLINE_TIMER} && echo stopped; fi"
+)
+
+# Only gpuhost's timer: an OS Load timer that is running. A timer the host's own software uses
+# (SMS/OS, ipmi_watchdog or bmc-watchdog) is left alone.
+_BMC_STOP = (
+    "state=$(ipmitool mc watchdog get) || exit 1; "
+    "case $state in *'OS Load'*) ;; *) exit 0;; esac; "
+    "case $state in *Started/Running*) ipmitool mc watchdog off > /dev/null && echo stopped;; esac"
+)
+
+
+def _watchdog_stop_command(reboot_watchdog_s: float) -> str:
+    """systemd's runtime watchdog off, its reboot watchdog back to the host's setting (systemd.watchdog_sec=
+    set both): the D-Bus properties RuntimeWatchdogUSec and RebootWatchdogUSec are writable."""
+    reboot_usec = int(reboot_watchdog_s * 1_000_000) if reboot_watchdog_s != float("inf") else 2**64 - 1
+    busctl = (
+        f"busctl --address={shlex.quote(SYSTEMD_PRIVATE_BUS)} set-property org.freedesktop.systemd1 "
+        "/org/freedesktop/systemd1 org.freedesktop.systemd1.Manager"
+    )
+    get = (
+        f"busctl --address={shlex.quote(SYSTEMD_PRIVATE_BUS)} get-property org.freedesktop.systemd1 "
+        "/org/freedesktop/systemd1 org.freedesktop.systemd1.Manager RuntimeWatchdogUSec"
+    )
+    return (
+        f'[ "$({get})" = "t 0" ] && exit 0; '
+        f"{busctl} RuntimeWatchdogUSec t 0 && {busctl} RebootWatchdogUSec t {reboot_usec} && echo stopped"
+    )
