@@ -557,6 +557,8 @@ def _rescue(tree: Tree, exists: frozenset[str] | None, command_status: dict[str,
         softlockup_panic=rescue.parse_flag(read["softlockup_panic"]),
         hung_task_panic=rescue.parse_flag(read["hung_task_panic"]),
         hardlockup_panic=rescue.parse_flag(read["hardlockup_panic"]),
+        hung_task_timeout_s=rescue.parse_int(read["hung_task_timeout_secs"]),
+        watchdog_thresh_s=rescue.parse_int(read["watchdog_thresh"]),
     )
     texts = _systemd_conf_texts(tree)
     systemd = None if texts is None else rescue.parse_systemd_watchdogs(texts)

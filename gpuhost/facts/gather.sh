@@ -92,6 +92,7 @@ copy_files \
     /sys/class/watchdog/watchdog*/state /sys/class/watchdog/watchdog*/nowayout \
     /proc/sys/kernel/panic /proc/sys/kernel/panic_on_oops /proc/sys/kernel/softlockup_panic \
     /proc/sys/kernel/hung_task_panic /proc/sys/kernel/hardlockup_panic \
+    /proc/sys/kernel/hung_task_timeout_secs /proc/sys/kernel/watchdog_thresh \
     /etc/systemd/system.conf /etc/systemd/system.conf.d/*.conf /usr/lib/systemd/system.conf.d/*.conf \
     /etc/nccl.conf /var/run/nvidia-topologyd/virtualTopology.xml
 # The NCCL topology file /etc/nccl.conf names (its first NCCL_TOPO_FILE= line, as NCCL reads it),

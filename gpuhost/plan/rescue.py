@@ -197,6 +197,7 @@ def plan_rescue(
         stop_command=" && ".join(
             f"( {command} )"
             for command in (
+                _kernel_restore_command(rescue),
                 _DEADLINE_STOP,
                 _watchdog_stop_command(reboot_watchdog) if device is not None else "",
                 _BMC_STOP if bmc.armed else "",
@@ -317,6 +318,29 @@ def _bmc_arm_command(timeout: int) -> str:
     ticks = timeout * 10
     data = ["0x03", "0x01", "0x00", "0x08", f"0x{ticks & 0xFF:02x}", f"0x{ticks >> 8:02x}"]
     return f"ipmitool raw 0x06 0x24 {' '.join(data)} > /dev/null && ipmitool mc watchdog reset"
+
+
+def _kernel_restore_command(rescue: RescueFacts | None) -> str:
+    """The trial boot runs on after its commit: its stall panics go back to the host's settings
+    (as read before the trial; the kernel's defaults where they were not read), so that a task
+    blocked on a slow disk does not panic the committed host. Only on the trial boot."""
+    kernel = rescue.kernel if rescue is not None else None
+    settings = (
+        ("softlockup_panic", int(bool(kernel and kernel.softlockup_panic))),
+        ("hung_task_panic", int(bool(kernel and kernel.hung_task_panic))),
+        (
+            "hung_task_timeout_secs",
+            kernel.hung_task_timeout_s if kernel and kernel.hung_task_timeout_s is not None else 120,
+        ),
+        ("watchdog_thresh", kernel.watchdog_thresh_s if kernel and kernel.watchdog_thresh_s is not None else 10),
+    )
+    writes = " ".join(f"{name}={value}" for name, value in settings)
+    return (
+        f"grep -qwF -- {TRIAL_MARKER} /proc/cmdline || exit 0; changed=; "
+        f"for setting in {writes}; do file=/proc/sys/kernel/${{setting%%=*}}; value=${{setting#*=}}; "
+        '[ "$(cat "$file")" = "$value" ] || { echo "$value" > "$file" && changed=1; } || exit 1; done; '
+        '[ -z "$changed" ] || echo stopped'
+    )
 
 
 _DEADLINE_STOP = (

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.plan.model import TRIAL_MARKER
 from gpuhost.plan.rescue import plan_rescue
 from tests.helpers import FIXTURES
 
@@ -64,7 +65,20 @@ def _stand_ins(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state)}
 
 
-def _sh(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _proc(tmp_path: Path, cmdline: str) -> Path:
+    """A stand-in /proc: the trial boot's command line and its kernel settings as the trial entry set them."""
+    proc = tmp_path / "proc"
+    (proc / "sys/kernel").mkdir(parents=True)
+    (proc / "cmdline").write_text(cmdline + "\n")
+    trial = {"softlockup_panic": 1, "hung_task_panic": 1, "hung_task_timeout_secs": 600, "watchdog_thresh": 60}
+    for name, value in trial.items():
+        (proc / "sys/kernel" / name).write_text(f"{value}\n")
+    return proc
+
+
+def _sh(command: str, env: dict[str, str], proc: Path | None = None) -> subprocess.CompletedProcess[str]:
+    if proc is not None:
+        command = command.replace("/proc/", f"{proc}/")
     return subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30, check=False)
 
 
@@ -81,13 +95,23 @@ def test_arm_then_stop_stops_everything_once_and_a_second_stop_changes_nothing(t
     armed = _sh(rescue.bmc_arm_command, env)
     assert armed.returncode == 0, armed.stderr
     assert (state / "running").read_text().strip() == "Started/Running"
-    stopped = _sh(rescue.stop_command, env)
+    proc = _proc(tmp_path, f"BOOT_IMAGE=/vmlinuz root=/dev/vda1 panic=10 {TRIAL_MARKER} softlockup_panic=1")
+    stopped = _sh(rescue.stop_command, env, proc)
     assert stopped.returncode == 0, stopped.stderr
-    assert stopped.stdout.split() == ["stopped", "stopped", "stopped"]  # deadline, hardware watchdog, BMC
+    # The stall panics, the deadline, the hardware watchdog and the BMC's timer.
+    assert stopped.stdout.split() == ["stopped"] * 4
+    # Back to what the q35 host had before its trial (its capture's /proc/sys/kernel).
+    restored = {f.name: f.read_text().strip() for f in (proc / "sys/kernel").iterdir()}
+    assert restored == {
+        "softlockup_panic": "0",
+        "hung_task_panic": "0",
+        "hung_task_timeout_secs": "120",
+        "watchdog_thresh": "10",
+    }
     log = (state / "log").read_text()
     assert "systemctl stop gpuhost-trial-deadline.timer" in log and "ipmitool mc watchdog off" in log
     assert "RuntimeWatchdogUSec t 0" in log and "RebootWatchdogUSec t 600000000" in log
-    again = _sh(rescue.stop_command, env)
+    again = _sh(rescue.stop_command, env, proc)
     assert again.returncode == 0 and "stopped" not in again.stdout  # the role's changed_when: not changed
 
 
@@ -102,7 +126,10 @@ def test_a_bmc_timer_that_is_not_gpuhosts_is_left_running(tmp_path: Path) -> Non
     env = _stand_ins(tmp_path)
     state = Path(env["STATE"])
     (state / "running").write_text("Started/Running\n")  # the host's own SMS/OS timer (ipmi_watchdog)
-    result = _sh(rescue.stop_command, env)
+    # The host came back on its old entry (no marker): its kernel settings are its own, left alone.
+    proc = _proc(tmp_path, "BOOT_IMAGE=/vmlinuz root=/dev/vda1")
+    result = _sh(rescue.stop_command, env, proc)
+    assert (proc / "sys/kernel/hung_task_timeout_secs").read_text() == "600\n"
     assert result.returncode == 0 and "ipmitool mc watchdog off" not in (state / "log").read_text()
     assert (state / "running").read_text().strip() == "Started/Running"
 
@@ -117,4 +144,5 @@ def test_a_failing_stop_fails_the_task(tmp_path: Path) -> None:
     )
     env = _stand_ins(tmp_path)
     (Path(env["PATH"].split(":")[0]) / "ipmitool").write_text("#!/bin/sh\nexit 1\n")
-    assert _sh(rescue.stop_command, env).returncode != 0  # the host fails before anything is committed
+    proc = _proc(tmp_path, "root=/dev/vda1")
+    assert _sh(rescue.stop_command, env, proc).returncode != 0  # the host fails before anything is committed
