@@ -125,6 +125,9 @@ class TrialRescue:
     # shell, once the trial is verified (or found reverted): stop the deadline timer, systemd's runtime
     # watchdog the trial entry started and gpuhost's BMC timer, each only if it runs ("stopped" per stop)
     stop_command: str
+    # shell, when the host came back without the trial entry: the rescues that left a trace of acting
+    # (the BMC's OS Load expiration flag, the watchdog's bootstatus, the deadline's journal), one a line
+    acted_command: str
     warning: str  # why no watchdog resets a kernel that stops ("" where one does)
 
     def armed(self, kind: RescueKind) -> bool:
@@ -204,6 +207,7 @@ def plan_rescue(
             )
             if command
         ),
+        acted_command=_acted_command(bmc.armed, device),
         warning=""
         if has_watchdog
         else "no watchdog is armed for the trial boot: a kernel that stops without a panic (no soft lockup, no "
@@ -341,6 +345,31 @@ def _kernel_restore_command(rescue: RescueFacts | None) -> str:
         '[ "$(cat "$file")" = "$value" ] || { echo "$value" > "$file" && changed=1; } || exit 1; done; '
         '[ -z "$changed" ] || echo stopped'
     )
+
+
+def _acted_command(bmc: bool, device: str | None) -> str:
+    """Which rescue reset the trial: arming cleared the BMC's OS Load expiration flag (bit 3, 0x08),
+    so a set flag is gpuhost's timer expiring; a watchdog's bootstatus has WDIOF_CARDRESET (0x20)
+    after it reset the machine (where its driver reports it); the deadline's service writes its
+    line to the journal (where the journal persists). A panic leaves none of these."""
+    checks = []
+    if bmc:
+        checks.append(
+            "flags=$(ipmitool mc watchdog get 2> /dev/null | "
+            "sed -n 's/^Timer Expiration Flags:.*0x\\([0-9a-fA-F][0-9a-fA-F]\\).*/\\1/p'); "
+            '[ -n "$flags" ] && [ $((0x$flags & 8)) -ne 0 ] && echo bmc-watchdog'
+        )
+    if device is not None:
+        status = f"/sys/class/watchdog/{device.removeprefix('/dev/')}/bootstatus"
+        checks.append(
+            f"status=$(cat {status} 2> /dev/null); case $status in ''|*[!0-9]*) status=0;; esac; "
+            "[ $((status & 32)) -ne 0 ] && echo hardware-watchdog"
+        )
+    checks.append(
+        f"journalctl -b -1 -q -o cat -u {DEADLINE_SERVICE} 2> /dev/null | grep -q 'not verified within' "
+        "&& echo trial-deadline"
+    )
+    return "; ".join(f"{{ {check}; }}" for check in checks) + "; true"
 
 
 _DEADLINE_STOP = (

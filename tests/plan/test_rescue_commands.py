@@ -16,7 +16,7 @@ from pathlib import Path
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan.model import TRIAL_MARKER
-from gpuhost.plan.rescue import plan_rescue
+from gpuhost.plan.rescue import deadline_units, plan_rescue
 from tests.helpers import FIXTURES
 
 Q35 = build_facts(SnapshotTree(FIXTURES / "rescue" / "q35-watchdogs-ipmi")).rescue
@@ -26,7 +26,9 @@ echo "ipmitool $*" >> "$STATE/log"
 case "$*" in
   "mc watchdog get")
     use=$(cat "$STATE/use"); running=$(cat "$STATE/running")
-    printf 'Watchdog Timer Use:     %s\nWatchdog Timer Is:      %s\n' "$use" "$running";;
+    printf 'Watchdog Timer Use:     %s\nWatchdog Timer Is:      %s\n' "$use" "$running"
+    [ -e "$STATE/expired" ] && printf 'Timer Expiration Flags: OS Load (0x08)\n'
+    true;;
   "mc watchdog off") echo Stopped > "$STATE/running";;
   "mc watchdog reset") echo Started/Running > "$STATE/running";;
   raw*) echo 'OS Load (0x43)' > "$STATE/use";;
@@ -38,6 +40,10 @@ case "$1" in
   is-active) [ "$(cat "$STATE/timer")" = active ];;
   stop) echo inactive > "$STATE/timer";;
 esac
+"""
+JOURNALCTL = r"""#!/bin/sh
+[ -e "$STATE/journal" ] && cat "$STATE/journal"
+true
 """
 BUSCTL = r"""#!/bin/sh
 echo "busctl $*" >> "$STATE/log"
@@ -52,7 +58,12 @@ def _stand_ins(tmp_path: Path) -> dict[str, str]:
     bin_dir, state = tmp_path / "bin", tmp_path / "state"
     bin_dir.mkdir()
     state.mkdir()
-    for name, script in (("ipmitool", IPMITOOL), ("systemctl", SYSTEMCTL), ("busctl", BUSCTL)):
+    for name, script in (
+        ("ipmitool", IPMITOOL),
+        ("systemctl", SYSTEMCTL),
+        ("busctl", BUSCTL),
+        ("journalctl", JOURNALCTL),
+    ):
         (bin_dir / name).write_text(script)
         (bin_dir / name).chmod(0o755)
     for name, value in (
@@ -146,3 +157,33 @@ def test_a_failing_stop_fails_the_task(tmp_path: Path) -> None:
     (Path(env["PATH"].split(":")[0]) / "ipmitool").write_text("#!/bin/sh\nexit 1\n")
     proc = _proc(tmp_path, "root=/dev/vda1")
     assert _sh(rescue.stop_command, env, proc).returncode != 0  # the host fails before anything is committed
+
+
+def test_the_rescue_that_reset_the_trial_is_named_from_its_trace(tmp_path: Path) -> None:
+    assert Q35 is not None
+    rescue = plan_rescue(
+        dataclasses.replace(Q35, ipmitool="/usr/bin/ipmitool"),
+        reboot_timeout_s=900,
+        panic_seconds=10,
+        kernel_release=None,
+    )
+    env = _stand_ins(tmp_path)
+    state = Path(env["STATE"])
+    sys_dir = tmp_path / "sys/class/watchdog/watchdog0"
+    sys_dir.mkdir(parents=True)
+    (sys_dir / "bootstatus").write_text("0\n")
+
+    def acted() -> list[str]:
+        command = rescue.acted_command.replace("/sys/", f"{tmp_path}/sys/")
+        done = _sh(command, env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert acted() == []  # a panic leaves no trace of these
+    (state / "expired").write_text("")
+    assert acted() == ["bmc-watchdog"]
+    (sys_dir / "bootstatus").write_text("32\n")  # WDIOF_CARDRESET
+    _timer, service = deadline_units(rescue.deadline_s)
+    message = next(line for line in service.splitlines() if line.startswith("ExecStart=")).split(" ", 1)[1]
+    (state / "journal").write_text(message + "\n")
+    assert acted() == ["bmc-watchdog", "hardware-watchdog", "trial-deadline"]
