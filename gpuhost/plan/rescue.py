@@ -25,7 +25,7 @@ hangs needs something to act, strongest first:
    writes them, commit and revert remove them, rollback removes them too).
 
 The deadline is derived from the controller's wait, never shorter: a trial that comes back within
-gpuhost_verify_reboot_timeout is verified (VERIFICATION_ALLOWANCE_S) and its rescues stopped
+gpuhost_verify_reboot_timeout is verified (verification_allowance) and its rescues stopped
 before any of them acts; one that does not is reset by the deadline, and the controller, waiting
 the deadline plus one more boot, sees the old entry come back and reverts.
 """
@@ -48,9 +48,12 @@ REFUSE_RESCUE_NONE = register(
     "--require-rescue: the trial boot would have no watchdog (BMC or hardware) to reset a kernel that stops",
 )
 
-# How long verification may take once the host answers again: the verify module's audit runs
-# for minutes under emulation (TCG) and on large hosts. The rescues act only after this too.
-VERIFICATION_ALLOWANCE_S = 600
+# How long verification may take once the host answers again, after which the deadline and the
+# BMC's timer act: half the reboot timeout, and at least MIN_VERIFICATION_S. Verification is a
+# fraction of a boot (the lab's TCG hosts verify in well under a minute; a whole trial with its
+# commit took 190 s there). Too short is safe: the rescues are stopped before commit, so one that
+# acts during a slow verification reverts the trial, it never interrupts a commit.
+MIN_VERIFICATION_S = 120
 # The BMC's timer is armed a few tasks before the reboot command starts the controller's wait.
 BMC_ARMING_SLACK_S = 60
 # The IPMI timer counts 100 ms ticks in 16 bits (Set Watchdog Timer, initial countdown).
@@ -119,7 +122,7 @@ class TrialRescue:
     rescues: tuple[Rescue, ...]  # every kind, strongest first, armed or not
     kernel_options: tuple[str, ...]  # on the trial entry only, never on the default entry
     deadline_s: int  # the userspace deadline, from the trial kernel's start
-    controller_wait_s: int  # how long the controller waits for the trial reboot: the latest rescue, plus one boot
+    controller_wait_s: int  # how long the controller waits for the trial reboot: deadline or BMC timer, plus one boot
     bmc_watchdog_timeout_s: int  # the BMC timer's countdown (armed only where the BMC rescue is)
     bmc_arm_command: str  # shell: arm the BMC's watchdog ("" where it is not armed)
     # shell, once the trial is verified (or found reverted): stop the deadline timer, systemd's runtime
@@ -148,7 +151,8 @@ def plan_rescue(
     rescue: RescueFacts | None, *, reboot_timeout_s: int, panic_seconds: int, kernel_release: str | None
 ) -> TrialRescue:
     """The rescues for this host's trial boot. `reboot_timeout_s`: gpuhost_verify_reboot_timeout."""
-    deadline = reboot_timeout_s + VERIFICATION_ALLOWANCE_S
+    allowance = verification_allowance(reboot_timeout_s)
+    deadline = reboot_timeout_s + allowance
     bmc_timeout = deadline + BMC_ARMING_SLACK_S
     bmc = _bmc_rescue(rescue, bmc_timeout)
     watchdog, device = _hardware_watchdog(rescue)
@@ -175,7 +179,7 @@ def plan_rescue(
         deadline,
         (Hang.USERSPACE_STALL,),
         f"{DEADLINE_TIMER} (systemd.wants= on the trial entry) force-reboots the trial {deadline} s after the "
-        f"kernel started (gpuhost_verify_reboot_timeout {reboot_timeout_s} s + {VERIFICATION_ALLOWANCE_S} s "
+        f"kernel started (gpuhost_verify_reboot_timeout {reboot_timeout_s} s + {allowance} s "
         "to verify) unless verification stopped it",
     )
     options = list(KERNEL_STALL_OPTIONS)
@@ -183,7 +187,9 @@ def plan_rescue(
         options += [f"systemd.watchdog_device={device}", f"systemd.watchdog_sec={HARDWARE_WATCHDOG_S}"]
     options.append(f"systemd.wants={DEADLINE_TIMER}")
     rescues = (bmc, hardware, kernel, deadline_rescue)
-    latest = max(r.seconds or 0 for r in rescues if r.armed)
+    # The rescues whose time counts from the reboot; a stall panic counts from the stall, which may
+    # come late in a slow boot: the controller does not wait for it (the host then comes back later).
+    latest = max(deadline, bmc_timeout if bmc.armed else 0)
     has_watchdog = bmc.armed or hardware.armed
     reboot_watchdog = (
         SYSTEMD_DEFAULTS["RebootWatchdogSec"]
@@ -213,6 +219,10 @@ def plan_rescue(
         else "no watchdog is armed for the trial boot: a kernel that stops without a panic (no soft lockup, no "
         "hung task) or firmware that stops after the reset stays down until someone power-cycles the host",
     )
+
+
+def verification_allowance(reboot_timeout_s: int) -> int:
+    return max(MIN_VERIFICATION_S, reboot_timeout_s // 2)
 
 
 def deadline_units(deadline_s: int) -> tuple[str, str]:
