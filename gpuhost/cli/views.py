@@ -36,7 +36,8 @@ def describe_rescue(plan: HostPlan) -> list[str]:
     rescue = plan.rescue
     lines = [
         f"  rescue: the controller waits up to {rescue.controller_wait_s} s for the trial "
-        "(the latest rescue, then one more boot); on the trial entry only: " + " ".join(rescue.kernel_options)
+        "(the deadline or the BMC's timer, then one more boot); on the trial entry only: "
+        + " ".join(rescue.kernel_options)
     ]
     lines.extend(f"    {r.describe()}" for r in rescue.rescues)
     if rescue.warning:

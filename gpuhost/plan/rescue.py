@@ -107,12 +107,13 @@ class Rescue:
     seconds: int | None
     catches: tuple[Hang, ...]
     how: str  # what it is and how it is armed, or why it is not
+    counts_from: str = ""  # what `seconds` counts from, in words
 
     def describe(self) -> str:
         if not self.armed:
             return f"{self.kind}: not armed, {self.how}"
         catches = ", ".join(str(hang) for hang in self.catches)
-        return f"{self.kind}: {self.how}; acts within {self.seconds} s; catches {catches}"
+        return f"{self.kind}: {self.how}; acts within {self.seconds} s of {self.counts_from}; catches {catches}"
 
 
 @dataclass(frozen=True)
@@ -162,16 +163,19 @@ def plan_rescue(
         HARDWARE_WATCHDOG_S if device is not None else None,
         (Hang.KERNEL_STALL,) if device is not None else (),
         watchdog,
+        "the stall",
     )
     kernel_note = _kernel_note(kernel_release)
     kernel = Rescue(
         RescueKind.KERNEL_PANICS,
         True,
-        # initramfs-tools' rootdelay (180 s) or the hung-task timeout, then panic=N.
-        max(180, HUNG_TASK_TIMEOUT_S) + panic_seconds,
+        # The slowest: khungtaskd looks every hung_task_timeout_secs, so a blocked task is found within
+        # twice it (a soft lockup within 120 s, initramfs-tools gives up after rootdelay's 180 s); then panic=N.
+        2 * HUNG_TASK_TIMEOUT_S + panic_seconds,
         (Hang.ROOT_DEVICE, Hang.KERNEL_STALL),
         f"{' '.join(KERNEL_STALL_OPTIONS)} on the trial entry, and initramfs-tools' panic() when the root "
         f"device never comes (panic={panic_seconds} reboots){kernel_note}",
+        "the stall",
     )
     deadline_rescue = Rescue(
         RescueKind.TRIAL_DEADLINE,
@@ -181,6 +185,7 @@ def plan_rescue(
         f"{DEADLINE_TIMER} (systemd.wants= on the trial entry) force-reboots the trial {deadline} s after the "
         f"kernel started (gpuhost_verify_reboot_timeout {reboot_timeout_s} s + {allowance} s "
         "to verify) unless verification stopped it",
+        "the trial kernel's start",
     )
     options = list(KERNEL_STALL_OPTIONS)
     if device is not None:
@@ -287,6 +292,7 @@ def _bmc_rescue(rescue: RescueFacts | None, timeout: int) -> Rescue:
         tuple(Hang),
         f"the BMC's OS Load timer through {rescue.ipmi_device} (ipmitool), hard reset after {timeout} s, armed "
         "just before the trial reboot",
+        "its arming",
     )
 
 
