@@ -59,6 +59,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "and on proxmox-boot-tool hosts)",
     )
     parser.add_argument(
+        "--require-rescue",
+        action="store_true",
+        help="refuse a host whose reboot would have no watchdog armed (the BMC's, with ipmitool, or a "
+        "hardware watchdog driven by systemd) to reset a trial boot that hangs; the plan names such hosts",
+    )
+    parser.add_argument(
         "--prometheus",
         metavar="FILE",
         help="also write each host's outcome as Prometheus metrics to FILE (*.prom, atomically, for "
@@ -83,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     targets = list(selection.targets)
     limit = ansible_limit(selection, controller_play=True)
     if interactive:
-        declined = _ask(targets, args.serial, console)
+        declined = _ask(targets, args.serial, console, args.require_rescue)
         if declined is not None:
             return declined
     request = ApplyRequest(
@@ -94,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         max_fail_percentage=max_fail_percentage,
         report_path=Path(args.report).expanduser().resolve(),
         trial=not args.no_trial,
+        require_rescue=args.require_rescue,
     )
     progress = progress_printer(console, verbose=args.verbose, timed=True)
     report = engine.apply(request, targets, progress, ansible_printer() if args.verbose else None)
@@ -103,12 +110,12 @@ def run(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
-def _ask(targets: list[Target], serial: str, console: Console) -> int | None:
+def _ask(targets: list[Target], serial: str, console: Console, require_rescue: bool) -> int | None:
     """Show the plans and ask; the exit code when not going ahead (None: go ahead)."""
     from gpuhost.cli.views import print_plan_outcome
     from gpuhost.plan.fleet import plan_fleet
 
-    outcomes = plan_fleet(targets, forks=10)
+    outcomes = plan_fleet(targets, forks=10, require_rescue=require_rescue)
     for outcome in outcomes:
         print_plan_outcome(outcome, console)
     if not any(o.plan and o.plan.applicable for o in outcomes):

@@ -31,6 +31,21 @@ def print_plan_outcome(outcome: PlanOutcome, console: Console, show_files: bool 
         console.print(printable(line), markup=False) if not line.startswith("[") else console.print(line)
 
 
+def describe_rescue(plan: HostPlan) -> list[str]:
+    """What brings the trial boot back if it hangs, strongest first, and for how long."""
+    rescue = plan.rescue
+    lines = [
+        f"  rescue: the controller waits up to {rescue.controller_wait_s} s for the trial "
+        "(the deadline or the BMC's timer, then one more boot); on the trial entry only: "
+        + " ".join(rescue.kernel_options)
+    ]
+    lines.extend(f"    {r.describe()}" for r in rescue.rescues)
+    if rescue.warning:
+        uncaught = ", ".join(str(hang) for hang in rescue.uncaught)
+        lines.append(f"  warning: {rescue.warning}" + (f" (not caught: {uncaught})" if uncaught else ""))
+    return lines
+
+
 def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:
     """The plan as lines of text (rich markup only at the start of headline lines)."""
     if plan.refusals:
@@ -87,6 +102,8 @@ def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:
         )
     elif plan.reboot_needed:
         lines.append("  boot: straight into the new command line (no trial: --no-trial or gpuhost_trial_boot: false)")
+    if plan.trial_now:
+        lines.extend(describe_rescue(plan))
     lines.extend(f"  note: {note}" for note in plan.notes)
     if show_files and sdboot is not None:
         lines.append(f"  --- {KERNEL_CMDLINE_PATH}")

@@ -557,6 +557,8 @@ def _rescue(tree: Tree, exists: frozenset[str] | None, command_status: dict[str,
         softlockup_panic=rescue.parse_flag(read["softlockup_panic"]),
         hung_task_panic=rescue.parse_flag(read["hung_task_panic"]),
         hardlockup_panic=rescue.parse_flag(read["hardlockup_panic"]),
+        hung_task_timeout_s=rescue.parse_int(read["hung_task_timeout_secs"]),
+        watchdog_thresh_s=rescue.parse_int(read["watchdog_thresh"]),
     )
     texts = _systemd_conf_texts(tree)
     systemd = None if texts is None else rescue.parse_systemd_watchdogs(texts)
@@ -566,4 +568,8 @@ def _rescue(tree: Tree, exists: frozenset[str] | None, command_status: dict[str,
         kernel=kernel,
         systemd_runtime_watchdog_s=None if systemd is None else systemd["RuntimeWatchdogSec"],
         systemd_reboot_watchdog_s=None if systemd is None else systemd["RebootWatchdogSec"],
+        ipmitool=next(
+            (line.strip() for line in (tree.command("which") or "").splitlines() if line.strip().endswith("/ipmitool")),
+            None,
+        ),
     )

@@ -92,6 +92,7 @@ copy_files \
     /sys/class/watchdog/watchdog*/state /sys/class/watchdog/watchdog*/nowayout \
     /proc/sys/kernel/panic /proc/sys/kernel/panic_on_oops /proc/sys/kernel/softlockup_panic \
     /proc/sys/kernel/hung_task_panic /proc/sys/kernel/hardlockup_panic \
+    /proc/sys/kernel/hung_task_timeout_secs /proc/sys/kernel/watchdog_thresh \
     /etc/systemd/system.conf /etc/systemd/system.conf.d/*.conf /usr/lib/systemd/system.conf.d/*.conf \
     /etc/nccl.conf /var/run/nvidia-topologyd/virtualTopology.xml
 # The NCCL topology file /etc/nccl.conf names (its first NCCL_TOPO_FILE= line, as NCCL reads it),
@@ -153,7 +154,7 @@ run_command acpi-tables ls /sys/firmware/acpi/tables
 {
     for c in update-grub grub-mkconfig grub2-mkconfig grub-reboot grub-editenv grubby bootctl kernel-install \
         proxmox-boot-tool kernelstub update-initramfs lsinitramfs dracut lsinitrd lspci dpkg-query rpm \
-        nvidia-smi nvidia-uninstall journalctl dmesg sudo; do
+        nvidia-smi nvidia-uninstall journalctl dmesg sudo ipmitool; do
         command -v "$c"
     done
 } > "$T/commands/which.txt" 2>/dev/null

@@ -12,8 +12,10 @@ world-readable (gather.sh):
   each (iTCO_wdt on Intel chipsets, sp5100_tco on AMD, i6300esb in QEMU, ...), the list from
   `ls /sys/class/watchdog` (commands/watchdogs.txt, whose exit status says it was gathered);
 - /dev/ipmi0 (or /dev/ipmi/0, /dev/ipmidev/0; ipmi_devintf with ipmi_si): the BMC's interface,
-  whose watchdog (ipmi_watchdog, or `ipmitool mc watchdog`) a host reset does not stop;
-- /proc/sys/kernel/{panic,panic_on_oops,softlockup_panic,hung_task_panic,hardlockup_panic};
+  whose watchdog (ipmi_watchdog, or `ipmitool mc watchdog`) a host reset does not stop, and
+  `command -v ipmitool` (commands/which.txt): apply arms that watchdog with ipmitool;
+- /proc/sys/kernel/{panic,panic_on_oops,softlockup_panic,hung_task_panic,hardlockup_panic} and
+  {hung_task_timeout_secs,watchdog_thresh} (a trial changes them for its boot; they are put back);
 - /etc/systemd/system.conf and its drop-ins: RuntimeWatchdogSec (systemd pets the hardware watchdog
   while it runs, so a hung userspace is reset) and RebootWatchdogSec (a reboot that hangs).
 """
@@ -26,7 +28,15 @@ from dataclasses import dataclass
 
 WATCHDOG_CLASS = "/sys/class/watchdog"
 IPMI_DEVICES = ("/dev/ipmi0", "/dev/ipmi/0", "/dev/ipmidev/0")
-KERNEL_PANIC_SETTINGS = ("panic", "panic_on_oops", "softlockup_panic", "hung_task_panic", "hardlockup_panic")
+KERNEL_PANIC_SETTINGS = (
+    "panic",
+    "panic_on_oops",
+    "softlockup_panic",
+    "hung_task_panic",
+    "hardlockup_panic",
+    "hung_task_timeout_secs",
+    "watchdog_thresh",
+)
 SYSTEMD_CONF = "/etc/systemd/system.conf"
 SYSTEMD_CONF_DIRS = ("/usr/lib/systemd/system.conf.d", "/etc/systemd/system.conf.d")
 # systemd's defaults where system.conf leaves them commented out (systemd 252, Debian 12's
@@ -66,6 +76,8 @@ class KernelPanics:
     softlockup_panic: bool | None  # a CPU stuck in the kernel for 2 x watchdog_thresh
     hung_task_panic: bool | None  # a task blocked for hung_task_timeout_secs
     hardlockup_panic: bool | None  # a CPU stuck with interrupts off
+    hung_task_timeout_s: int | None = None  # how long a task may block before it is reported (or panics)
+    watchdog_thresh_s: int | None = None  # soft lockups are reported after twice this
 
     def stalls_that_panic(self) -> tuple[str, ...]:
         named = (
@@ -83,6 +95,7 @@ class RescueFacts:
     kernel: KernelPanics
     systemd_runtime_watchdog_s: float | None  # 0: off; None: no systemd configuration read
     systemd_reboot_watchdog_s: float | None
+    ipmitool: str | None = None  # its path (`command -v ipmitool`), or None: not installed or not gathered
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -103,9 +116,12 @@ class RescueFacts:
                 "softlockup_panic": self.kernel.softlockup_panic,
                 "hung_task_panic": self.kernel.hung_task_panic,
                 "hardlockup_panic": self.kernel.hardlockup_panic,
+                "hung_task_timeout_s": self.kernel.hung_task_timeout_s,
+                "watchdog_thresh_s": self.kernel.watchdog_thresh_s,
             },
             "systemd_runtime_watchdog_s": self.systemd_runtime_watchdog_s,
             "systemd_reboot_watchdog_s": self.systemd_reboot_watchdog_s,
+            "ipmitool": self.ipmitool,
         }
 
 

@@ -50,7 +50,11 @@ DEFAULTS: dict[str, Any] = {
     "gpuhost_remove_nvidia_driver": True,
     "gpuhost_trial_boot": True,
     "gpuhost_trial_panic_seconds": 10,
+    "gpuhost_require_rescue": False,
 }
+# gpuhost_verify's default wait for a host to come back from its reboot (the role's defaults/main.yml;
+# tests/plan/test_rescue.py keeps them equal): the trial's rescue deadline is derived from it.
+VERIFY_REBOOT_TIMEOUT_DEFAULT = 900
 
 
 def gpus_variable(variables: Mapping[str, Any], where: str) -> object:
@@ -82,6 +86,9 @@ class PlanSettings:
     forced_past_refusals: tuple[str, ...] = ()  # tests only (FORCE_PAST_REFUSALS_ENV)
     trial_testing_options: tuple[str, ...] = ()  # tests only (TRIAL_TESTING_OPTIONS_ENV)
     vms: tuple[VmSpec, ...] = ()  # gpuhost_vms: the 1 GiB pages go on their GPUs' nodes
+    # gpuhost_verify_reboot_timeout: how long the controller waits for a host to come back from a reboot
+    verify_reboot_timeout: int = VERIFY_REBOOT_TIMEOUT_DEFAULT
+    require_rescue: bool = False  # refuse a trial boot with no watchdog armed (apply --require-rescue)
 
     @classmethod
     def from_variables(cls, variables: Mapping[str, Any], where: str, gpus: object = None) -> PlanSettings:
@@ -129,6 +136,10 @@ class PlanSettings:
             forced_past_refusals=forced_past_refusals(),
             trial_testing_options=trial_testing_options(),
             vms=parse_vms(variables.get("gpuhost_vms"), where, vm_defaults(variables)),
+            verify_reboot_timeout=int(
+                str(variables.get("gpuhost_verify_reboot_timeout", VERIFY_REBOOT_TIMEOUT_DEFAULT)).strip()
+            ),
+            require_rescue=_flag(variables, "gpuhost_require_rescue", where),
         )
 
 

@@ -108,6 +108,7 @@ def plan_systemd_boot(
     writer: KernelCmdlineWriter,
     desired: KernelCommandLine,
     settings: PlanSettings,
+    rescue_options: tuple[str, ...],
     *,
     trial_wanted: bool,
     refuse: Refuse,
@@ -143,7 +144,7 @@ def plan_systemd_boot(
         )
     entry = booted.entry if booted is not None else None
     directory = booted.path.rsplit("/", 1)[0] if booted is not None else f"{firmware.esp or '/boot/efi'}/loader/entries"
-    trial_options = (*desired.tokens, f"panic={settings.trial_panic_seconds}", TRIAL_MARKER)
+    trial_options = (*desired.tokens, f"panic={settings.trial_panic_seconds}", TRIAL_MARKER, *rescue_options)
     return SystemdBootPlan(
         writer=writer,
         current_kernel_cmdline=None if firmware.kernel_cmdline_file is None else str(firmware.kernel_cmdline_file),

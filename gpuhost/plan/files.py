@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from gpuhost.plan.model import (
     APT_PIN_PATH,
+    DEADLINE_SERVICE_PATH,
+    DEADLINE_TIMER_PATH,
     GRUB_DROPIN_PATH,
     INITRAMFS_MODULES_MARKER,
     INITRAMFS_MODULES_PATH,
@@ -53,6 +55,7 @@ def plan_files(
     initramfs_modules: tuple[str, ...],
     initramfs_script: str | None,
     hugetlbfs_mount_point: str | None,
+    deadline_units: tuple[str, str],
 ) -> HostFiles:
     """Every phase's file changes, in the order the host gets them.
 
@@ -115,4 +118,21 @@ def plan_files(
     )
     if hugetlbfs_mount_point is not None:
         configure.append(FileChange(hugetlbfs_mount_point, FileState.DIRECTORY, mode=SCRIPT_MODE))
+    # Only the trial entry pulls the deadline in (systemd.wants=); the files go when the trial ends,
+    # and an interrupted trial's with the next apply that has none.
+    timer, service = deadline_units
+    remove_deadline = [
+        FileChange(DEADLINE_TIMER_PATH, FileState.ABSENT),
+        FileChange(DEADLINE_SERVICE_PATH, FileState.ABSENT),
+    ]
+    configure += (
+        [
+            FileChange(DEADLINE_TIMER_PATH, FileState.PRESENT, timer),
+            FileChange(DEADLINE_SERVICE_PATH, FileState.PRESENT, service),
+        ]
+        if trial_now
+        else remove_deadline
+    )
+    commit += remove_deadline
+    revert += remove_deadline
     return HostFiles(configure=tuple(configure), commit=tuple(commit), revert=tuple(revert))

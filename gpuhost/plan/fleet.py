@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuhost.audit import audit_fleet
 from gpuhost.errors import GpuhostError, shortened
@@ -19,9 +19,12 @@ class PlanOutcome:
     error: str | None  # unreachable, or what the planner could not read
 
 
-def plan_fleet(targets: Sequence[Target], forks: int) -> list[PlanOutcome]:
-    """Every target's plan; its settings were validated when its configuration was read."""
+def plan_fleet(targets: Sequence[Target], forks: int, require_rescue: bool = False) -> list[PlanOutcome]:
+    """Every target's plan; its settings were validated when its configuration was read.
+    `require_rescue`: apply --require-rescue, which reaches the playbook's planner as an extra var."""
     settings = {target.name: target.require_config().plan for target in targets}
+    if require_rescue:
+        settings = {name: replace(plan, require_rescue=True) for name, plan in settings.items()}
     outcomes = []
     for audit in audit_fleet(targets, forks):
         name = audit.target.name

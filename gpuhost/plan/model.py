@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuhost.errors import GpuhostError
 from gpuhost.facts.model import GPUHOST_GRUB_DROPIN, TextEnum
 from gpuhost.problems import Problem
+
+if TYPE_CHECKING:
+    from gpuhost.plan.rescue import TrialRescue
 
 GRUB_DROPIN_PATH = GPUHOST_GRUB_DROPIN
 INITRAMFS_MODULES_PATH = "/etc/initramfs-tools/modules"
@@ -48,6 +51,11 @@ TRIAL_LOADER_ENTRY_PATHS = tuple(
     f"{directory}/{TRIAL_LOADER_ENTRY_ID}"
     for directory in ("/boot/efi/loader/entries", "/efi/loader/entries", "/boot/loader/entries")
 )
+# The trial's userspace deadline (gpuhost.plan.rescue): a timer only the trial entry pulls in, and its service.
+DEADLINE_TIMER = "gpuhost-trial-deadline.timer"
+DEADLINE_SERVICE = "gpuhost-trial-deadline.service"
+DEADLINE_TIMER_PATH = f"/etc/systemd/system/{DEADLINE_TIMER}"
+DEADLINE_SERVICE_PATH = f"/etc/systemd/system/{DEADLINE_SERVICE}"
 BACKUP_DIR = "/var/lib/gpuhost/backup"  # what apply overwrites or deletes, kept for `gpuhost rollback`
 
 
@@ -213,6 +221,7 @@ class HostPlan:
     modprobe_conflicts: tuple[ModprobeConflict, ...]  # commented out by apply (the file backed up first)
     backup_files: tuple[str, ...]  # files apply overwrites or deletes, copied to BACKUP_DIR first (once)
     files: HostFiles
+    rescue: TrialRescue  # what brings a hung trial boot back (gpuhost.plan.rescue), armed only on a trial
     reboot_needed: bool
     reboot_reasons: tuple[str, ...]
     verify_command: str  # shell: exit 0 when the host booted into the planned state (reboot test_command)
@@ -248,11 +257,15 @@ class HostPlan:
             "trial_grub_script": TRIAL_GRUB_SCRIPT_PATH,
             "backup_dir": BACKUP_DIR,
             "kernel_cmdline": KERNEL_CMDLINE_PATH,
+            "deadline_timer": DEADLINE_TIMER_PATH,
+            "deadline_service": DEADLINE_SERVICE_PATH,
         }
         data["trial"]["entry_id"] = TRIAL_ENTRY_ID
         data["trial"]["marker"] = TRIAL_MARKER
         data["trial"]["loader_entry_id"] = TRIAL_LOADER_ENTRY_ID
         data["trial"]["now"] = self.trial_now
+        data["rescue"]["has_watchdog"] = self.rescue.has_watchdog
+        data["rescue"]["uncaught"] = [str(hang) for hang in self.rescue.uncaught]
         # A refusal's JSON keeps the keys it had before it was a Problem (host, fix) next to the Problem's own.
         data["refusals"] = [{**r.as_dict(), "host": self.host, "fix": r.remedy} for r in self.refusals]
         plain: dict[str, Any] = _plain(data)

@@ -39,7 +39,8 @@ from gpuhost.plan.model import (
     KernelCmdlineWriter,
     TrialBoot,
 )
-from gpuhost.plan.platform import check_platform, choose_kernel_cmdline_writer
+from gpuhost.plan.platform import Refuse, check_platform, choose_kernel_cmdline_writer
+from gpuhost.plan.rescue import REFUSE_RESCUE_NONE, TrialRescue, deadline_units, plan_rescue
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.selection import gpus_declared_twice, select_gpus
 from gpuhost.templates import render_template
@@ -162,6 +163,12 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
             + "): commented out, the kernel command line's vfio-pci.ids= is the one setting",
         )
     boot_filesystem, grubenv_problem = grubenv_location(facts)
+    rescue = plan_rescue(
+        facts.rescue,
+        reboot_timeout_s=settings.verify_reboot_timeout,
+        panic_seconds=settings.trial_panic_seconds,
+        kernel_release=facts.kernel_release,
+    )
     trial = TrialBoot(
         enabled=settings.trial_boot,
         panic_seconds=settings.trial_panic_seconds,
@@ -171,6 +178,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
             panic=settings.trial_panic_seconds,
             marker=TRIAL_MARKER,
             entry=TRIAL_ENTRY_ID,
+            rescue_options=rescue.kernel_options,
             testing_options=settings.trial_testing_options,
         ),
         grub_script=render_template(
@@ -182,7 +190,11 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     trial_now = trial.enabled and bool(reasons)
     systemd_boot = None
     if facts.bootloader.kind is BootloaderKind.SYSTEMD_BOOT:
-        systemd_boot = plan_systemd_boot(facts, writer, desired, settings, trial_wanted=trial_now, refuse=refuse)
+        systemd_boot = plan_systemd_boot(
+            facts, writer, desired, settings, rescue.kernel_options, trial_wanted=trial_now, refuse=refuse
+        )
+    if settings.require_rescue and reasons:
+        _check_rescue(rescue, trial_now, refuse)
     if settings.trial_boot and reasons and grubenv_problem and writer is KernelCmdlineWriter.UPDATE_GRUB:
         refuse(
             REFUSE_TRIAL_GRUBENV_UNWRITABLE,
@@ -236,13 +248,35 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
             initramfs_modules=modules,
             initramfs_script=initramfs_script,
             hugetlbfs_mount_point=pages.mount_point,
+            deadline_units=deadline_units(rescue.deadline_s),
         ),
+        rescue=rescue,
         reboot_needed=bool(reasons),
         reboot_reasons=reasons,
         verify_command=_verify_command(tuple(options), functions, removal.pin),
         notes=tuple(notes),
         refusals=tuple(refusals),
     )
+
+
+def _check_rescue(rescue: TrialRescue, trial_now: bool, refuse: Refuse) -> None:
+    """--require-rescue (gpuhost_require_rescue): no reboot without a watchdog to reset a kernel that stops."""
+    if not trial_now:
+        refuse(
+            REFUSE_RESCUE_NONE,
+            "rescue",
+            "the host reboots straight into the new command line (no trial boot): no rescue is armed for that boot.",
+            "Apply with the trial boot (without --no-trial, gpuhost_trial_boot: true), or without --require-rescue.",
+        )
+    elif not rescue.has_watchdog:
+        why = "; ".join(r.describe() for r in rescue.rescues[:2])
+        refuse(
+            REFUSE_RESCUE_NONE,
+            "rescue",
+            f"{rescue.warning} ({why}).",
+            "Install ipmitool where the host has a BMC (/dev/ipmi0), or load the board's watchdog driver "
+            "(iTCO_wdt, sp5100_tco); or apply without --require-rescue, with the console or BMC at hand.",
+        )
 
 
 def _reboot_reasons(

@@ -26,6 +26,8 @@ from gpuhost.output import write_output
 from gpuhost.plan.model import (
     APT_PIN_PATH,
     BACKUP_DIR,
+    DEADLINE_SERVICE_PATH,
+    DEADLINE_TIMER_PATH,
     GRUB_DROPIN_PATH,
     INITRAMFS_MODULES_MARKER,
     INITRAMFS_MODULES_PATH,
@@ -67,6 +69,8 @@ REMOVED_FILES = (
     INITRAMFS_SCRIPT_PATH,
     APT_PIN_PATH,
     *TRIAL_LOADER_ENTRY_PATHS,
+    DEADLINE_TIMER_PATH,
+    DEADLINE_SERVICE_PATH,
 )
 # How often a run checks for Ctrl-C (ansible-runner's pexpect_timeout; its default is 5 s).
 CANCEL_CHECK_SECONDS = 0.5
@@ -86,6 +90,7 @@ class ApplyRequest:
     max_fail_percentage: int
     report_path: Path
     trial: bool = True  # False: --no-trial
+    require_rescue: bool = False  # --require-rescue
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,8 @@ def apply(
     if not request.trial:
         # Only --no-trial is an extra var: without it, an inventory's own gpuhost_trial_boot holds.
         extravars["gpuhost_trial_boot"] = False
+    if request.require_rescue:
+        extravars["gpuhost_require_rescue"] = True
     stats, rc, status = run_playbook(
         SITE_PLAYBOOK,
         request.inventory,

@@ -20,6 +20,8 @@ import pytest
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.files import APT_PIN, plan_files
 from gpuhost.plan.model import (
+    DEADLINE_SERVICE_PATH,
+    DEADLINE_TIMER_PATH,
     GRUB_DROPIN_PATH,
     INITRAMFS_MODULES_MARKER,
     INITRAMFS_MODULES_PATH,
@@ -34,6 +36,7 @@ from gpuhost.plan.model import (
     SystemdBootPlan,
     TrialBoot,
 )
+from gpuhost.plan.rescue import deadline_units
 from tests.helpers import COLLECTION, snapshot_facts
 
 MODULE = COLLECTION / "plugins" / "modules" / "host_files.py"
@@ -195,9 +198,13 @@ def phases(trial_now: bool, systemd_boot: SystemdBootPlan | None = None, **kwarg
         "initramfs_modules": ("vfio", "vfio_pci"),
         "initramfs_script": None,
         "hugetlbfs_mount_point": None,
+        "deadline_units": deadline_units(1500),
         **kwargs,
     }
     return plan_files(**arguments)
+
+
+REMOVED_DEADLINE = [(DEADLINE_TIMER_PATH, FileState.ABSENT), (DEADLINE_SERVICE_PATH, FileState.ABSENT)]
 
 
 def paths(changes: Any) -> list[tuple[str, FileState]]:
@@ -211,11 +218,17 @@ def test_a_grub_trial_writes_the_trial_settings_and_leaves_the_default_entry_to_
         (TRIAL_SETTINGS_PATH, FileState.PRESENT),
         (INITRAMFS_MODULES_PATH, FileState.BLOCK),
         (INITRAMFS_SCRIPT_PATH, FileState.ABSENT),
+        (DEADLINE_TIMER_PATH, FileState.PRESENT),
+        (DEADLINE_SERVICE_PATH, FileState.PRESENT),
     ]
     assert files.configure[2].content == "vfio\nvfio_pci\n"
-    assert paths(files.commit) == [(GRUB_DROPIN_PATH, FileState.PRESENT), (TRIAL_SETTINGS_PATH, FileState.ABSENT)]
-    assert paths(files.revert) == [(TRIAL_SETTINGS_PATH, FileState.ABSENT)]
-    assert {c.regenerates for c in files.commit} == {Regenerates.GRUB}
+    assert paths(files.commit) == [
+        (GRUB_DROPIN_PATH, FileState.PRESENT),
+        (TRIAL_SETTINGS_PATH, FileState.ABSENT),
+        *REMOVED_DEADLINE,
+    ]
+    assert paths(files.revert) == [(TRIAL_SETTINGS_PATH, FileState.ABSENT), *REMOVED_DEADLINE]
+    assert {c.regenerates for c in files.commit} == {Regenerates.GRUB, None}
 
 
 def test_without_a_trial_the_default_entry_is_written_and_a_left_trial_removed() -> None:
@@ -225,6 +238,8 @@ def test_without_a_trial_the_default_entry_is_written_and_a_left_trial_removed()
         (TRIAL_SETTINGS_PATH, FileState.ABSENT),
     ]
     assert TRIAL_GRUB_SCRIPT_PATH not in [c.path for c in files.configure]
+    # A deadline an interrupted trial left goes too: nothing of the trial stays without one.
+    assert paths(files.configure)[-2:] == REMOVED_DEADLINE
 
 
 def test_systemd_boot_phases_write_the_trial_entry_then_kernel_cmdline() -> None:
@@ -234,6 +249,7 @@ def test_systemd_boot_phases_write_the_trial_entry_then_kernel_cmdline() -> None
     assert paths(trial.commit) == [
         (KERNEL_CMDLINE_PATH, FileState.PRESENT),
         (SYSTEMD_BOOT.trial_entry_path, FileState.ABSENT),
+        *REMOVED_DEADLINE,
     ]
     assert trial.commit[0].regenerates is Regenerates.LOADER_ENTRIES
     plain = phases(trial_now=False, systemd_boot=SYSTEMD_BOOT)

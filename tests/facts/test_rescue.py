@@ -34,6 +34,8 @@ def test_the_q35_host_has_two_watchdogs_and_a_bmc():
     assert rescue.ipmi_device == "/dev/ipmi0"
     kernel = rescue.kernel
     assert (kernel.panic_s, kernel.panic_on_oops, kernel.stalls_that_panic()) == (10, False, ())
+    # What a trial changes for its boot and puts back once verified (gpuhost.plan.rescue).
+    assert (kernel.hung_task_timeout_s, kernel.watchdog_thresh_s) == (120, 10)
     # Debian 12's system.conf leaves both commented out: systemd's defaults.
     assert (rescue.systemd_runtime_watchdog_s, rescue.systemd_reboot_watchdog_s) == (0.0, 600.0)
     [found] = _findings(facts, RESCUE_WATCHDOG)

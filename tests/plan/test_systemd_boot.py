@@ -56,7 +56,9 @@ def test_the_trial_is_a_copy_of_the_entry_that_booted_that_never_sorts_first() -
     default = parse_loader_entry((CAPTURE / "boot/efi/loader/entries/debian-6.1.0-50-amd64.conf").read_text())
     trial = parse_loader_entry(sdboot.trial_entry)
     assert (trial.linux, trial.initrds, trial.version) == (default.linux, default.initrds, default.version)
-    assert trial.options == parse_cmdline(sdboot.kernel_cmdline + f" panic=10 {TRIAL_MARKER}")
+    rescue = " ".join(result.rescue.kernel_options)
+    assert trial.options == parse_cmdline(sdboot.kernel_cmdline + f" panic=10 {TRIAL_MARKER} {rescue}")
+    assert "systemd.wants=gpuhost-trial-deadline.timer" in rescue and rescue not in sdboot.kernel_cmdline
     # Seen with bootctl on the lab host: an exact copy of the entry (sort-key debian) sorted before
     # it and was the default; without a sort-key it sorts after every kernel-install entry.
     assert default.sort_key == "debian" and trial.sort_key is None

@@ -21,6 +21,7 @@ from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.inventory.plan_settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTING_OPTIONS_ENV
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.model import TRIAL_MARKER
+from gpuhost.plan.rescue import KERNEL_STALL_OPTIONS
 from tests.helpers import FIXTURES, SNAPSHOTS
 
 LAB_VARS = {"gpuhost_gpus": ["1234:1111"], "gpuhost_hugepages": 1}
@@ -55,8 +56,16 @@ def test_trial_settings_are_the_dropin_plus_panic_and_the_marker(tmp_path: Path)
     default_line = source(str(grub), str(tmp_path / "dropin.cfg"))
     trial_line = source(str(grub), str(tmp_path / "trial.cfg"))
     assert " ".join(default_line.split()) == result.desired_grub_line
-    assert trial_line.split() == [*result.desired_grub_line.split(), "panic=10", TRIAL_MARKER]
+    assert trial_line.split() == [
+        *result.desired_grub_line.split(),
+        "panic=10",
+        TRIAL_MARKER,
+        *KERNEL_STALL_OPTIONS,
+        "systemd.wants=gpuhost-trial-deadline.timer",
+    ]
     assert "panic=" not in default_line and TRIAL_MARKER not in default_line
+    # The rescues are the trial entry's alone: the default entry never gets them.
+    assert not set(result.rescue.kernel_options) & set(default_line.split())
     # The GRUB script that builds the entry reads exactly that file, and names the entry grub-reboot boots.
     assert "[ -r /etc/default/gpuhost-trial.cfg ] || exit 0" in result.trial.grub_script
     assert "'gpuhost-trial'" in result.trial.grub_script and "/etc/grub.d/10_linux" in result.trial.grub_script

@@ -112,7 +112,10 @@ def test_interactive_apply_reads_the_inventory_once_and_reports_an_unreachable_h
     monkeypatch.setattr("ansible_runner.run", run)
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr("builtins.input", lambda prompt: "y")
-    monkeypatch.setattr("gpuhost.plan.fleet.plan_fleet", lambda targets, forks: [_lab_plan(t.name) for t in targets])
+    monkeypatch.setattr(
+        "gpuhost.plan.fleet.plan_fleet",
+        lambda targets, forks, require_rescue=False: [_lab_plan(t.name) for t in targets],
+    )
     report_path = tmp_path / "report.json"
 
     code = main(["apply", "-i", str(inventory), "--limit", "gpu01", "--report", str(report_path)])

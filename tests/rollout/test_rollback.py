@@ -35,7 +35,18 @@ def test_the_rollback_role_removes_what_the_planner_writes() -> None:
         build_facts(SnapshotTree(SNAPSHOTS / "lab-gpu-pair-fresh")),
         PlanSettings.from_variables({"gpuhost_gpus": ["1234:1111"]}, "lab-1"),
     ).to_json()["paths"]
-    written = {paths[k] for k in ("grub_dropin", "trial_settings", "trial_grub_script", "initramfs_script", "apt_pin")}
+    written = {
+        paths[k]
+        for k in (
+            "grub_dropin",
+            "trial_settings",
+            "trial_grub_script",
+            "initramfs_script",
+            "apt_pin",
+            "deadline_timer",
+            "deadline_service",
+        )
+    }
     assert written | set(TRIAL_LOADER_ENTRY_PATHS) == set(REMOVED_FILES)
     assert defaults["gpuhost_rollback_kernel_install_refresh"] == KERNEL_INSTALL_REFRESH
 

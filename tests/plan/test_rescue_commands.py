@@ -1,0 +1,189 @@
+"""The trial rescue's shell (arm and stop), run by sh against stand-ins for ipmitool, systemctl and
+busctl that keep their state in files: what each command runs, and that a second stop changes nothing.
+
+The stand-ins print what the real programs print: `ipmitool mc watchdog get` as ipmitool's
+ipmi_mc.c formats it (lines "Watchdog Timer Use:     OS Load (0x43)" and "Watchdog Timer Is:
+Started/Running" or "Stopped"), `busctl get-property` of a `t` property as "t 0".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from pathlib import Path
+
+from gpuhost.facts.build import build_facts
+from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.plan.model import TRIAL_MARKER
+from gpuhost.plan.rescue import deadline_units, plan_rescue
+from tests.helpers import FIXTURES
+
+Q35 = build_facts(SnapshotTree(FIXTURES / "rescue" / "q35-watchdogs-ipmi")).rescue
+
+IPMITOOL = r"""#!/bin/sh
+echo "ipmitool $*" >> "$STATE/log"
+case "$*" in
+  "mc watchdog get")
+    use=$(cat "$STATE/use"); running=$(cat "$STATE/running")
+    printf 'Watchdog Timer Use:     %s\nWatchdog Timer Is:      %s\n' "$use" "$running"
+    [ -e "$STATE/expired" ] && printf 'Timer Expiration Flags: OS Load (0x08)\n'
+    true;;
+  "mc watchdog off") echo Stopped > "$STATE/running";;
+  "mc watchdog reset") echo Started/Running > "$STATE/running";;
+  raw*) echo 'OS Load (0x43)' > "$STATE/use";;
+esac
+"""
+SYSTEMCTL = r"""#!/bin/sh
+echo "systemctl $*" >> "$STATE/log"
+case "$1" in
+  is-active) [ "$(cat "$STATE/timer")" = active ];;
+  stop) echo inactive > "$STATE/timer";;
+esac
+"""
+JOURNALCTL = r"""#!/bin/sh
+[ -e "$STATE/journal" ] && cat "$STATE/journal"
+true
+"""
+BUSCTL = r"""#!/bin/sh
+echo "busctl $*" >> "$STATE/log"
+case "$*" in
+  *get-property*) echo "t $(cat "$STATE/runtime")";;
+  *"set-property"*RuntimeWatchdogUSec*) echo 0 > "$STATE/runtime";;
+esac
+"""
+
+
+def _stand_ins(tmp_path: Path) -> dict[str, str]:
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    bin_dir.mkdir()
+    state.mkdir()
+    for name, script in (
+        ("ipmitool", IPMITOOL),
+        ("systemctl", SYSTEMCTL),
+        ("busctl", BUSCTL),
+        ("journalctl", JOURNALCTL),
+    ):
+        (bin_dir / name).write_text(script)
+        (bin_dir / name).chmod(0o755)
+    for name, value in (
+        ("use", "SMS/OS (0x44)"),
+        ("running", "Stopped"),
+        ("timer", "active"),
+        ("runtime", "120000000"),
+    ):
+        (state / name).write_text(value + "\n")
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state)}
+
+
+def _proc(tmp_path: Path, cmdline: str) -> Path:
+    """A stand-in /proc: the trial boot's command line and its kernel settings as the trial entry set them."""
+    proc = tmp_path / "proc"
+    (proc / "sys/kernel").mkdir(parents=True)
+    (proc / "cmdline").write_text(cmdline + "\n")
+    trial = {"softlockup_panic": 1, "hung_task_panic": 1, "hung_task_timeout_secs": 600, "watchdog_thresh": 60}
+    for name, value in trial.items():
+        (proc / "sys/kernel" / name).write_text(f"{value}\n")
+    return proc
+
+
+def _sh(command: str, env: dict[str, str], proc: Path | None = None) -> subprocess.CompletedProcess[str]:
+    if proc is not None:
+        command = command.replace("/proc/", f"{proc}/")
+    return subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_arm_then_stop_stops_everything_once_and_a_second_stop_changes_nothing(tmp_path: Path) -> None:
+    assert Q35 is not None
+    rescue = plan_rescue(
+        dataclasses.replace(Q35, ipmitool="/usr/bin/ipmitool"),
+        reboot_timeout_s=900,
+        panic_seconds=10,
+        kernel_release=None,
+    )
+    env = _stand_ins(tmp_path)
+    state = Path(env["STATE"])
+    armed = _sh(rescue.bmc_arm_command, env)
+    assert armed.returncode == 0, armed.stderr
+    assert (state / "running").read_text().strip() == "Started/Running"
+    proc = _proc(tmp_path, f"BOOT_IMAGE=/vmlinuz root=/dev/vda1 panic=10 {TRIAL_MARKER} softlockup_panic=1")
+    stopped = _sh(rescue.stop_command, env, proc)
+    assert stopped.returncode == 0, stopped.stderr
+    # The stall panics, the deadline, the hardware watchdog and the BMC's timer.
+    assert stopped.stdout.split() == ["stopped"] * 4
+    # Back to what the q35 host had before its trial (its capture's /proc/sys/kernel).
+    restored = {f.name: f.read_text().strip() for f in (proc / "sys/kernel").iterdir()}
+    assert restored == {
+        "softlockup_panic": "0",
+        "hung_task_panic": "0",
+        "hung_task_timeout_secs": "120",
+        "watchdog_thresh": "10",
+    }
+    log = (state / "log").read_text()
+    assert "systemctl stop gpuhost-trial-deadline.timer" in log and "ipmitool mc watchdog off" in log
+    assert "RuntimeWatchdogUSec t 0" in log and "RebootWatchdogUSec t 600000000" in log
+    again = _sh(rescue.stop_command, env, proc)
+    assert again.returncode == 0 and "stopped" not in again.stdout  # the role's changed_when: not changed
+
+
+def test_a_bmc_timer_that_is_not_gpuhosts_is_left_running(tmp_path: Path) -> None:
+    assert Q35 is not None
+    rescue = plan_rescue(
+        dataclasses.replace(Q35, ipmitool="/usr/bin/ipmitool"),
+        reboot_timeout_s=900,
+        panic_seconds=10,
+        kernel_release=None,
+    )
+    env = _stand_ins(tmp_path)
+    state = Path(env["STATE"])
+    (state / "running").write_text("Started/Running\n")  # the host's own SMS/OS timer (ipmi_watchdog)
+    # The host came back on its old entry (no marker): its kernel settings are its own, left alone.
+    proc = _proc(tmp_path, "BOOT_IMAGE=/vmlinuz root=/dev/vda1")
+    result = _sh(rescue.stop_command, env, proc)
+    assert (proc / "sys/kernel/hung_task_timeout_secs").read_text() == "600\n"
+    assert result.returncode == 0 and "ipmitool mc watchdog off" not in (state / "log").read_text()
+    assert (state / "running").read_text().strip() == "Started/Running"
+
+
+def test_a_failing_stop_fails_the_task(tmp_path: Path) -> None:
+    assert Q35 is not None
+    rescue = plan_rescue(
+        dataclasses.replace(Q35, ipmitool="/usr/bin/ipmitool"),
+        reboot_timeout_s=900,
+        panic_seconds=10,
+        kernel_release=None,
+    )
+    env = _stand_ins(tmp_path)
+    (Path(env["PATH"].split(":")[0]) / "ipmitool").write_text("#!/bin/sh\nexit 1\n")
+    proc = _proc(tmp_path, "root=/dev/vda1")
+    assert _sh(rescue.stop_command, env, proc).returncode != 0  # the host fails before anything is committed
+
+
+def test_the_rescue_that_reset_the_trial_is_named_from_its_trace(tmp_path: Path) -> None:
+    assert Q35 is not None
+    rescue = plan_rescue(
+        dataclasses.replace(Q35, ipmitool="/usr/bin/ipmitool"),
+        reboot_timeout_s=900,
+        panic_seconds=10,
+        kernel_release=None,
+    )
+    env = _stand_ins(tmp_path)
+    state = Path(env["STATE"])
+    sys_dir = tmp_path / "sys/class/watchdog/watchdog0"
+    sys_dir.mkdir(parents=True)
+    (sys_dir / "bootstatus").write_text("0\n")
+
+    def acted() -> list[str]:
+        command = rescue.acted_command.replace("/sys/", f"{tmp_path}/sys/")
+        done = _sh(command, env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert acted() == []  # a panic leaves no trace of these
+    (state / "expired").write_text("")
+    assert acted() == ["bmc-watchdog"]
+    (sys_dir / "bootstatus").write_text("32\n")  # WDIOF_CARDRESET
+    _timer, service = deadline_units(rescue.deadline_s)
+    message = next(line for line in service.splitlines() if line.startswith("ExecStart=")).split(" ", 1)[1]
+    (state / "journal").write_text(message + "\n")
+    assert acted() == ["bmc-watchdog", "hardware-watchdog", "trial-deadline"]
