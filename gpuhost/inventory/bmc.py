@@ -8,6 +8,7 @@
       verify_tls: true             # Redfish; default true
       ca_bundle: /etc/gpuhost/bmc-ca.pem  # Redfish; a PEM file on the controller
       system: System.Embedded.1    # Redfish; only for a BMC that manages several systems
+      chassis_control: power-cycle # IPMI; or hard-reset
 
 Validated with the rest of the inventory, before anything connects. The password itself is read only
 when the BMC is used (`bmc_password`): from the vaulted variable or the named environment variable,
@@ -31,7 +32,11 @@ PASSWORD_VARIABLE = "gpuhost_bmc_password"  # noqa: S105 (the variable's name, n
 # What the controller keeps of a vaulted gpuhost_bmc_password when it reads the inventory: that it is
 # set. The inventory is read without the vault's secret; the playbook decrypts it when it needs it.
 PASSWORD_NOT_READ = "(set; read only when the BMC is used)"  # noqa: S105 (a placeholder)
-_KEYS = frozenset({"protocol", "address", "user", "password_env", "verify_tls", "ca_bundle", "system"})
+_KEYS = frozenset(
+    {"protocol", "address", "user", "password_env", "verify_tls", "ca_bundle", "system", "chassis_control"}
+)
+# IPMI's chassis control: power cycle (default; a hard reset where the BMC does not support it) or hard reset.
+CHASSIS_CONTROLS = ("power-cycle", "hard-reset")
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
@@ -91,6 +96,14 @@ def parse_bmc(variables: Mapping[str, Any], where: str) -> BmcEndpoint | None:
         raise InputError(f"{where}.verify_tls: {_quoted(verify_tls)} is not true or false. Fix gpuhost_bmc.verify_tls.")
     ca_bundle = value.get("ca_bundle")
     system = value.get("system")
+    chassis_control = value.get("chassis_control", CHASSIS_CONTROLS[0])
+    if chassis_control not in CHASSIS_CONTROLS:
+        raise InputError(
+            f"{where}.chassis_control: {_quoted(chassis_control)} is not one of {', '.join(CHASSIS_CONTROLS)}. "
+            "Fix gpuhost_bmc.chassis_control."
+        )
+    if protocol is BmcProtocol.REDFISH and "chassis_control" in value:
+        raise InputError(f"{where}.chassis_control: applies to IPMI only; remove it for protocol redfish.")
     if protocol is BmcProtocol.IPMI:
         for key in ("ca_bundle", "system"):
             if value.get(key) is not None:
@@ -117,6 +130,7 @@ def parse_bmc(variables: Mapping[str, Any], where: str) -> BmcEndpoint | None:
         ca_bundle=ca_bundle,
         system=system,
         password_env=password_env,
+        ipmi_hard_reset=chassis_control == "hard-reset",
     )
 
 

@@ -53,6 +53,9 @@ class BmcEndpoint:
     ca_bundle: str | None = None  # Redfish only: a PEM file on the controller; None: the system's CAs
     system: str | None = None  # Redfish only: the system's id when the BMC manages several
     password_env: str | None = None  # the environment variable holding the password; None: Ansible Vault
+    # IPMI only: chassis hard reset instead of power cycle (a BMC whose power cycle leaves the host off,
+    # as OpenIPMI's ipmi_sim does for a QEMU it did not start).
+    ipmi_hard_reset: bool = False
 
     @property
     def url(self) -> str:
@@ -424,11 +427,12 @@ def _ipmi_cycle(session: Any, endpoint: BmcEndpoint, host: str) -> PowerCycle:
     before = _ipmi_state(session, endpoint, host)
     # Chassis power cycle is a no-op on a chassis that is off (IPMI 2.0, 28.3): power it on instead.
     # Power cycle is optional in IPMI: a BMC that answers 0xCC to it gets a hard reset.
-    attempts = (
-        [(_POWER_ON, "chassis power on")]
-        if before is PowerState.OFF
-        else [(_POWER_CYCLE, "chassis power cycle"), (_HARD_RESET, "chassis hard reset")]
-    )
+    if before is PowerState.OFF:
+        attempts = [(_POWER_ON, "chassis power on")]
+    elif endpoint.ipmi_hard_reset:
+        attempts = [(_HARD_RESET, "chassis hard reset")]
+    else:
+        attempts = [(_POWER_CYCLE, "chassis power cycle"), (_HARD_RESET, "chassis hard reset")]
     for directive, action in attempts:
         sent_at = _now()
         response = session.raw_command(netfn=_CHASSIS_CONTROL[0], command=_CHASSIS_CONTROL[1], data=[directive])

@@ -150,6 +150,16 @@ def test_ipmi_power_cycle_reaches_the_host_as_ipmi_sims_power_off(ipmi: IpmiSimu
     assert ipmi.vm_commands == ["power off"]
 
 
+def test_ipmi_hard_reset_when_asked_reaches_the_host_as_ipmi_sims_reset(ipmi: IpmiSimulator) -> None:
+    cycle = power_cycle(ipmi_endpoint(ipmi, ipmi_hard_reset=True), IPMI_PASSWORD, "gpu01")
+    assert (cycle.action, cycle.state_before) == ("chassis hard reset", PowerState.ON)
+    deadline = time.monotonic() + 10
+    while not ipmi.vm_commands:
+        assert time.monotonic() < deadline, "ipmi_sim sent the host nothing within 10 s"
+        time.sleep(0.2)
+    assert ipmi.vm_commands == ["reset"]
+
+
 def test_ipmi_wrong_password_is_a_credentials_error(ipmi: IpmiSimulator) -> None:
     wrong = "Wrong-Ipmi-9043"
     with pytest.raises(BmcCredentialsRejected) as raised:

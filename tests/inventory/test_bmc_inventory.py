@@ -41,6 +41,10 @@ def bmc(**values: object) -> dict[str, Any]:
             {**bmc(protocol="ipmi", address="10.0.9.12:1623"), "gpuhost_bmc_password": "x"},
             BmcEndpoint(BmcProtocol.IPMI, "10.0.9.12", 1623, "power"),
         ),
+        (
+            bmc(protocol="ipmi", address="10.0.9.12", chassis_control="hard-reset", password_env="P"),
+            BmcEndpoint(BmcProtocol.IPMI, "10.0.9.12", 623, "power", password_env="P", ipmi_hard_reset=True),
+        ),
         ({}, None),
     ],
 )
@@ -68,6 +72,8 @@ def test_valid_gpuhost_bmc_is_parsed(variables: dict[str, Any], expected: BmcEnd
         (bmc(password_env="P", ca_bundle="/nonexistent/ca.pem"), ["gpuhost_bmc.ca_bundle", "not a file"]),
         (bmc(password_env="P", system="../../x"), ["gpuhost_bmc.system"]),
         (bmc(password_env="P", protocol="ipmi", address="10.0.9.11", system="S1"), ["Redfish only"]),
+        (bmc(password_env="P", protocol="ipmi", address="h", chassis_control="off"), ["power-cycle, hard-reset"]),
+        (bmc(password_env="P", chassis_control="hard-reset"), ["gpuhost_bmc.chassis_control", "IPMI only"]),
         ({"gpuhost_bmc": "https://10.0.9.11"}, ["a mapping"]),
         ({"gpuhost_bmc_password": "x"}, ["gpuhost_bmc_password is set but gpuhost_bmc is not"]),
     ],
