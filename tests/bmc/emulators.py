@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 from cryptography import x509
@@ -85,15 +86,31 @@ class RedfishEmulator:
 
     def power_state(self) -> str:
         """The system's PowerState as the emulator reports it (its own API, read with urllib)."""
+        with self._request(f"/redfish/v1/Systems/{SYSTEM_ID}") as response:
+            return str(json.load(response)["PowerState"])
+
+    def power_off(self) -> None:
+        """ForceOff through the emulator's own API, and wait until the system shows Off (the fake
+        driver carries out a power change 1 to 11 s after it is asked)."""
+        body = json.dumps({"ResetType": "ForceOff"}).encode()
+        with self._request(f"/redfish/v1/Systems/{SYSTEM_ID}/Actions/ComputerSystem.Reset", body):
+            pass
+        deadline = time.monotonic() + 30
+        while self.power_state() != "Off":
+            assert time.monotonic() < deadline, "the emulated system did not power off within 30 s"
+            time.sleep(0.5)
+
+    def _request(self, path: str, body: bytes | None = None) -> Any:
         import base64
         import ssl
 
-        request = urllib.request.Request(f"https://127.0.0.1:{self.port}/redfish/v1/Systems/{SYSTEM_ID}")
+        request = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", data=body)
         token = base64.b64encode(f"{REDFISH_USER}:{self.password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
+        if body is not None:
+            request.add_header("Content-Type", "application/json")
         context = ssl.create_default_context(cafile=str(self.certificate))
-        with urllib.request.urlopen(request, context=context, timeout=10) as response:
-            return str(json.load(response)["PowerState"])
+        return urllib.request.urlopen(request, context=context, timeout=10)
 
     def resets(self) -> int:
         """How many resets the emulator accepted, from its own access log."""
