@@ -19,10 +19,12 @@ from typing import Any
 
 from gpuhost.errors import InputError, MissingDependencyError, NoHostsSelected
 from gpuhost.facts.snapshot import SnapshotTree
+from gpuhost.inventory.bmc import PASSWORD_NOT_READ, PASSWORD_VARIABLE, parse_bmc
 from gpuhost.inventory.plan_settings import PlanSettings, gpus_variable
 from gpuhost.inventory.policy import ROLES, AuditPolicy, Role
 from gpuhost.inventory.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
 from gpuhost.selection import GpuSelector, allowed_shared_groups
+from gpuhost.transport.bmc import BmcEndpoint
 from gpuhost.transport.ssh import SshOptions
 
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
@@ -48,6 +50,7 @@ class HostConfig:
     plan: PlanSettings
     render: HostPolicy
     vms: tuple[VmSpec, ...]
+    bmc: BmcEndpoint | None = None  # gpuhost_bmc: the power cycle of a trial that never answers
 
     def vm(self, name: str, where: str) -> VmSpec:
         """The VM called `name` in the host's `gpuhost_vms`."""
@@ -203,6 +206,7 @@ def host_config(variables: Mapping[str, Any], defaults: ConnectionDefaults, wher
         plan=PlanSettings.from_variables(variables, where, gpus=defaults.gpus),
         render=host_policy(variables, audit, where),
         vms=vms,
+        bmc=parse_bmc(variables, where),
     )
 
 
@@ -348,8 +352,11 @@ def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict
             resolved = {
                 key: templar.template(value)
                 for key, value in variables.items()
-                if key.startswith(("ansible_", "gpuhost_")) and key != "ansible_play_hosts_all"
+                if key.startswith(("ansible_", "gpuhost_")) and key not in ("ansible_play_hosts_all", PASSWORD_VARIABLE)
             }
+            # Vaulted, and decrypted only by the playbook that uses it: the controller keeps that it is set.
+            if variables.get(PASSWORD_VARIABLE) is not None:
+                resolved[PASSWORD_VARIABLE] = PASSWORD_NOT_READ
             result.append((host.name, resolved))
         _check_exact_limit(inventory, path, [host.name for host in hosts])
         return result, "localhost" in inventory.hosts

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from gpuhost.cli.common import ansible_printer, progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
+from gpuhost.inventory.bmc import check_password_source
 from gpuhost.inventory.policy import Role
 from gpuhost.metrics import apply_metrics, check_textfile_path, write_textfile
 from gpuhost.output import check_outputs
@@ -88,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
     selection = rollout_targets(args.inventory, args.limit, ConnectionDefaults(role=Role.HOST))
     targets = list(selection.targets)
     limit = ansible_limit(selection, controller_play=True)
+    if not args.check:  # only a real trial can power-cycle a host through its BMC
+        for target in targets:
+            bmc = target.require_config().bmc
+            if bmc is not None:
+                check_password_source(bmc, f"inventory host {target.name}")
     if interactive:
         declined = _ask(targets, args.serial, console, args.require_rescue)
         if declined is not None:

@@ -134,6 +134,12 @@ def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome
         return HostOutcome(HostStatus.TRIAL_REVERTED, message)
     if kind == "runner_on_unreachable":
         return HostOutcome(HostStatus.UNREACHABLE, host_key_message(message) or message)
+    if result.get("bmc_error"):  # the rescue of a trial reboot: the host is down and its BMC did not help
+        return HostOutcome(
+            HostStatus.UNREACHABLE,
+            f"did not come back from the trial reboot by its deadline, and power-cycling it through its BMC "
+            f"failed: {message}",
+        )
     if "planner" in task and "refuses to configure" in message:
         return HostOutcome(HostStatus.REFUSED, message)
     if task.startswith("Reboot") and ("Timed out" in message or "timed out" in message):
@@ -156,6 +162,7 @@ class EventTracker:
         self.started = time.monotonic()
         self.task = ""
         self.stopped: dict[str, HostOutcome] = {}  # the failure that stopped each host
+        self._stopped_task: dict[str, str] = {}  # the task of each of those failures
         self.reached: set[str] = set()  # hosts whose batch began (the configure play ran a task on them)
         self.rebooted: set[str] = set()  # hosts a reboot task brought back (the report play may not run)
         self.in_run: set[str] = set()  # hosts of this run (the report play lists every inventory host)
@@ -182,7 +189,13 @@ class EventTracker:
         if kind == "runner_on_ok" and task.startswith("Reboot") and result.get("rebooted"):
             self.rebooted.add(host)
         if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
-            self.stopped.setdefault(host, stop_outcome(kind, task, result))
+            # The trial reboot's failure is rescued (the BMC's power cycle, gpuhost_verify): what the
+            # rescue ends with, a failure or a task that ran, is the host's outcome instead.
+            if host not in self.stopped or self._stopped_task.get(host, "").startswith("Reboot"):
+                self.stopped[host] = stop_outcome(kind, task, result)
+                self._stopped_task[host] = task
+        elif kind == "runner_on_ok" and self._stopped_task.get(host, "").startswith("Reboot"):
+            del self.stopped[host], self._stopped_task[host]
         line = self._progress(kind, host, task, result)
         if line is not None:
             self.progress(line)

@@ -141,7 +141,7 @@ def test_ansible_test_sanity_passes_on_the_installed_collection(installed: Path)
     assert result.returncode == 0, output[-6000:]
 
 
-@pytest.mark.parametrize("module", ["plan", "verify", "audit"])
+@pytest.mark.parametrize("module", ["plan", "verify", "audit", "bmc_power_cycle"])
 def test_each_module_is_documented_for_ansible_doc(module: str, installed: Path) -> None:
     result = _timed(
         f"ansible-doc {module}",

@@ -38,6 +38,11 @@ VARIABLES = {
     "gpuhost_verify_reboot_command": [f"systemctl reboot {value}" for value in HOSTILE],
     "gpuhost_rollback_reboot_timeout": list(HOSTILE),
     "gpuhost_rollback_reboot_command": [f"systemctl reboot {value}" for value in HOSTILE],
+    "gpuhost_bmc": [
+        *({"protocol": "redfish", "address": value, "user": "power", "password_env": "P"} for value in HOSTILE),
+        *({"protocol": "ipmi", "address": "10.0.9.11", "user": value, "password_env": "P"} for value in HOSTILE),
+        *({"protocol": "ipmi", "address": "10.0.9.11", "user": "power", "password_env": value} for value in HOSTILE),
+    ],
     "ansible_host": list(HOSTILE),
     "ansible_port": list(HOSTILE),
     "ansible_user": list(HOSTILE),

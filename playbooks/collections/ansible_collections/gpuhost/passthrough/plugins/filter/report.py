@@ -38,6 +38,13 @@ def report_entry(hostvars: Mapping[str, Any], check_mode: bool = False) -> dict[
         "functions": [f.get("address") for f in plan.get("functions", [])],
         "hugepages": (plan.get("hugepages") or {}).get("pages"),
         "verification": verified,
+        # A trial that never answered, power-cycled through the BMC: action, bmc, deadline_passed,
+        # sent_at, answered_at (UTC; answered_at null: it never did). Absent otherwise.
+        **(
+            {"power_cycled": dict(hostvars["gpuhost_verify_power_cycle"])}
+            if hostvars.get("gpuhost_verify_power_cycle")
+            else {}
+        ),
     }
 
 

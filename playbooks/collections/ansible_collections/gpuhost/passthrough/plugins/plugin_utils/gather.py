@@ -72,5 +72,10 @@ def gather_facts(action: Any, host: str) -> Any:
 
 
 def gpuhost_variables(action: Any, task_vars: dict[str, Any]) -> dict[str, Any]:
-    """The host's gpuhost_* variables, templated."""
-    return {key: action._templar.template(value) for key, value in task_vars.items() if key.startswith("gpuhost_")}
+    """The host's gpuhost_* variables, templated; the BMC's vaulted password is not among them: it is
+    decrypted only by gpuhost.passthrough.bmc_power_cycle, when the BMC is used."""
+    return {
+        key: action._templar.template(value)
+        for key, value in task_vars.items()
+        if key.startswith("gpuhost_") and key != "gpuhost_bmc_password"
+    }
