@@ -63,7 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--require-rescue",
         action="store_true",
         help="refuse a host whose reboot would have no watchdog armed (the BMC's, with ipmitool, or a "
-        "hardware watchdog driven by systemd) to reset a trial boot that hangs; the plan names such hosts",
+        "hardware watchdog the host's own systemd pets) to reset a trial boot that hangs; the plan names such hosts",
     )
     parser.add_argument(
         "--prometheus",

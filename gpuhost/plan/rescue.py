@@ -9,11 +9,13 @@ hangs needs something to act, strongest first:
    across the host's reset is the BMC's own: the IPMI specification leaves it open, and FreeIPMI's
    bmc-watchdog(8) says the timer stops at a reboot on the BMCs it knows. The lab measures it
    (issue 31, item 4); the rescues below act whether it does or not.
-2. A hardware watchdog (/dev/watchdogN) that systemd opens and pets on the trial boot only
-   (systemd.watchdog_device= and systemd.watchdog_sec= on the trial entry, systemd's
-   kernel-command-line(7); systemd.watchdog_sec= also sets the reboot watchdog). It resets a
-   kernel that stops scheduling PID 1, from the moment systemd starts; it does not catch a
-   userspace stall (PID 1 keeps petting) nor anything before systemd runs.
+2. A hardware watchdog (/dev/watchdogN) is reported, not armed. systemd could drive it on the
+   trial boot only (systemd.watchdog_device= and systemd.watchdog_sec= on the trial entry), but
+   nothing could stop it once the trial is verified: PID 1's RuntimeWatchdogUSec is set over D-Bus,
+   and busctl cannot reach PID 1's private socket (on the lab's Debian 12, systemd 252, with no
+   D-Bus daemon: "Invalid request descriptor", 2026-11-28), so a committed trial would keep a 120 s
+   reboot watchdog until its next reboot. Until a stop is proven, a kernel that stops without a
+   panic is left to the BMC's watchdog.
 3. Kernel options on the trial entry only that turn stalls into panics, which panic=N turns into
    a reboot onto the old default: softlockup_panic=1 (a CPU stuck in the kernel), the hung-task
    panic (a task blocked in D state), and Debian's initramfs-tools, whose panic() reboots after
@@ -32,12 +34,12 @@ the deadline plus one more boot, sees the old entry come back and reverts.
 
 from __future__ import annotations
 
+import math
 import re
-import shlex
 from dataclasses import dataclass
 
 from gpuhost.facts.model import TextEnum
-from gpuhost.facts.rescue import SYSTEMD_DEFAULTS, RescueFacts, Watchdog
+from gpuhost.facts.rescue import RescueFacts, Watchdog
 from gpuhost.plan.model import DEADLINE_SERVICE, DEADLINE_TIMER, TRIAL_MARKER
 from gpuhost.problems import Severity, Stage, register
 
@@ -58,9 +60,6 @@ MIN_VERIFICATION_S = 120
 BMC_ARMING_SLACK_S = 60
 # The IPMI timer counts 100 ms ticks in 16 bits (Set Watchdog Timer, initial countdown).
 BMC_MAX_TIMEOUT_S = 0xFFFF // 10
-# systemd pets the hardware watchdog at half this; long enough that PID 1, slowed by emulation,
-# never misses it, and within iTCO_wdt's and i6300esb's ranges (up to 613 s and 2046 s).
-HARDWARE_WATCHDOG_S = 120
 # Soft lockups are reported after 2 x watchdog_thresh: 60 makes it 120 s (10 s by default), as
 # TCG stalls a healthy vCPU for 20 s and more ("soft lockup - CPU#0 stuck for 22s!").
 SOFTLOCKUP_THRESHOLD_S = 60
@@ -75,9 +74,6 @@ KERNEL_STALL_OPTIONS = (
     "sysctl.kernel.hung_task_panic=1",
     f"sysctl.kernel.hung_task_timeout_secs={HUNG_TASK_TIMEOUT_S}",
 )
-
-# systemd's private socket: busctl reaches PID 1 there without a D-Bus daemon (the lab hosts run none).
-SYSTEMD_PRIVATE_BUS = "unix:path=/run/systemd/private"
 
 
 class RescueKind(TextEnum):
@@ -156,15 +152,7 @@ def plan_rescue(
     deadline = reboot_timeout_s + allowance
     bmc_timeout = deadline + BMC_ARMING_SLACK_S
     bmc = _bmc_rescue(rescue, bmc_timeout)
-    watchdog, device = _hardware_watchdog(rescue)
-    hardware = Rescue(
-        RescueKind.HARDWARE_WATCHDOG,
-        device is not None,
-        HARDWARE_WATCHDOG_S if device is not None else None,
-        (Hang.KERNEL_STALL,) if device is not None else (),
-        watchdog,
-        "the stall",
-    )
+    hardware = _hardware_watchdog(rescue)
     kernel_note = _kernel_note(kernel_release)
     kernel = Rescue(
         RescueKind.KERNEL_PANICS,
@@ -188,19 +176,12 @@ def plan_rescue(
         "the trial kernel's start",
     )
     options = list(KERNEL_STALL_OPTIONS)
-    if device is not None:
-        options += [f"systemd.watchdog_device={device}", f"systemd.watchdog_sec={HARDWARE_WATCHDOG_S}"]
     options.append(f"systemd.wants={DEADLINE_TIMER}")
     rescues = (bmc, hardware, kernel, deadline_rescue)
     # The rescues whose time counts from the reboot; a stall panic counts from the stall, which may
     # come late in a slow boot: the controller does not wait for it (the host then comes back later).
     latest = max(deadline, bmc_timeout if bmc.armed else 0)
     has_watchdog = bmc.armed or hardware.armed
-    reboot_watchdog = (
-        SYSTEMD_DEFAULTS["RebootWatchdogSec"]
-        if rescue is None or rescue.systemd_reboot_watchdog_s is None
-        else rescue.systemd_reboot_watchdog_s
-    )
     return TrialRescue(
         rescues=rescues,
         kernel_options=tuple(options),
@@ -213,12 +194,11 @@ def plan_rescue(
             for command in (
                 _kernel_restore_command(rescue),
                 _DEADLINE_STOP,
-                _watchdog_stop_command(reboot_watchdog) if device is not None else "",
                 _BMC_STOP if bmc.armed else "",
             )
             if command
         ),
-        acted_command=_acted_command(bmc.armed, device),
+        acted_command=_acted_command(bmc.armed),
         warning=""
         if has_watchdog
         else "no watchdog is armed for the trial boot: a kernel that stops without a panic (no soft lockup, no "
@@ -296,25 +276,35 @@ def _bmc_rescue(rescue: RescueFacts | None, timeout: int) -> Rescue:
     )
 
 
-def _hardware_watchdog(rescue: RescueFacts | None) -> tuple[str, str | None]:
-    """Why there is none, or what is used and its device path."""
+def _hardware_watchdog(rescue: RescueFacts | None) -> Rescue:
+    """The host's own systemd petting a watchdog on every boot (the trial's included: nothing to arm
+    or stop), or why no hardware watchdog rescues the trial."""
+
+    def missing(why: str) -> Rescue:
+        return Rescue(RescueKind.HARDWARE_WATCHDOG, False, None, (), why)
+
     if rescue is None:
-        return "the snapshot did not gather the rescue facts (an older gpuhost)", None
+        return missing("the snapshot did not gather the rescue facts (an older gpuhost)")
+    if rescue.systemd_runtime_watchdog_s:
+        seconds = rescue.systemd_runtime_watchdog_s
+        return Rescue(
+            RescueKind.HARDWARE_WATCHDOG,
+            True,
+            math.ceil(seconds),
+            (Hang.KERNEL_STALL,),
+            f"the host's own systemd pets the watchdog on every boot (RuntimeWatchdogSec {seconds:g} s)",
+            "the stall",
+        )
     free = [w for w in rescue.watchdogs if not w.active and not _is_ipmi(w)]
     if not free:
         named = ", ".join(w.describe() for w in rescue.watchdogs)
-        return (f"every watchdog is in use ({named})" if named else "no watchdog device (/sys/class/watchdog)"), None
-    if rescue.systemd_runtime_watchdog_s is None:
-        return "no systemd configuration was found (systemd drives the watchdog)", None
-    if rescue.systemd_runtime_watchdog_s:
-        # The host's own configuration already pets a watchdog: the trial keeps it as it is.
-        return (
-            f"systemd already pets the watchdog on every boot (RuntimeWatchdogSec "
-            f"{rescue.systemd_runtime_watchdog_s:g} s)",
-            None,
-        )
-    device = f"/dev/{free[0].name}"
-    return f"{free[0].describe()} petted by systemd every {HARDWARE_WATCHDOG_S // 2} s on the trial boot only", device
+        return missing(f"every watchdog is in use ({named})" if named else "no watchdog device (/sys/class/watchdog)")
+    # See the module's docstring: systemd could drive it on the trial entry, but no stop is proven.
+    return missing(
+        f"{free[0].describe()} is there, but gpuhost cannot stop a watchdog systemd opened for the trial once the "
+        "trial is verified (busctl cannot reach PID 1 without a D-Bus daemon); set RuntimeWatchdogSec in "
+        "/etc/systemd/system.conf to have systemd pet it on every boot"
+    )
 
 
 def _is_ipmi(watchdog: Watchdog) -> bool:
@@ -363,23 +353,16 @@ def _kernel_restore_command(rescue: RescueFacts | None) -> str:
     )
 
 
-def _acted_command(bmc: bool, device: str | None) -> str:
+def _acted_command(bmc: bool) -> str:
     """Which rescue reset the trial: arming cleared the BMC's OS Load expiration flag (bit 3, 0x08),
-    so a set flag is gpuhost's timer expiring; a watchdog's bootstatus has WDIOF_CARDRESET (0x20)
-    after it reset the machine (where its driver reports it); the deadline's service writes its
-    line to the journal (where the journal persists). A panic leaves none of these."""
+    so a set flag is gpuhost's timer expiring; the deadline's service writes its line to the journal
+    (where the journal persists). A panic leaves neither."""
     checks = []
     if bmc:
         checks.append(
             "flags=$(ipmitool mc watchdog get 2> /dev/null | "
             "sed -n 's/^Timer Expiration Flags:.*0x\\([0-9a-fA-F][0-9a-fA-F]\\).*/\\1/p'); "
             '[ -n "$flags" ] && [ $((0x$flags & 8)) -ne 0 ] && echo bmc-watchdog'
-        )
-    if device is not None:
-        status = f"/sys/class/watchdog/{device.removeprefix('/dev/')}/bootstatus"
-        checks.append(
-            f"status=$(cat {status} 2> /dev/null); case $status in ''|*[!0-9]*) status=0;; esac; "
-            "[ $((status & 32)) -ne 0 ] && echo hardware-watchdog"
         )
     checks.append(
         f"journalctl -b -1 -q -o cat -u {DEADLINE_SERVICE} 2> /dev/null | grep -q 'not verified within' "
@@ -399,21 +382,3 @@ _BMC_STOP = (
     "case $state in *'OS Load'*) ;; *) exit 0;; esac; "
     "case $state in *Started/Running*) ipmitool mc watchdog off > /dev/null && echo stopped;; esac"
 )
-
-
-def _watchdog_stop_command(reboot_watchdog_s: float) -> str:
-    """systemd's runtime watchdog off, its reboot watchdog back to the host's setting (systemd.watchdog_sec=
-    set both): the D-Bus properties RuntimeWatchdogUSec and RebootWatchdogUSec are writable."""
-    reboot_usec = int(reboot_watchdog_s * 1_000_000) if reboot_watchdog_s != float("inf") else 2**64 - 1
-    busctl = (
-        f"busctl --address={shlex.quote(SYSTEMD_PRIVATE_BUS)} set-property org.freedesktop.systemd1 "
-        "/org/freedesktop/systemd1 org.freedesktop.systemd1.Manager"
-    )
-    get = (
-        f"busctl --address={shlex.quote(SYSTEMD_PRIVATE_BUS)} get-property org.freedesktop.systemd1 "
-        "/org/freedesktop/systemd1 org.freedesktop.systemd1.Manager RuntimeWatchdogUSec"
-    )
-    return (
-        f'[ "$({get})" = "t 0" ] && exit 0; '
-        f"{busctl} RuntimeWatchdogUSec t 0 && {busctl} RebootWatchdogUSec t {reboot_usec} && echo stopped"
-    )

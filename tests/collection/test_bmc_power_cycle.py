@@ -245,7 +245,8 @@ def run_reboot_step(tmp_path: Path, sshd_server: Any, host_variables: dict[str, 
         "ansible_python_interpreter": "/usr/bin/python3",
         "gpuhost_known_hosts_file": str(known_hosts),
         "gpuhost_trial_now": True,
-        "gpuhost_plan": {"reboot_needed": True, "verify_command": "true"},
+        # A trial's reboot waits for the plan's controller_wait_s (its rescues' time plus one boot).
+        "gpuhost_plan": {"reboot_needed": True, "verify_command": "true", "rescue": {"controller_wait_s": 5}},
         "gpuhost_verify_reboot_command": "true",
         "gpuhost_verify_bmc_settle_seconds": 0,
         "gpuhost_test_out": str(tmp_path / "rescue.json"),
@@ -257,7 +258,8 @@ def run_reboot_step(tmp_path: Path, sshd_server: Any, host_variables: dict[str, 
     playbook.write_text(yaml.safe_dump(REBOOT_PLAYBOOK, sort_keys=False))
     tracker = RecordingTracker()
     targets = inventory_targets(inventory, "gpu01", ConnectionDefaults())
-    # 5 s: under the inventory's lowest (30 s), so an extra var, as apply passes its own.
+    # 5 s: under the inventory's lowest (30 s), so an extra var, as apply passes its own (a reboot
+    # without a trial waits for it).
     extravars = {"gpuhost_verify_reboot_timeout": 5}
     engine.run_playbook(playbook, inventory, ["gpu01", "localhost"], extravars, "", targets, tracker)
     return tracker
