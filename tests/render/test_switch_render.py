@@ -20,7 +20,7 @@ from gpuhost.render.validate import validate_domain_xml
 from gpuhost.render.xml import render_plan
 from gpuhost.selection import GpuSelector
 from tests.helpers import snapshot_facts
-from tests.render.test_domain import _with_1g_pages, hostdevs, require_validator
+from tests.render.test_domain import CASES, _with_1g_pages, hostdevs, require_validator
 from tests.switch_host import NIC_ADDRESS, epyc_switch_host
 
 ALL = GpuSelector(select_all_nvidia=True)
@@ -220,3 +220,14 @@ def test_a_machines_own_view_nests_its_gpus_under_its_switches():
     assert [[g.busid for g in cpu.switches[0].gpus] for cpu in topology.cpus] == [list(NODE0_GPUS), list(NODE1_GPUS)]
     assert all(cpu.gpus == () for cpu in topology.cpus)
     assert sorted(parse_nccl_topology(topology_xml(topology))) == sorted((*NODE0_GPUS, *NODE1_GPUS))
+
+
+def test_a_host_without_switches_gets_root_ports_only():
+    """The recorded lab GPU and the HGX host's GPUs sit right behind root ports: no guest switch
+    (their golden files in tests/fixtures/render/ are unchanged, byte for byte)."""
+    for name in ("lab-gpu-pair", "hgx-8gpu-all"):
+        build, policy, entry = CASES[name]
+        plan = plan_domain(build(), parse_vm(entry, "test"), policy, host="h")
+        assert {port.model for port in plan.ports} == {PortModel.ROOT}, name
+        assert all(cpu.switches == () for cpu in topology_for_plan(build(), plan).cpus), name
+        assert "pcie-switch" not in render_plan(plan), name
