@@ -5,6 +5,8 @@ at each GPU address.
 
 With ACS off on the switches' downstream ports the kernel puts each switch's downstream ports and
 GPUs in one IOMMU group (4 GPUs per group); with ACS on, each GPU and each port has a group of its own.
+With `nic`, node 1's switch has a fifth downstream port with a NIC behind it (the lab host's recorded
+virtio-net function at 0000:a4:00.0), in that switch's shared group with ACS off, alone with ACS on.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tests.helpers import snapshot_facts
 GIB_KIB = 1024 * 1024
 NODE_CPUS = ("0-63,128-191", "64-127,192-255")  # two 64-core EPYC sockets, SMT siblings n and n+128
 GPUS_PER_SWITCH = 4
+NIC_ADDRESS = "0000:a4:00.0"  # with nic=True: behind node 1's switch, beside its GPUs
 
 
 def _bridge(template: PciFunction, address: str, group: int, node: int, parents: tuple[str, ...]) -> PciFunction:
@@ -39,9 +42,11 @@ def _bridge(template: PciFunction, address: str, group: int, node: int, parents:
     )
 
 
-def epyc_switch_host(acs: bool, gpu_driver: str | None = "nvidia") -> HostFacts:
-    """8 H100 PCIe behind 2 switches (one per socket); `acs` False puts each switch's 4 GPUs in one group."""
+def epyc_switch_host(acs: bool, gpu_driver: str | None = "nvidia", nic: bool = False) -> HostFacts:
+    """8 H100 PCIe behind 2 switches (one per socket); `acs` False puts each switch's 4 GPUs in one group.
+    `nic`: a NIC behind node 1's switch too, on `gpu_driver` like the GPUs."""
     base = snapshot_facts("lab-gpu-pair-fresh")
+    (nic_template,) = (f for f in base.pci if f.vendor_device == "1af4:1000")  # the lab host's virtio-net
     h100_machine = snapshot_facts("h100-guest")
     (h100,) = (f for f in h100_machine.pci if f.vendor_device == "10de:2330")
     port_template = next(f for f in base.pci if f.is_bridge and f.base_class == CLASS_PCI_BRIDGE)
@@ -80,6 +85,27 @@ def epyc_switch_host(acs: bool, gpu_driver: str | None = "nvidia") -> HostFacts:
                     numa_node=node,
                     local_cpulist=NODE_CPUS[node],
                     boot_vga=False,
+                    parents=(downstream, upstream, root),
+                )
+            )
+        if nic and node == 1:
+            downstream = f"0000:{root_bus + 0x11:02x}:{GPUS_PER_SWITCH:02x}.0"
+            port_group = shared_group if not acs else next_group
+            nic_group = shared_group if not acs else next_group + 1
+            if acs:
+                groups[port_group], groups[nic_group] = (downstream,), (NIC_ADDRESS,)
+                next_group += 2
+            else:
+                groups[shared_group] = (*groups[shared_group], downstream, NIC_ADDRESS)
+            functions.append(_bridge(port_template, downstream, port_group, node, (upstream, root)))
+            functions.append(
+                dataclasses.replace(
+                    nic_template,
+                    address=NIC_ADDRESS,
+                    driver=gpu_driver,
+                    iommu_group=nic_group,
+                    numa_node=node,
+                    local_cpulist=NODE_CPUS[node],
                     parents=(downstream, upstream, root),
                 )
             )

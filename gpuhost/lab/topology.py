@@ -13,6 +13,14 @@ is a 32-bit prefetchable BAR, and a root port has one prefetchable window, which
 below 4 GiB. SeaBIOS cannot fit the large BAR there and stops before the kernel (measured: a hang).
 Real GPUs have no 32-bit prefetchable BAR.
 
+Node 1 of the numa-gpus topology also has a PCIe switch (QEMU's x3130-upstream with two
+xio3130-downstream ports) behind a third root port: a std VGA stand-in GPU behind one downstream
+port, and behind the other a std VGA whose function 1 is a NIC (e1000e, 8086:10d3, class 0200). A
+NIC that the guest gets beside the GPUs, as on a GPU server whose NIC shares the GPUs' switch: being
+a function of the GPU's device, it shares its IOMMU group, the one way gpuhost passes a NIC today
+(gpuhost_allow_shared_group). A separate NIC would be alone in its group (each downstream port a
+group of its own), which no VM key passes.
+
 Under OVMF the BMC display is on the root bus, found before the stand-in GPU behind its root port,
 so the firmware's console (and so efifb/simpledrm in the kernel) is the BMC's, as on a server
 whose GPU is not the boot display. GRUB without Secure Boot picks the kernel's framebuffer itself;
@@ -43,8 +51,34 @@ SLOT_NIC = 0x5
 SLOT_DISK = 0x6
 SLOT_EXPANDER = 0x7  # the pcie-expander-bus of a topology with a second NUMA node
 EXPANDER_BUS = 0x80  # its bus number: the root port behind it is 80:00.0, the GPU 81:00.0
+SWITCH_NIC_ID = "8086:10d3"  # e1000e: the NIC behind numa-gpus' switch, function 1 of a stand-in GPU
+SWITCH_UPSTREAM_ID = "104c:8232"  # QEMU's x3130-upstream: a switch's upstream port
+SWITCH_DOWNSTREAM_ID = "104c:8233"  # QEMU's xio3130-downstream: its downstream ports
+# numa-gpus' switch on node 1, behind the expander bus's third root port (80:02.0, bus 0x83): its
+# upstream port at 83:00.0, downstream ports at 84:00.0 and 84:01.0 (buses 0x85 and 0x86).
+SWITCH_UPSTREAM = f"0000:{EXPANDER_BUS + 3:02x}:00.0"
+SWITCH_DOWNSTREAM = (f"0000:{EXPANDER_BUS + 4:02x}:00.0", f"0000:{EXPANDER_BUS + 4:02x}:01.0")
+SWITCH_GPUS = (f"0000:{EXPANDER_BUS + 5:02x}:00.0", f"0000:{EXPANDER_BUS + 6:02x}:00.0")
+SWITCH_NIC = f"0000:{EXPANDER_BUS + 6:02x}:00.1"
 
 NAME_PATTERN = re.compile(r"lab-[0-9]{1,3}")
+
+
+def _switch_on_node_1(chassis: int) -> tuple[str, ...]:
+    """A PCIe switch behind a root port (slot 2) of node 1's expander bus: a stand-in GPU behind its
+    first downstream port; behind its second, a stand-in GPU whose function 1 is a NIC."""
+    return (
+        f"pcie-root-port,id=switchport,chassis={chassis},bus=node1bus,addr=0x2",
+        "x3130-upstream,id=switchup,bus=switchport,addr=0x0",
+        # A downstream port is a hotplug slot: its (chassis, slot) pair must be unique.
+        f"xio3130-downstream,id=switchdown1,bus=switchup,addr=0x0,chassis={chassis + 1},slot=0",
+        f"xio3130-downstream,id=switchdown2,bus=switchup,addr=0x1,chassis={chassis + 2},slot=0",
+        "VGA,id=gpu3,bus=switchdown1,addr=0x0.0",
+        "VGA,id=gpu4,bus=switchdown2,addr=0x0.0,multifunction=on",
+        # No netdev: the NIC is there to sit behind the switch; no option ROM for the nested guest's
+        # SeaBIOS to run.
+        "e1000e,id=switchnic,bus=switchdown2,addr=0x0.1,romfile=",
+    )
 
 
 def _gpu_behind_root_port(index: int, slot: int, bus: str = "pcie.0") -> tuple[str, ...]:
@@ -131,7 +165,8 @@ TOPOLOGIES: dict[str, Topology] = {
             name="numa-gpus",
             summary="two NUMA nodes; on node 1's pcie-expander-bus the gpu-pair and a large-BAR card (a virtio-gpu "
             f"display with a PCI test function whose 64-bit prefetchable BAR is {LARGE_BAR}iB), each behind its "
-            "own root port; a CPU with 42 address bits: two VMs on one node, and a large BAR for a nested guest",
+            "own root port, and a PCIe switch with two stand-in GPUs and a NIC (the second GPU's function 1) "
+            "behind it; a CPU with 42 address bits: two VMs on one node, a large BAR and a switch for a nested guest",
             iommu=True,
             devices=(
                 f"pxb-pcie,id=node1bus,bus_nr={EXPANDER_BUS:#x},numa_node=1,bus=pcie.0,addr={SLOT_EXPANDER:#x}",
@@ -139,6 +174,7 @@ TOPOLOGIES: dict[str, Topology] = {
                 "pcie-root-port,id=gpu2port,chassis=2,bus=node1bus,addr=0x1",
                 "virtio-gpu-pci,id=gpu2,bus=gpu2port,addr=0x0.0,multifunction=on",
                 f"pci-testdev,id=gpu2bar,bus=gpu2port,addr=0x0.1,membar={LARGE_BAR}",
+                *_switch_on_node_1(chassis=3),
             ),
             gpus=(GPU_ID, LARGE_BAR_GPU_ID),
             gpu_functions=(
@@ -146,6 +182,8 @@ TOPOLOGIES: dict[str, Topology] = {
                 f"0000:{EXPANDER_BUS + 1:02x}:00.1",
                 f"0000:{EXPANDER_BUS + 2:02x}:00.0",
                 f"0000:{EXPANDER_BUS + 2:02x}:00.1",
+                *SWITCH_GPUS,
+                SWITCH_NIC,
             ),
             intruders=(),
             numa_nodes=2,

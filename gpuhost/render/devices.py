@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuhost.facts.model import HostFacts
-from gpuhost.facts.pci import VENDOR_NVIDIA, PciFunction
+from gpuhost.facts.pci import CLASS_PCI_BRIDGE, VENDOR_NVIDIA, PciFunction
 from gpuhost.inventory.spec import HostPolicy, VmSpec
 from gpuhost.passthrough import GpuCard, GroupListing, analyse_groups
 from gpuhost.problems import Problem, Severity, Stage, listed, register
@@ -200,6 +200,34 @@ def passthrough_groups(
             by_slot.setdefault(function.slot, []).append(function)
         groups.append(Group(card, tuple(tuple(slot) for slot in by_slot.values())))
     return tuple(groups)
+
+
+def host_switch_of(facts: HostFacts, function: PciFunction) -> str | None:
+    """The upstream port of the PCIe switch `function` sits behind on the host, or None (behind a
+    root port, or its parents unknown).
+
+    sysfs gives a function's bridges, nearest first: behind a switch they are its downstream port,
+    the switch's upstream port, then the root port (or a higher switch's downstream port) above it:
+    three PCI-to-PCI bridges at least. Behind a root port there is one; behind a PCIe-to-PCI bridge
+    on a root port, two. Nested switches: the nearest one, which the function shares with its
+    siblings (what NCCL calls the function's PCI switch too: the grandparent in sysfs)."""
+    if len(function.parents) < 3:
+        return None
+    bridges = [facts.function(address) for address in function.parents[:3]]
+    if any(bridge is None or bridge.base_class != CLASS_PCI_BRIDGE for bridge in bridges):
+        return None
+    return function.parents[1]
+
+
+def host_switches(facts: HostFacts, groups: Sequence[Group]) -> dict[str, str]:
+    """Each passed device (its first function's host address) behind a host PCIe switch -> that switch."""
+    found: dict[str, str] = {}
+    for group in groups:
+        for device in group.devices:
+            switch = host_switch_of(facts, device[0])
+            if switch is not None:
+                found[device[0].address] = switch
+    return found
 
 
 def passthrough_nvswitches(

@@ -6,6 +6,10 @@ host; `render_plan` only fills templates/domain.xml.j2 in. The layout, and why:
 - q35 with every passed-through card behind its own pcie-root-port, the card's functions kept
   together as one multifunction device (function 0 carries multifunction='on'): on the root bus a
   GPU would be an integrated endpoint, whose link speed and width the guest driver cannot read.
+- Devices behind a PCIe switch on the host sit behind a guest switch that mirrors it (a root port,
+  a pcie-switch-upstream-port behind it, a pcie-switch-downstream-port per device; on the node's
+  expander bus like the other root ports): devices that share a host switch share the guest's, and
+  NCCL, reading the guest's tree or the topology file, sees which GPUs and NICs share one.
 - The vCPUs are pinned one to one to CPUs local to the GPUs' NUMA node and the guest memory is
   bound to that node. The host's CPUs are shared out among all its VMs at once, in inventory
   order (`allocate_cpus`), so no two VMs get the same CPUs. A VM whose GPUs sit on several
@@ -52,6 +56,7 @@ from gpuhost.render.cpus import allocate_cpus, format_cpulist, known_nodes
 from gpuhost.render.devices import (
     check_declared_once,
     check_functions,
+    host_switches,
     passthrough_groups,
     passthrough_nvswitches,
     resolve_gpus,
@@ -131,7 +136,8 @@ class DomainPlan:
 
     @property
     def passthrough_ports(self) -> tuple[RootPort, ...]:
-        """Every root port with a host device behind it: the GPUs, then the NVSwitches."""
+        """Every port with a host device behind it (a root port, or a guest switch's downstream
+        port): the GPUs, then the NVSwitches."""
         return tuple(port for port in self.ports if port.functions)
 
     @property
@@ -245,7 +251,7 @@ def plan_domain(
         if len(nodes) > 1
         else ()
     )
-    expanders, ports = pci_layout(spec, groups, node_of, nodes, nvswitches)
+    expanders, ports = pci_layout(spec, groups, node_of, nodes, nvswitches, host_switches(facts, groups))
     hole64 = hole64_bytes(ports)
     # Known only once the cards are laid out behind their ports (each port's window aligned to its
     # largest BAR), so refused on its own, after the conflicts above.

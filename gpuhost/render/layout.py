@@ -1,4 +1,10 @@
-"""The guest's PCI layout: root ports, expander buses per NUMA cell, and the functions behind them."""
+"""The guest's PCI layout: root ports, expander buses per NUMA cell, and the functions behind them.
+
+Devices that sit behind a PCIe switch on the host sit behind one in the guest: per host switch a
+root port (on the node's expander bus, like the others), a switch upstream port behind it and one
+downstream port per device, so devices sharing a host switch share a guest switch and devices on
+different switches do not (NCCL reads that from the guest's tree, and from the topology file).
+"""
 
 from __future__ import annotations
 
@@ -20,9 +26,10 @@ LAST_PORT_SLOT = 0x1E
 
 
 class PortKind(TextEnum):
-    """What sits behind a root port."""
+    """What sits behind a port."""
 
     GPU = "GPU"  # a passed-through GPU (with its group's other functions)
+    SWITCH = "switch"  # a guest PCIe switch mirroring a host's (its upstream port, or the root port above it)
     NVSWITCH = "NVSwitch"  # a passed-through NVSwitch
     DISK = "disk"
     NETWORK = "network"
@@ -37,18 +44,38 @@ class GuestFunction:
     multifunction: bool  # function 0 of a device with several functions
 
 
+class PortModel(TextEnum):
+    """libvirt's controller model of a port (the value), each with QEMU's device (`qemu_device`)."""
+
+    ROOT = "pcie-root-port"
+    SWITCH_UPSTREAM = "pcie-switch-upstream-port"
+    SWITCH_DOWNSTREAM = "pcie-switch-downstream-port"
+
+    @property
+    def qemu_device(self) -> str:
+        """The <model name=...> libvirt gives each (the QEMU device it starts)."""
+        return {
+            PortModel.ROOT: "pcie-root-port",
+            PortModel.SWITCH_UPSTREAM: "x3130-upstream",
+            PortModel.SWITCH_DOWNSTREAM: "xio3130-downstream",
+        }[self]
+
+
 @dataclass(frozen=True)
 class RootPort:
-    """A pcie-root-port controller and what sits behind it (one device, maybe multifunction)."""
+    """A PCIe port controller and what sits behind it (one device, maybe multifunction): a root
+    port, or (`model`) the upstream or a downstream port of a guest switch."""
 
     index: int  # controller index = the guest bus its device is addressed on
-    chassis: int
+    chassis: int  # a switch's upstream port has none (0)
     port: int
-    bus: int  # controller index of its parent (0: pcie.0, else a pcie-expander-bus)
+    bus: int  # controller index of its parent (0: pcie.0, a pcie-expander-bus, a root port or an upstream port)
     slot: int
     kind: PortKind
     label: str  # for the XML's comment: 'GPU 0000:41:00.0', 'disk', 'network', 'rng'
     functions: tuple[GuestFunction, ...] = ()
+    model: PortModel = PortModel.ROOT
+    host_switch: str | None = None  # a guest switch's ports: the host switch's upstream port they mirror
 
 
 @dataclass(frozen=True)
@@ -76,8 +103,14 @@ def pci_layout(
     node_of: Mapping[str, int | None],
     nodes: Sequence[int],
     nvswitches: Sequence[PciFunction] = (),
+    switch_of: Mapping[str, str] | None = None,
 ) -> tuple[tuple[ExpanderBus, ...], tuple[RootPort, ...]]:
-    """Controller indices, pcie.0 slots and guest buses, all explicit so the XML is stable."""
+    """Controller indices, pcie.0 slots and guest buses, all explicit so the XML is stable.
+
+    `switch_of` maps a device's first function (host address) to the upstream port of the host
+    switch it sits behind; such devices go behind that switch's guest mirror. Every port's parent
+    has a lower controller index than the port (libvirt's rule)."""
+    switch_of = switch_of or {}
     slots = iter(range(FIRST_PORT_SLOT, LAST_PORT_SLOT + 1))
     index = 1
     expanders: list[ExpanderBus] = []
@@ -89,26 +122,68 @@ def pci_layout(
             index += 1
     ports: list[RootPort] = []
     chassis = 1
+    upstream_of: dict[str, int] = {}  # host switch -> its guest upstream port's controller index
     for group in groups:
         parent = parent_of.get(node_of[group.card.gpu.address], 0)
         for device in group.devices:
-            # A pxb's own root ports sit on its bus, slot 0 upwards; pcie.0's take the next free slot.
-            slot = sum(1 for p in ports if p.bus == parent) if parent else next(slots)
             multifunction = len(device) > 1
             functions = tuple(
                 GuestFunction(host=f, guest_function=i, multifunction=multifunction and i == 0)
                 for i, f in enumerate(device)
             )
+            label = f"{PortKind.GPU.value} {device[0].address}"
+            host_switch = switch_of.get(device[0].address)
+            if host_switch is None:
+                # A pxb's own root ports sit on its bus, slot 0 upwards; pcie.0's take the next free slot.
+                slot = sum(1 for p in ports if p.bus == parent) if parent else next(slots)
+                ports.append(RootPort(index, chassis, 0x10 + chassis - 1, parent, slot, PortKind.GPU, label, functions))
+                index += 1
+                chassis += 1
+                continue
+            if host_switch not in upstream_of:
+                slot = sum(1 for p in ports if p.bus == parent) if parent else next(slots)
+                switch_label = f"{PortKind.SWITCH.value} {host_switch}"
+                ports.append(
+                    RootPort(
+                        index,
+                        chassis,
+                        0x10 + chassis - 1,
+                        parent,
+                        slot,
+                        PortKind.SWITCH,
+                        switch_label,
+                        host_switch=host_switch,
+                    )
+                )
+                ports.append(
+                    RootPort(
+                        index + 1,
+                        0,
+                        0,
+                        index,
+                        0,
+                        PortKind.SWITCH,
+                        switch_label,
+                        model=PortModel.SWITCH_UPSTREAM,
+                        host_switch=host_switch,
+                    )
+                )
+                upstream_of[host_switch] = index + 1
+                index += 2
+                chassis += 1
+            upstream = upstream_of[host_switch]
             ports.append(
                 RootPort(
                     index,
                     chassis,
-                    0x10 + chassis - 1,
-                    parent,
-                    slot,
+                    sum(1 for p in ports if p.bus == upstream),
+                    upstream,
+                    sum(1 for p in ports if p.bus == upstream),
                     PortKind.GPU,
-                    f"{PortKind.GPU.value} {device[0].address}",
+                    label,
                     functions,
+                    model=PortModel.SWITCH_DOWNSTREAM,
+                    host_switch=host_switch,
                 )
             )
             index += 1

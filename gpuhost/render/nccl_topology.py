@@ -9,6 +9,12 @@ A topology file fills that in. What NCCL does with it (src/graph/xml.cc, topo.cc
   a GPU the file does not list is detected from sysfs as usual, so a wrong bus ID is silently ignored.
   The bus IDs must be the guest's own.
 - A <pci> node listed under a <cpu> keeps that parent: the GPU is placed on that NUMA node.
+- A PCIe switch is a <pci> node (class 0x060400) whose busid is the switch's upstream port, with the
+  GPUs below it as its children: NCCL's own dump takes a device's parent two levels up in sysfs,
+  skipping the downstream port. A guest whose switch mirrors the host's (render.layout) gets that
+  node at the guest upstream port's bus ID, with the host switch's identity and link; a NIC that
+  NCCL finds below the same guest upstream port joins that node (NCCL looks its parent up by busid),
+  so NICs need no entry of their own.
 - Attributes the file gives are kept; missing ones of a <pci> node (vendor, device, ...) and the
   whole <gpu> element (dev, sm, NVLinks through NVML) are filled in from the guest. So this file has
   no <gpu> element: NCCL's NVML detection of the NVLinks stays in force, and NCCL adds `rank` itself.
@@ -28,8 +34,9 @@ from dataclasses import dataclass
 from gpuhost.facts.model import CpuInfo, HostFacts
 from gpuhost.facts.parsers import parse_cpulist
 from gpuhost.facts.pci import PciFunction
+from gpuhost.render.devices import host_switch_of
 from gpuhost.render.domain import DomainPlan
-from gpuhost.render.layout import ExpanderBus, RootPort
+from gpuhost.render.layout import ExpanderBus, PortModel, RootPort
 
 TOPOLOGY_XML_VERSION = 1  # NCCL_TOPO_XML_VERSION: NCCL refuses a file of another version
 TOPOLOGY_SUFFIX = ".nccl-topo.xml"  # beside the domain XML: train-1.xml -> train-1.nccl-topo.xml
@@ -51,8 +58,24 @@ class TopologyGpu:
 
 
 @dataclass(frozen=True)
+class TopologySwitch:
+    """A PCIe switch as NCCL's <pci> node: the guest bus ID of its upstream port, the host switch's
+    identity and link, and the GPUs below it."""
+
+    busid: str
+    class_code: int | None
+    vendor: int | None
+    device: int | None
+    link_speed_gts: float | None
+    link_width: int | None
+    host_address: str | None  # the host switch's upstream port; None when built in the guest itself
+    gpus: tuple[TopologyGpu, ...]
+
+
+@dataclass(frozen=True)
 class TopologyCpu:
-    """One NUMA node of the guest, as NCCL's <cpu> node, and the GPUs attached to it."""
+    """One NUMA node of the guest, as NCCL's <cpu> node, and the GPUs attached to it: directly (behind
+    a root port) or through a PCIe switch."""
 
     numa_id: int
     affinity: str | None  # the node's guest CPUs as a cpumap ('00000000,0000ffff'); None: unknown
@@ -61,6 +84,7 @@ class TopologyCpu:
     family: int | None
     model: int | None
     gpus: tuple[TopologyGpu, ...]
+    switches: tuple[TopologySwitch, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,7 +93,10 @@ class NcclTopology:
 
     @property
     def gpus(self) -> tuple[TopologyGpu, ...]:
-        return tuple(gpu for cpu in self.cpus for gpu in cpu.gpus)
+        """Every GPU of the file, those below switches included."""
+        return tuple(
+            gpu for cpu in self.cpus for gpu in (*cpu.gpus, *(g for switch in cpu.switches for g in switch.gpus))
+        )
 
 
 def cpumap(cpus: Iterable[int]) -> str:
@@ -83,38 +110,73 @@ def cpumap(cpus: Iterable[int]) -> str:
 
 
 def guest_bus_numbers(expanders: Sequence[ExpanderBus], ports: Sequence[RootPort]) -> dict[int, int]:
-    """Root port controller index -> the guest bus number of the device behind it.
+    """Port controller index -> the guest bus number of what sits behind it.
 
     The guest's firmware (SeaBIOS, OVMF) numbers buses depth first in slot order: pcie.0's root
     ports get buses 1, 2, ... and a pcie-expander-bus with bus_nr N gives its root ports N+1, N+2, ...
-    Each root port holds one device and nothing below it, so one bus each.
+    A root port with a device behind it takes one bus; one with a guest switch behind it takes one
+    for the switch's upstream port, whose downstream ports then take one each, in slot order,
+    before the next root port.
     """
     numbers: dict[int, int] = {}
-    first_of = {0: 1, **{expander.index: expander.bus_nr + 1 for expander in expanders}}
-    for parent, first in first_of.items():
-        below = sorted((port for port in ports if port.bus == parent), key=lambda port: port.slot)
-        for offset, port in enumerate(below):
-            numbers[port.index] = first + offset
+    below: dict[int, list[RootPort]] = {}
+    for port in ports:
+        below.setdefault(port.bus, []).append(port)
+
+    def number(parent: int, first: int) -> int:
+        """Numbers the ports below `parent` from `first`; returns the next free bus number."""
+        for port in sorted(below.get(parent, ()), key=lambda port: port.slot):
+            numbers[port.index] = first
+            first = number(port.index, first + 1)
+        return first
+
+    number(0, 1)
+    for expander in expanders:
+        number(expander.index, expander.bus_nr + 1)
     return numbers
 
 
 def topology_for_plan(facts: HostFacts, plan: DomainPlan) -> NcclTopology:
     """The topology of a rendered VM: each GPU function at its guest address, on its guest NUMA cell
-    (the cell bound to the GPU's host node), with the host's link and the host CPU's identity (the
-    domain passes the CPU through: `host-passthrough`)."""
+    (the cell bound to the GPU's host node), below its guest switch where it has one, with the
+    host's link and the host CPU's identity (the domain passes the CPU through: `host-passthrough`)."""
     buses = guest_bus_numbers(plan.expanders, plan.ports)
     cell_of_expander = {expander.index: expander.cell for expander in plan.expanders}
+    by_index = {port.index: port for port in plan.ports}
     by_cell: dict[int, list[TopologyGpu]] = {}
+    switch_gpus: dict[int, list[TopologyGpu]] = {}  # guest upstream port -> its GPUs
     for port in plan.gpu_ports:
-        cell = cell_of_expander.get(port.bus, 0)
+        upstream = by_index[port.bus] if port.model is PortModel.SWITCH_DOWNSTREAM else None
+        attached = by_index[upstream.bus].bus if upstream is not None else port.bus
+        cell = cell_of_expander.get(attached, 0)
         for function in port.functions:
             if not function.host.is_gpu:
                 continue  # the card's audio function, or what shares its group
             busid = f"0000:{buses[port.index]:02x}:00.{function.guest_function:x}"
-            by_cell.setdefault(cell, []).append(_gpu(function.host, busid, host_address=function.host.address))
+            gpu = _gpu(function.host, busid, host_address=function.host.address)
+            if upstream is None:
+                by_cell.setdefault(cell, []).append(gpu)
+            else:
+                by_cell.setdefault(cell, [])
+                switch_gpus.setdefault(upstream.index, []).append(gpu)
+    switches_of: dict[int, list[TopologySwitch]] = {}
+    for index, gpus in switch_gpus.items():
+        upstream = by_index[index]
+        cell = cell_of_expander.get(by_index[upstream.bus].bus, 0)
+        # The upstream port sits on its root port's bus, at slot 0.
+        busid = f"0000:{buses[upstream.bus]:02x}:00.0"
+        host_switch = upstream.host_switch
+        assert host_switch is not None  # a guest upstream port always mirrors a host switch
+        switches_of.setdefault(cell, []).append(_switch(facts.function(host_switch), busid, host_switch, gpus))
     vcpus_of = _cell_vcpus(plan)
     cpus = tuple(
-        _cpu(facts.cpu, cell, cpumap(vcpus_of[cell]) if cell in vcpus_of else None, gpus)
+        _cpu(
+            facts.cpu,
+            cell,
+            cpumap(vcpus_of[cell]) if cell in vcpus_of else None,
+            gpus,
+            sorted(switches_of.get(cell, ()), key=lambda switch: switch.busid),
+        )
         for cell, gpus in sorted(by_cell.items())
     )
     return NcclTopology(cpus)
@@ -122,10 +184,11 @@ def topology_for_plan(facts: HostFacts, plan: DomainPlan) -> NcclTopology:
 
 def topology_for_guest(facts: HostFacts) -> NcclTopology:
     """The topology of the machine the facts were read in, from its own view (a guest's snapshot:
-    its PCI addresses and NUMA nodes are its own). GPUs of unknown node go on node 0 when the guest
-    has only one node; otherwise they are left out, for NCCL to place from sysfs."""
+    its PCI addresses, NUMA nodes and PCIe switches are its own). GPUs of unknown node go on node 0
+    when the guest has only one node; otherwise they are left out, for NCCL to place from sysfs."""
     cpus_of = {node.node_id: node.cpulist for node in facts.numa_nodes}
     by_node: dict[int, list[TopologyGpu]] = {}
+    switch_gpus: dict[tuple[int, str], list[TopologyGpu]] = {}  # (node, upstream port) -> its GPUs
     for function in sorted(facts.pci, key=lambda f: f.address):
         if not function.is_gpu:
             continue
@@ -134,8 +197,20 @@ def topology_for_guest(facts: HostFacts) -> NcclTopology:
             node = next(iter(cpus_of), 0)
         if node is None:
             continue
-        by_node.setdefault(node, []).append(_gpu(function, function.address.lower(), host_address=None))
-    cpus = tuple(_cpu(facts.cpu, node, _affinity(cpus_of.get(node)), gpus) for node, gpus in sorted(by_node.items()))
+        gpu = _gpu(function, function.address.lower(), host_address=None)
+        switch = host_switch_of(facts, function)
+        if switch is None:
+            by_node.setdefault(node, []).append(gpu)
+        else:
+            by_node.setdefault(node, [])
+            switch_gpus.setdefault((node, switch), []).append(gpu)
+    switches_of: dict[int, list[TopologySwitch]] = {}
+    for (node, switch), gpus in sorted(switch_gpus.items()):
+        switches_of.setdefault(node, []).append(_switch(facts.function(switch), switch.lower(), None, gpus))
+    cpus = tuple(
+        _cpu(facts.cpu, node, _affinity(cpus_of.get(node)), gpus, switches_of.get(node, ()))
+        for node, gpus in sorted(by_node.items())
+    )
     return NcclTopology(cpus)
 
 
@@ -155,23 +230,32 @@ def topology_xml(topology: NcclTopology) -> str:
             attributes["modelid"] = str(cpu.model)
         cpu_element = ET.SubElement(system, "cpu", attributes)
         for gpu in cpu.gpus:
-            pci = {"busid": gpu.busid}
-            for name, value, width in (
-                ("class", gpu.class_code, 6),
-                ("vendor", gpu.vendor, 4),
-                ("device", gpu.device, 4),
-                ("subsystem_vendor", gpu.subsystem_vendor, 4),
-                ("subsystem_device", gpu.subsystem_device, 4),
-            ):
-                if value is not None:
-                    pci[name] = f"0x{value:0{width}x}"
-            if gpu.link_speed_gts is not None:
-                pci["link_speed"] = f"{gpu.link_speed_gts:.1f} GT/s PCIe"
-            if gpu.link_width is not None:
-                pci["link_width"] = str(gpu.link_width)
-            ET.SubElement(cpu_element, "pci", pci)
+            ET.SubElement(cpu_element, "pci", _pci_attributes(gpu))
+        for switch in cpu.switches:
+            switch_element = ET.SubElement(cpu_element, "pci", _pci_attributes(switch))
+            for gpu in switch.gpus:
+                ET.SubElement(switch_element, "pci", _pci_attributes(gpu))
     ET.indent(system, space="  ")
     return ET.tostring(system, encoding="unicode") + "\n"
+
+
+def _pci_attributes(node: TopologyGpu | TopologySwitch) -> dict[str, str]:
+    pci = {"busid": node.busid}
+    fields: tuple[tuple[str, int | None, int], ...] = (
+        ("class", node.class_code, 6),
+        ("vendor", node.vendor, 4),
+        ("device", node.device, 4),
+    )
+    if isinstance(node, TopologyGpu):
+        fields += (("subsystem_vendor", node.subsystem_vendor, 4), ("subsystem_device", node.subsystem_device, 4))
+    for name, value, width in fields:
+        if value is not None:
+            pci[name] = f"0x{value:0{width}x}"
+    if node.link_speed_gts is not None:
+        pci["link_speed"] = f"{node.link_speed_gts:.1f} GT/s PCIe"
+    if node.link_width is not None:
+        pci["link_width"] = str(node.link_width)
+    return pci
 
 
 def topology_path_for(domain_xml_path: str) -> str:
@@ -195,7 +279,30 @@ def _gpu(function: PciFunction, busid: str, *, host_address: str | None) -> Topo
     )
 
 
-def _cpu(info: CpuInfo | None, numa_id: int, affinity: str | None, gpus: Sequence[TopologyGpu]) -> TopologyCpu:
+def _switch(
+    upstream: PciFunction | None, busid: str, host_address: str | None, gpus: Sequence[TopologyGpu]
+) -> TopologySwitch:
+    """A switch node: its upstream port's identity and link (the host's, for a guest's mirror)."""
+    link = upstream.link if upstream is not None else None
+    return TopologySwitch(
+        busid=busid,
+        class_code=upstream.class_code if upstream is not None else None,
+        vendor=upstream.vendor if upstream is not None else None,
+        device=upstream.device if upstream is not None else None,
+        link_speed_gts=None if link is None else link.max_speed_gts or link.current_speed_gts,
+        link_width=None if link is None else link.max_width or link.current_width,
+        host_address=host_address,
+        gpus=tuple(gpus),
+    )
+
+
+def _cpu(
+    info: CpuInfo | None,
+    numa_id: int,
+    affinity: str | None,
+    gpus: Sequence[TopologyGpu],
+    switches: Sequence[TopologySwitch] = (),
+) -> TopologyCpu:
     return TopologyCpu(
         numa_id=numa_id,
         affinity=affinity,
@@ -204,6 +311,7 @@ def _cpu(info: CpuInfo | None, numa_id: int, affinity: str | None, gpus: Sequenc
         family=info.family if info is not None else None,
         model=info.model if info is not None else None,
         gpus=tuple(gpus),
+        switches=tuple(switches),
     )
 
 

@@ -21,6 +21,13 @@ prefetchable BAR. In order:
    to assign"). It showed once that test 4's assertions can fail; it is not repeated in CI, where
    its time is over budget (issue 26). Test 4 itself guards the window: a domain rendered
    without it gives exactly that guest, whose "no space" lines fail test 4.
+6. a PCIe switch (issue 30, item 3): node 1 also has a switch with two stand-in GPUs and a NIC
+   behind it (the second GPU's function 1, in its IOMMU group). The audit's facts see the switch
+   (test 1); a VM of both switch GPUs renders with a guest switch, and its nested guest's PCI tree
+   (what `lspci -t` draws: each device under the bridge whose secondary bus it is on, from the
+   kernel's "PCI bridge to [bus ..]" lines, as the busybox guest has no lspci -t) keeps the GPUs and
+   the NIC under one switch; the NCCL topology file render wrote names the guest's upstream port as
+   the switch and the guest's GPU addresses under it.
 The nested guests boot SeaBIOS and the busybox guest of Molecule's passthrough proof, directly
 (two levels of TCG). Their kernels log without `quiet`, so the PCI lines reach the console.
 """
@@ -42,7 +49,19 @@ from gpuhost.lab import fleet
 from gpuhost.lab.image import Image
 from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.recipe import NESTED_GUEST_DIR
-from gpuhost.lab.topology import LARGE_BAR_FUNCTION_ID, TOPOLOGIES
+from gpuhost.lab.topology import (
+    GPU_ID,
+    LARGE_BAR_FUNCTION_ID,
+    SWITCH_DOWNSTREAM,
+    SWITCH_DOWNSTREAM_ID,
+    SWITCH_GPUS,
+    SWITCH_NIC,
+    SWITCH_NIC_ID,
+    SWITCH_UPSTREAM,
+    SWITCH_UPSTREAM_ID,
+    TOPOLOGIES,
+)
+from gpuhost.render.devices import host_switch_of
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
 from .conftest import BOOT_TIMEOUT, LabHost, _timing
@@ -51,7 +70,7 @@ from .conftest import BOOT_TIMEOUT, LabHost, _timing
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-rest")]
 
 TOPOLOGY = TOPOLOGIES["numa-gpus"]
-PAIR_GPU, PAIR_AUDIO, WIDE_GPU, WIDE_BAR = TOPOLOGY.gpu_functions
+PAIR_GPU, PAIR_AUDIO, WIDE_GPU, WIDE_BAR = TOPOLOGY.gpu_functions[:4]  # then the switch's GPUs and NIC
 TIB = 1 << 40
 NODE1_CPUS = {2, 3}  # 4 vCPUs over 2 nodes: node 0 has CPUs 0-1, node 1 CPUs 2-3
 GUEST_CMDLINE = "console=ttyS0 panic=-1 mitigations=off"  # no quiet: the kernel's PCI lines are wanted
@@ -63,6 +82,14 @@ VMS = [
      "cmdline": GUEST_CMDLINE}
     for name, gpu in (("pair", PAIR_GPU), ("wide", WIDE_GPU))
 ]  # fmt: skip
+# Rendered last, from an inventory of its own: node 1's two CPUs are the pair and wide VMs'.
+SWITCH_VM = {"name": "switch", "vcpus": 1, "memory": "512M", "gpus": list(SWITCH_GPUS), "domain_type": "qemu",
+             "firmware": "bios", "network": "none", "kernel": f"{NESTED_GUEST_DIR}/vmlinux",
+             "initrd": f"{NESTED_GUEST_DIR}/initrd.gz", "cmdline": GUEST_CMDLINE}  # fmt: skip
+ROOT_PORT_ID = "1b36:000c"  # QEMU's pcie-root-port
+BRIDGE_LINE = re.compile(
+    r"pci (?P<bridge>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): PCI bridge to \[bus (?P<bus>[0-9a-f]{2})"
+)
 # What a guest kernel says of a BAR or bridge window it cannot place.
 UNPLACED = re.compile(r"can't claim|can't assign|no space|failed to assign")
 
@@ -94,14 +121,15 @@ def host(base_image: Image, image_dir: Path, tmp_path_factory: pytest.TempPathFa
         variables["gpuhost_reserved_cpus"] = "0"  # node 0's first CPU stays the host's
         # The test function shares the large-BAR card's slot, and so its IOMMU group, with no class
         # a GPU's companions have (unclassified, 00ff): the operator accepts it into the guest.
-        variables["gpuhost_allow_shared_group"] = [WIDE_GPU]
+        # The switch's second GPU shares its device, so its group, with the NIC (class 0200): accepted too.
+        variables["gpuhost_allow_shared_group"] = [WIDE_GPU, SWITCH_GPUS[1]]
         paths.inventory.write_text(yaml.safe_dump(inventory))
         yield lab_host
     finally:
         fleet.down(paths)
 
 
-def test_audit_reads_both_nodes_both_cards_on_node_1_and_the_1_tib_bar(host: LabHost) -> None:
+def test_audit_reads_both_nodes_the_cards_and_switch_on_node_1_and_the_1_tib_bar(host: LabHost) -> None:
     (target,) = inventory_targets(host.paths.inventory, None, ConnectionDefaults())
     audit = audit_target(target)
     assert audit.facts is not None, audit.error
@@ -112,8 +140,14 @@ def test_audit_reads_both_nodes_both_cards_on_node_1_and_the_1_tib_bar(host: Lab
     (large,) = (bar for bar in by_address[WIDE_BAR].bars if bar.size == TIB)
     assert large.is_64bit and large.is_prefetchable, large
     numa = sorted(f.message for f in audit.findings if f.code == "gpu.numa")
-    assert len(numa) == 2 and all(m.endswith("is on NUMA node 1 (CPUs 2-3)") for m in numa), numa
-    assert [m.split()[1] for m in numa] == [PAIR_GPU, WIDE_GPU], numa  # after "lab-1:"
+    assert len(numa) == 4 and all(m.endswith("is on NUMA node 1 (CPUs 2-3)") for m in numa), numa
+    assert [m.split()[1] for m in numa] == [PAIR_GPU, WIDE_GPU, *SWITCH_GPUS], numa  # after "lab-1:"
+    # The switch: its GPUs and NIC behind its downstream ports, its upstream port behind a root port.
+    assert by_address[SWITCH_UPSTREAM].vendor_device == SWITCH_UPSTREAM_ID
+    assert [by_address[a].vendor_device for a in SWITCH_DOWNSTREAM] == [SWITCH_DOWNSTREAM_ID] * 2
+    assert by_address[SWITCH_NIC].vendor_device == SWITCH_NIC_ID
+    assert [host_switch_of(facts, by_address[a]) for a in (*SWITCH_GPUS, SWITCH_NIC)] == [SWITCH_UPSTREAM] * 3
+    assert host_switch_of(facts, by_address[PAIR_GPU]) is None and host_switch_of(facts, by_address[WIDE_GPU]) is None
 
 
 def test_two_vms_render_with_disjoint_pins_on_node_1_and_the_large_bar_vm_gets_the_width_it_needs(
@@ -164,9 +198,88 @@ def test_without_the_address_width_qemu_refuses_the_rendered_window(host: LabHos
     _remove(host, "wide")
 
 
-def _render(host: LabHost, vm: str) -> str:
+def test_the_switch_stays_a_switch_in_the_nested_guest_and_the_topology_file_matches_the_guest(
+    host: LabHost,
+) -> None:
+    inventory = yaml.safe_load(host.paths.inventory.read_text())
+    (variables,) = inventory["all"]["hosts"].values()
+    variables["gpuhost_vms"] = [SWITCH_VM]
+    switch_inventory = host.paths.root / "switch-inventory.yml"
+    switch_inventory.write_text(yaml.safe_dump(inventory))
+    xml = _render(host, "switch", switch_inventory)
+    # The XML: one guest switch, the two GPUs behind a downstream port each, the NIC beside the
+    # second GPU (its function 1), the upstream port behind a root port.
+    domain = _domain(xml)
+    models = {}  # controller index -> (model, the bus it is plugged into)
+    for controller in domain.iter("controller"):
+        plugged = controller.find("address")
+        if controller.get("type") == "pci" and plugged is not None:
+            models[int(controller.get("index", ""))] = (controller.get("model"), int(plugged.get("bus", ""), 16))
+    placed = {}
+    for hostdev in domain.iter("hostdev"):
+        source, guest = hostdev.find("source/address"), hostdev.find("address")
+        assert source is not None and guest is not None
+        address = "0000:{}:{}.{}".format(*(source.get(k, "")[2:] for k in ("bus", "slot", "function")))
+        down_index = int(guest.get("bus", ""), 16)
+        up_index = models[down_index][1]
+        assert models[down_index][0] == "pcie-switch-downstream-port", models
+        assert models[up_index][0] == "pcie-switch-upstream-port", models
+        assert models[models[up_index][1]][0] == "pcie-root-port", models
+        placed[address] = (down_index, up_index)
+    assert sorted(placed) == sorted((*SWITCH_GPUS, SWITCH_NIC))
+    assert len({up_index for _, up_index in placed.values()}) == 1
+    assert placed[SWITCH_NIC] == placed[SWITCH_GPUS[1]] != placed[SWITCH_GPUS[0]]
+    # The guest's PCI tree.
+    started = time.monotonic()
+    console = _console(host, _start(host, "switch", xml))
+    _timing(f"numa-gpus: the switch guest listed its PCI functions {time.monotonic() - started:.0f} s after start")
+    _remove(host, "switch")
+    listing = _listing(console)
+    parent = _pci_tree(console, listing)
+    gpus = sorted(a for a, (ids, klass) in listing.items() if ids == GPU_ID and klass.startswith("0x03"))
+    (nic,) = (a for a, (ids, _) in listing.items() if ids == SWITCH_NIC_ID)
+    assert len(gpus) == 2, listing
+    for device in (*gpus, nic):
+        downstream = parent[device]
+        assert downstream is not None and listing[downstream][0] == SWITCH_DOWNSTREAM_ID, (device, parent)
+    (upstream,) = {parent.get(parent[device] or "") for device in (*gpus, nic)}
+    assert upstream is not None and listing[upstream][0] == SWITCH_UPSTREAM_ID, parent
+    root = parent[upstream]
+    assert root is not None and listing[root][0] == ROOT_PORT_ID and parent[root] is None, parent
+    assert parent[gpus[0]] != parent[gpus[1]] and parent[nic] == parent[gpus[1]], parent
+    # The topology file render wrote beside the XML: the switch at the guest's upstream port, the
+    # guest's GPUs under it.
+    system = ET.parse(host.paths.root / "switch.nccl-topo.xml").getroot()
+    (switch,) = system.findall("cpu/pci")
+    assert switch.get("busid") == upstream and switch.get("class") == "0x060400", ET.tostring(system)
+    assert sorted(p.get("busid", "") for p in switch.findall("pci")) == gpus, ET.tostring(system)
+
+
+def _listing(console: str) -> dict[str, tuple[str, str]]:
+    """The nested guest's PCI functions as its init listed them: address -> (vendor:device, class)."""
+    text = console.split("GPUHOST-GUEST-PCI-BEGIN")[1].split(PCI_END)[0]
+    found = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 4 and fields[2] == "class":
+            found[fields[0]] = (fields[1], fields[3])
+    return found
+
+
+def _pci_tree(console: str, listing: dict[str, tuple[str, str]]) -> dict[str, str | None]:
+    """Each listed function -> the bridge above it (None: on the root bus), as `lspci -t` draws it:
+    a function sits under the bridge whose secondary bus is its bus. The kernel logs each bridge's
+    bus range as it reads it ("pci 0000:00:02.0: PCI bridge to [bus 01-04]")."""
+    secondary: dict[str, str] = {}
+    for match in BRIDGE_LINE.finditer(console):
+        secondary.setdefault(match.group("bus"), match.group("bridge"))
+    return {address: secondary.get(address.split(":")[1]) for address in listing}
+
+
+def _render(host: LabHost, vm: str, inventory: Path | None = None) -> str:
     out = host.paths.root / f"{vm}.xml"
-    code = main(["render", "-i", str(host.paths.inventory), "--host", "lab-1", "--vm", vm, "-o", str(out)])
+    inventory = inventory or host.paths.inventory
+    code = main(["render", "-i", str(inventory), "--host", "lab-1", "--vm", vm, "-o", str(out)])
     assert code == 0
     return out.read_text()
 

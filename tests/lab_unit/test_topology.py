@@ -6,7 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.lab.topology import GPU_ID, TOPOLOGIES, LabVmSpec, parse_memory, qemu_argv
+from gpuhost.lab.topology import (
+    GPU_ID,
+    SWITCH_DOWNSTREAM,
+    SWITCH_GPUS,
+    SWITCH_NIC,
+    SWITCH_UPSTREAM,
+    TOPOLOGIES,
+    LabVmSpec,
+    parse_memory,
+    qemu_argv,
+)
 
 
 def spec(topology: str = "gpu-pair", **changes: object) -> LabVmSpec:
@@ -170,3 +180,36 @@ def test_numa_gpus_puts_a_second_card_with_a_1_tib_bar_on_node_1_and_widens_the_
     # The other topologies keep QEMU's default address width.
     numa_pair_cpu = option(qemu_argv(spec("numa-pair", cpus=2, memory_mib=4096)), "-cpu")
     assert numa_pair_cpu == "max,vendor=GenuineIntel,-avx,-avx2,-fma,-f16c"
+
+
+def test_numa_gpus_puts_a_switch_with_two_stand_in_gpus_and_a_nic_behind_a_root_port_of_node_1() -> None:
+    argv = qemu_argv(spec("numa-gpus", cpus=4, memory_mib=6144))
+    listed = devices(argv)
+    assert listed[9:] == [
+        "pcie-root-port,id=switchport,chassis=3,bus=node1bus,addr=0x2",
+        "x3130-upstream,id=switchup,bus=switchport,addr=0x0",
+        "xio3130-downstream,id=switchdown1,bus=switchup,addr=0x0,chassis=4,slot=0",
+        "xio3130-downstream,id=switchdown2,bus=switchup,addr=0x1,chassis=5,slot=0",
+        "VGA,id=gpu3,bus=switchdown1,addr=0x0.0",
+        "VGA,id=gpu4,bus=switchdown2,addr=0x0.0,multifunction=on",
+        "e1000e,id=switchnic,bus=switchdown2,addr=0x0.1,romfile=",
+        "virtio-net-pci,netdev=net0,bus=pcie.0,addr=0x5",
+        "virtio-blk-pci,drive=disk0,bus=pcie.0,addr=0x6,bootindex=1",
+    ]
+    # Every bus a device names is declared before it (QEMU needs it so); ids are unique; no two
+    # hotplug slots (root and downstream ports) share a chassis.
+    fields = [dict(part.split("=", 1) for part in device.split(",")[1:] if "=" in part) for device in listed]
+    declared = {"pcie.0"}
+    for device, values in zip(listed, fields, strict=True):
+        assert values.get("bus", "pcie.0") in declared, device
+        if "id" in values:
+            assert values["id"] not in declared, device
+            declared.add(values["id"])
+    chassis = [v["chassis"] for d, v in zip(listed, fields, strict=True) if d.startswith(("pcie-root-port", "xio3130"))]
+    assert len(chassis) == len(set(chassis))
+    # What the host sees, as its firmware numbers node 1's buses depth first from 0x80: root ports
+    # 80:00.0, 80:01.0, 80:02.0 (buses 0x81-0x83), the switch's upstream port on 0x83, its downstream
+    # ports on 0x84, their devices on 0x85 and 0x86.
+    assert (SWITCH_UPSTREAM, SWITCH_DOWNSTREAM) == ("0000:83:00.0", ("0000:84:00.0", "0000:84:01.0"))
+    assert (SWITCH_GPUS, SWITCH_NIC) == (("0000:85:00.0", "0000:86:00.0"), "0000:86:00.1")
+    assert TOPOLOGIES["numa-gpus"].gpu_functions[4:] == (*SWITCH_GPUS, SWITCH_NIC)
