@@ -13,6 +13,8 @@ In this order, on A unless said:
    operator's power cycle) is on its old command line;
 2. A's trial kernel panics for real (testing-only rdinit=): panic=N, and the host comes back on
    its old command line by itself;
+2. A's trial never answers (testing-only systemd.mask=ssh.service): its deadline timer resets it,
+   and the host comes back on its old command line, the report naming the deadline (issue 31);
 4. an invalid /etc/default/grub is refused, nothing written;
 6. and 5. B's host key changes after an audit: B is aborted (unreachable), A goes on, with an
    unusual but valid /etc/default/grub (CRLF, single quotes, a continuation, a cloud drop-in
@@ -222,6 +224,43 @@ def test_fault2_panicking_trial_kernel_comes_back_on_the_old_command_line_by_its
     assert host_a.cmdline() == original[A]["cmdline"]
     state = host_a.sh("ls /etc/default/gpuhost-trial.cfg 2>&1; grep -c gpuhost-trial /boot/grub/grub.cfg || true")
     assert "No such file" in state and state.strip().endswith("0"), state
+    assert lab.hosts[B].hashes() == original[B]["hashes"], "the rollout went on past the reverted host"
+
+
+# The userspace stall: ssh.service masked on the trial entry only (systemd-debug-generator): the trial
+# boots on but never answers, as a unit that never finishes leaves it. No watchdog sees that (PID 1
+# runs on); the trial's deadline timer is what resets it. A short reboot wait keeps the deadline short.
+STALL_TRIAL_OPTION = "systemd.mask=ssh.service"
+STALL_REBOOT_TIMEOUT = 150
+
+
+def test_fault2_trial_that_never_answers_is_reset_by_its_deadline_and_comes_back_on_the_old_command_line(
+    lab: Lab, original: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31: a trial boot that hangs in userspace before SSH. The deadline timer the trial entry
+    pulls in (systemd.wants=) force-reboots it; GRUB has cleared its one-shot entry, so the host boots
+    the old default, and apply says the trial was reverted and which rescue acted."""
+    host_a = lab.hosts[A]
+    serial_log = Path(host_a.record.serial_log)
+    log_before = serial_log.stat().st_size
+    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, STALL_TRIAL_OPTION)
+    inventory = lab.inventory("fault2-stall", **{A: {"gpuhost_verify_reboot_timeout": STALL_REBOOT_TIMEOUT}})
+    code, report, seconds = apply(lab, inventory, "fault2-stall")
+    entry = report["hosts"][A]
+    assert code != 0 and entry["status"] == "trial reverted", entry
+    assert "came back without the trial entry" in entry["message"], entry
+    assert "Reset by: trial-deadline." in entry["message"], entry
+    # On the console: the trial kernel with the stall, then (the deadline's reset) a kernel without the marker.
+    boots = [line for line in console_since(serial_log, log_before).splitlines() if "Command line:" in line]
+    trial = next(i for i, line in enumerate(boots) if TRIAL_MARKER in line and STALL_TRIAL_OPTION in line)
+    assert any(TRIAL_MARKER not in line for line in boots[trial + 1 :]), boots
+    timing(f"fault2-stall: trial reset by its deadline and reverted, apply {seconds:.0f} s in all")
+    assert host_a.cmdline() == original[A]["cmdline"]
+    state = host_a.sh(
+        "ls /etc/default/gpuhost-trial.cfg /etc/systemd/system/gpuhost-trial-deadline.timer 2>&1; "
+        "grep -c gpuhost-trial /boot/grub/grub.cfg || true"
+    )
+    assert state.count("No such file") == 2 and state.strip().endswith("0"), state
     assert lab.hosts[B].hashes() == original[B]["hashes"], "the rollout went on past the reverted host"
 
 
