@@ -231,7 +231,7 @@ def test_fault2_panicking_trial_kernel_comes_back_on_the_old_command_line_by_its
 # boots on but never answers, as a unit that never finishes leaves it. No watchdog sees that (PID 1
 # runs on); the trial's deadline timer is what resets it. A short reboot wait keeps the deadline short.
 STALL_TRIAL_OPTION = "systemd.mask=ssh.service"
-STALL_REBOOT_TIMEOUT = 150
+STALL_REBOOT_TIMEOUT = 100
 
 
 def test_fault2_trial_that_never_answers_is_reset_by_its_deadline_and_comes_back_on_the_old_command_line(
