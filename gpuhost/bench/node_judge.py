@@ -6,6 +6,7 @@ import dataclasses
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from gpuhost.bench.contention import Contention
 from gpuhost.bench.environment_judge import judge_environment
@@ -689,26 +690,8 @@ def judge_node(
         comparisons = compare_with_baseline(figures, judge_node(baseline.record, models).figures)
         findings.extend(baseline_findings(comparisons, baseline.origin))
     # A figure that involves a busy GPU is reported, not judged.
-    comparisons = [
-        dataclasses.replace(
-            c,
-            status=Status.INFO,
-            reason=f"not judged: GPU(s) {', '.join(map(str, sorted(set(c.gpus) & set(busy))))} busy",
-        )
-        if set(c.gpus) & set(busy)
-        else c
-        for c in comparisons
-    ]
-    figures = [
-        dataclasses.replace(
-            f,
-            status=Status.INFO,
-            reason=f"not judged: GPU(s) {', '.join(map(str, sorted(set(f.gpus) & set(busy))))} busy",
-        )
-        if set(f.gpus) & set(busy)
-        else f
-        for f in figures
-    ]
+    comparisons = _not_judged_where_busy(comparisons, busy)
+    figures = _not_judged_where_busy(figures, busy)
     findings = [
         f
         for f in findings
@@ -793,3 +776,21 @@ def rejudged(
         outcome.run, model=models.get(gpu), checks=checks, complete=complete, contention=contention, baseline=theirs
     )
     return replace(outcome, verdict=verdict, contention=contention, health=health, with_baseline=theirs is not None)
+
+
+_Judged = TypeVar("_Judged", NodeFigure, BaselineComparison)
+
+
+def _not_judged_where_busy(items: list[_Judged], busy: Iterable[int]) -> list[_Judged]:
+    """Each item that involves a busy GPU, as INFO naming the GPUs; the others as they are."""
+    busy_set = set(busy)
+    return [
+        dataclasses.replace(
+            item,
+            status=Status.INFO,
+            reason=f"not judged: GPU(s) {', '.join(map(str, sorted(set(item.gpus) & busy_set)))} busy",
+        )
+        if set(item.gpus) & busy_set
+        else item
+        for item in items
+    ]
