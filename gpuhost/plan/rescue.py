@@ -122,11 +122,11 @@ class TrialRescue:
     controller_wait_s: int  # how long the controller waits for the trial reboot: deadline or BMC timer, plus one boot
     bmc_watchdog_timeout_s: int  # the BMC timer's countdown (armed only where the BMC rescue is)
     bmc_arm_command: str  # shell: arm the BMC's watchdog ("" where it is not armed)
-    # shell, once the trial is verified (or found reverted): stop the deadline timer, systemd's runtime
-    # watchdog the trial entry started and gpuhost's BMC timer, each only if it runs ("stopped" per stop)
+    # shell, once the trial is verified (or found reverted): the stall panics back to the host's settings,
+    # the deadline timer and gpuhost's BMC timer stopped, each only where needed ("stopped" per stop)
     stop_command: str
     # shell, when the host came back without the trial entry: the rescues that left a trace of acting
-    # (the BMC's OS Load expiration flag, the watchdog's bootstatus, the deadline's journal), one a line
+    # (the BMC's OS Load expiration flag, the deadline's journal), one a line
     acted_command: str
     warning: str  # why no watchdog resets a kernel that stops ("" where one does)
 

@@ -3,7 +3,8 @@ busctl that keep their state in files: what each command runs, and that a second
 
 The stand-ins print what the real programs print: `ipmitool mc watchdog get` as ipmitool's
 ipmi_mc.c formats it (lines "Watchdog Timer Use:     OS Load (0x43)" and "Watchdog Timer Is:
-Started/Running" or "Stopped"), `busctl get-property` of a `t` property as "t 0".
+Started/Running" or "Stopped"). The busctl stand-in only logs: the stop must never call it
+(gpuhost does not drive systemd's watchdog; gpuhost.plan.rescue says why).
 """
 
 from __future__ import annotations
