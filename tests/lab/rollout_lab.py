@@ -120,6 +120,14 @@ def apply(lab: Lab, inventory: Path, label: str, *extra: str) -> tuple[int, dict
 PANIC_TRIAL_OPTION = "rdinit=/gpuhost-fault-injection"
 
 
+# Issue 31's root-device hang (TRIAL_TESTING_OPTIONS_ENV): a root= naming a device that never comes,
+# after the entry's own (the last root= wins, for the kernel and the initramfs). Debian's initramfs
+# waits max(30 s, rootdelay=) for it, then panics; without panic= its panic is a shell on the
+# console, a host that hangs for good. The trial entry's panic=N turns it into a reboot onto the old
+# default.
+ROOT_HANG_TRIAL_OPTION = "root=/dev/disk/by-partlabel/gpuhost-no-such-root"
+
+
 def console_since(serial_log: Path, offset: int) -> str:
     """What a lab host wrote to its serial console (console=ttyS0) after `offset` bytes."""
     with serial_log.open("rb") as log:
@@ -127,12 +135,27 @@ def console_since(serial_log: Path, offset: int) -> str:
         return log.read().decode(errors="replace")
 
 
+def trial_console(console: str, marker: str) -> str:
+    """`console` from the trial kernel's command line (it carries `marker`) on; asserts there is one."""
+    start = next((i for i, line in enumerate(console.splitlines()) if "Command line:" in line and marker in line), None)
+    assert start is not None, "no trial kernel booted:\n" + console[-3000:]
+    return "\n".join(console.splitlines()[start:])
+
+
 def panicked_and_rebooted(console: str, marker: str) -> str:
     """The part of `console` from the trial kernel's command line (it carries `marker`) to its panic
     reboot; asserts the kernel booted with the marker, panicked and announced the reboot."""
-    start = next((i for i, line in enumerate(console.splitlines()) if "Command line:" in line and marker in line), None)
-    assert start is not None, "no trial kernel booted:\n" + console[-3000:]
-    trial = "\n".join(console.splitlines()[start:])
+    trial = trial_console(console, marker)
     assert "Kernel panic - not syncing" in trial, trial[-3000:]
     assert "Rebooting in 10 seconds" in trial, trial[-3000:]
     return trial[: trial.index("Rebooting in 10 seconds")]
+
+
+def gave_up_on_root_and_rebooted(console: str, marker: str) -> str:
+    """The part of `console` from the trial kernel's command line (it carries `marker`) to the
+    initramfs's reboot; asserts the initramfs gave up on the root device and rebooted because of
+    panic= (instead of dropping to its shell, which is the hang)."""
+    trial = trial_console(console, marker)
+    assert "Gave up waiting for root file system device" in trial, trial[-3000:]
+    assert "Rebooting automatically due to panic= boot argument" in trial, trial[-3000:]
+    return trial[: trial.index("Rebooting automatically due to panic= boot argument")]
