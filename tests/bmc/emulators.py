@@ -5,6 +5,9 @@
 - IPMI over LAN: OpenIPMI's `ipmi_sim` (Debian's openipmi), with a VM peer standing in for QEMU's
   `ipmi-bmc-extern`: ipmi_sim carries out chassis control only for a connected VM (without one it
   answers 0xCC), and sends it OpenIPMI's VM commands (power off 0x03, reset 0x04), which the peer logs.
+- IPMI over LAN as a lab host's power switch: ipmi_sim with a `startcmd` (its power on runs the
+  command, which starts the host's QEMU from its disk) and no VM peer; its power state is whether
+  the command's process runs, so a host whose QEMU is gone reads as off.
 """
 
 from __future__ import annotations
@@ -166,10 +169,46 @@ class IpmiSimulator:
 @contextmanager
 def ipmi_simulator(directory: Path, password: str) -> Iterator[IpmiSimulator]:
     """OpenIPMI's ipmi_sim on 127.0.0.1 (IPMI over LAN, RMCP+), with a VM peer that logs chassis control."""
+    vm_port = free_port()
+    process, simulator = _start_ipmi_sim(directory, password, vm_port, power_on=None)
+    log = directory / "ipmi_sim.log"
+    try:
+        # The VM connection is the only one made to its port: ipmi_sim died of SIGPIPE writing to a
+        # probe connection that had closed.
+        vm = _connect(vm_port, process, log)
+        vm.sendall(bytes([VM_CMD_CHAR, VM_CMD_VERSION, 1, VM_CMD_CHAR, VM_CMD_CHAR, VM_CMD_CAPABILITIES]))
+        vm.sendall(bytes([VM_CAPABILITIES_POWER_RESET, VM_CMD_CHAR]))
+        reader = threading.Thread(target=_read_vm_commands, args=(vm, simulator.vm_commands), daemon=True)
+        reader.start()
+        time.sleep(0.5)  # ipmi_sim reads the VM's capabilities before it accepts chassis control
+        yield simulator
+        vm.close()
+    finally:
+        _stop(process)
+
+
+@contextmanager
+def ipmi_power_switch(directory: Path, password: str, power_on: Path) -> Iterator[IpmiSimulator]:
+    """ipmi_sim on 127.0.0.1 whose chassis power on runs the executable `power_on` (nothing runs it at
+    the start: the host is off as far as this BMC knows until it powers it on)."""
+    process, simulator = _start_ipmi_sim(directory, password, free_port(), power_on=power_on)
+    try:
+        _wait_for_udp_port(simulator.port, process, directory / "ipmi_sim.log")
+        yield simulator
+    finally:
+        _stop(process)
+
+
+def _start_ipmi_sim(
+    directory: Path, password: str, vm_port: int, power_on: Path | None
+) -> tuple[subprocess.Popen[bytes], IpmiSimulator]:
     ipmi_sim = shutil.which("ipmi_sim")
     assert ipmi_sim, "OpenIPMI's ipmi_sim is not installed (apt-get install openipmi; .ci/setup installs it)"
     directory.mkdir(parents=True, exist_ok=True)
-    port, vm_port = free_port(socket.SOCK_DGRAM), free_port()
+    port = free_port(socket.SOCK_DGRAM)
+    # ipmi_sim answers chassis control only where a VM serial interface is configured, even when the
+    # power on is its startcmd and no VM ever connects.
+    switch = f'  startcmd "{power_on}"\n  startnow false\n' if power_on is not None else ""
     (directory / "lan.conf").write_text(
         'name "gpuhosttest"\n'
         "set_working_mc 0x20\n"
@@ -181,7 +220,8 @@ def ipmi_simulator(directory: Path, password: str) -> Iterator[IpmiSimulator]:
         + "    guid a123456789abcdefa123456789abcdef\n"
         "  endlan\n"
         f"  serial kcs 127.0.0.1 {vm_port} codec VM\n"
-        f'  user 2 true "{IPMI_USER}" "{password}" admin 10 none md2 md5 straight\n'
+        + switch
+        + f'  user 2 true "{IPMI_USER}" "{password}" admin 10 none md2 md5 straight\n'
     )
     (directory / "sim.emu").write_text(
         "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nmc_enable 0x20\n"
@@ -196,20 +236,7 @@ def ipmi_simulator(directory: Path, password: str) -> Iterator[IpmiSimulator]:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    simulator = IpmiSimulator(port, password)
-    try:
-        # The VM connection is the only one made to its port: ipmi_sim died of SIGPIPE writing to a
-        # probe connection that had closed.
-        vm = _connect(vm_port, process, log)
-        vm.sendall(bytes([VM_CMD_CHAR, VM_CMD_VERSION, 1, VM_CMD_CHAR, VM_CMD_CHAR, VM_CMD_CAPABILITIES]))
-        vm.sendall(bytes([VM_CAPABILITIES_POWER_RESET, VM_CMD_CHAR]))
-        reader = threading.Thread(target=_read_vm_commands, args=(vm, simulator.vm_commands), daemon=True)
-        reader.start()
-        time.sleep(0.5)  # ipmi_sim reads the VM's capabilities before it accepts chassis control
-        yield simulator
-        vm.close()
-    finally:
-        _stop(process)
+    return process, IpmiSimulator(port, password)
 
 
 def _read_vm_commands(vm: socket.socket, commands: list[str]) -> None:
@@ -231,6 +258,20 @@ def _connect(port: int, process: subprocess.Popen[bytes], log: Path) -> socket.s
             return socket.create_connection(("127.0.0.1", port), timeout=10)
         time.sleep(0.1)
     raise AssertionError(f"ipmi_sim did not listen on {port} within 30 s: {log.read_text()[-2000:]}")
+
+
+def _wait_for_udp_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait until a UDP socket is bound to 127.0.0.1:`port` (the kernel's table: a UDP probe could
+    not tell a closed port from a BMC that ignores it)."""
+    bound = f"0100007F:{port:04X}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"ipmi_sim stopped: {log.read_text()[-2000:]}")
+        if any(line.split()[1] == bound for line in Path("/proc/net/udp").read_text().splitlines()[1:]):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"ipmi_sim did not listen on UDP {port} within 30 s: {log.read_text()[-2000:]}")
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:

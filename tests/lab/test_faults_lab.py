@@ -8,11 +8,14 @@ In this order, on A unless said:
 1. huge pages beyond A's memory: refused before any change, A's files byte-identical;
 2. forced past the refusal (a testing-only environment variable), A's trial kernel cannot allocate
    its huge pages: gpuhost reboots it onto the old default, "trial reverted", B not reached;
-3. A's QEMU killed as its trial kernel boots: the batch fails after the reboot timeout, the report
-   names A as unreachable, B (the next batch) is not reached and untouched; A started again (the
-   operator's power cycle) is on its old command line;
-2. A's trial kernel panics for real (testing-only rdinit=): panic=N, and the host comes back on
-   its old command line by itself;
+3. A's QEMU killed as its trial kernel boots (a host gone dark: no rescue on it can act): once the
+   reboot's wait has passed, apply powers A on through its BMC (OpenIPMI's ipmi_sim over IPMI-LAN
+   on 127.0.0.1, whose power on starts A's QEMU from its disk); A is back on its old command line,
+   the report says "trial reverted" and names the BMC, B (the next batch) is not reached and
+   untouched (issue 31's host with no in-band rescue);
+2. A's trial entry hangs for real (issue 31: testing-only root= naming no disk): the initramfs gives
+   up on its root device, panic=N reboots it, and the host comes back on its old command line by
+   itself;
 2. A's trial never answers (testing-only systemd.mask=ssh.service): its deadline timer resets it,
    and the host comes back on its old command line, the report naming the deadline (issue 31);
 4. an invalid /etc/default/grub is refused, nothing written;
@@ -32,10 +35,14 @@ What this module does not repeat (each ran on the same playbook, on the same kin
   NVIDIA host (driver purged, the .run installer's uninstaller run), proves check mode changes
   nothing and a second converge changes nothing, and starts `gpuhost render`'s domain on it: its
   QEMU holds the GPU's VFIO group and the 1 GiB page.
-- The panicking trial kernel (fault 2's second half) stays here, between faults 3 and 4. Without
-  it (2026-11-26), fault 6's trial booted a stale entry: its settings were the very ones fault 3's
-  killed trial left behind, so update-grub did not run. Apply now runs update-grub for every trial
-  (gpuhost_vfio's tasks); a fault that proves that alone is still to write.
+- The reverted trial (fault 2's second half, now the root-device hang) stays here, between faults 3
+  and 4. Without it (2026-11-26), fault 6's trial booted a stale entry: its settings were the very
+  ones fault 3's killed trial left behind, so update-grub did not run. Apply now runs update-grub for
+  every trial (gpuhost_vfio's tasks); a fault that proves that alone is still to write.
+- A trial kernel that panics (testing-only rdinit=) is proven on UEFI with Secure Boot
+  (tests/lab/test_uefi_lab.py). A kernel that stalls without a panic is not injected: Debian's
+  kernel has neither CONFIG_TEST_LOCKUP nor LKDTM, and the stall panics' own times (a soft lockup
+  after 120 s, a hung task after 600 s) would cost CI more than its budget has.
 - Fault 7 (hostile inventory values) and the pure half of 4 need no VM:
   tests/inventory/test_hostile_values.py and tests/plan/test_trial_boot.py.
 Run alone: `pytest -m lab tests/lab/test_faults_lab.py -n 0 -s`; the times are printed as
@@ -45,8 +52,10 @@ Run alone: `pytest -m lab tests/lab/test_faults_lab.py -n 0 -s`; the times are p
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import threading
@@ -63,21 +72,22 @@ from gpuhost.inventory.plan_settings import FORCE_PAST_REFUSALS_ENV, TRIAL_TESTI
 from gpuhost.lab import fleet
 from gpuhost.lab.image import Image
 from gpuhost.lab.recipe import KERNEL_CMDLINE
-from gpuhost.lab.state import is_our_process, load_state, process_start_ticks, save_state
+from gpuhost.lab.state import load_state, process_start_ticks, save_state
 from gpuhost.plan.model import GRUB_DROPIN_PATH, TRIAL_MARKER
 from gpuhost.targets import ConnectionDefaults, inventory_targets
+from tests.bmc.emulators import IPMI_USER, ipmi_power_switch
 
 from .rollout_lab import (
     GPU_FUNCTIONS,
     OPTIONS,
-    PANIC_TRIAL_OPTION,
+    ROOT_HANG_TRIAL_OPTION,
     Host,
     HostLayout,
     Lab,
     apply,
     booted_lab,
     console_since,
-    panicked_and_rebooted,
+    gave_up_on_root_and_rebooted,
     timing,
 )
 
@@ -135,14 +145,11 @@ def _kill_in_trial_boot(host: Host, killed: dict[str, float]) -> None:
                 return
 
 
-def _start_again(host: Host) -> float:
-    """Start the killed VM with the same QEMU command line (same disk overlay and port)."""
-    started = time.monotonic()
+def _adopt_started(host: Host) -> None:
+    """Take the VM's QEMU started again (by the test or A's BMC) into the lab's state, so that the
+    lab stops it and finds it by its new PID; wait for its SSH."""
     record = host.record
-    while is_our_process(record):
-        time.sleep(0.5)
-    Path(record.pidfile).unlink(missing_ok=True)
-    subprocess.run(record.argv, check=True, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    assert Path(record.pidfile).exists(), f"{host.name}'s QEMU was not started again (no {record.pidfile})"
     pid = int(Path(record.pidfile).read_text().strip())
     ticks = process_start_ticks(pid)
     assert ticks is not None
@@ -150,7 +157,17 @@ def _start_again(host: Host) -> float:
     fresh = dataclasses.replace(record, pid=pid, start_ticks=ticks)
     save_state(host.paths.state_file, dataclasses.replace(state, hosts=(fresh,)))
     fleet.wait_for_ssh(host.paths, [fresh], 900)
-    return time.monotonic() - started
+
+
+def _power_on_script(host: Host, path: Path) -> Path:
+    """What A's BMC runs to power A on: its QEMU command line as the lab started it (same disk
+    overlay, same SSH port), which daemonizes, so the BMC's own stop leaves it running."""
+    record = host.record
+    path.write_text(
+        f"#!/bin/sh\nrm -f {shlex.quote(record.pidfile)}\nexec {shlex.join(record.argv)} </dev/null >/dev/null 2>&1\n"
+    )
+    path.chmod(0o755)
+    return path
 
 
 @pytest.mark.timeout(2700)  # the slow trial boot may take up to its 1500 s
@@ -183,44 +200,75 @@ def test_fault2_forced_trial_boot_fails_and_the_host_returns_on_its_old_command_
     assert lab.hosts[B].hashes() == original[B]["hashes"], "the rollout went on past the reverted host"
 
 
-def test_fault3_host_killed_during_its_reboot_fails_the_batch_and_the_next_is_untouched(
-    lab: Lab, original: dict[str, dict[str, Any]]
+BMC_PASSWORD = "Lab-Bmc-Pass-31"
+BMC_PASSWORD_ENV = "GPUHOST_LAB_A_BMC_PASSWORD"
+
+
+def test_fault3_host_killed_during_its_reboot_is_powered_on_through_its_bmc_and_the_next_is_untouched(
+    lab: Lab, original: dict[str, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A host gone dark in its trial boot (its QEMU killed: no rescue on the host can act) is brought
+    back through its BMC once the reboot's wait has passed; the trial is reverted, the next batch untouched."""
     host_a = lab.hosts[A]
-    killed: dict[str, float] = {}
-    killer = threading.Thread(target=_kill_in_trial_boot, args=(host_a, killed), daemon=True)
-    killer.start()
-    # A short reboot timeout for A: it is killed, so the whole timeout is waited out.
-    inventory = lab.inventory("fault3", **{A: {"gpuhost_verify_reboot_timeout": KILLED_REBOOT_TIMEOUT}})
-    code, report, _ = apply(lab, inventory, "fault3")
-    killer.join(timeout=5)
+    monkeypatch.setenv(BMC_PASSWORD_ENV, BMC_PASSWORD)
+    power_on = _power_on_script(host_a, tmp_path / "power-on-a")
+    with ipmi_power_switch(tmp_path / "bmc-a", BMC_PASSWORD, power_on) as bmc:
+        killed: dict[str, float] = {}
+        killer = threading.Thread(target=_kill_in_trial_boot, args=(host_a, killed), daemon=True)
+        killer.start()
+        # A short reboot timeout for A: it is killed, so the whole wait is waited out before the BMC acts.
+        a_settings = {
+            "gpuhost_verify_reboot_timeout": KILLED_REBOOT_TIMEOUT,
+            "gpuhost_bmc": {
+                "protocol": "ipmi",
+                "address": f"127.0.0.1:{bmc.port}",
+                "user": IPMI_USER,
+                "password_env": BMC_PASSWORD_ENV,
+            },
+        }
+        code, report, _ = apply(lab, lab.inventory("fault3", **{A: a_settings}), "fault3")
+        killer.join(timeout=5)
     assert "at" in killed, "A's QEMU was never killed"
+    # First, whatever else fails: the lab stops the QEMU that A's BMC started only once it knows it.
+    _adopt_started(host_a)
     entry = report["hosts"][A]
-    assert code != 0 and entry["status"] == "unreachable", entry
-    assert entry["message"], entry  # Ansible's own words: timed out, or connection refused
+    assert code != 0 and entry["status"] == "trial reverted", entry
+    # The BMC found A off (its QEMU gone) and powered it on: the trial's one-shot entry was spent.
+    assert "Reset by: the BMC power cycle." in entry["message"], entry
+    # The times, in the order they happened (UTC, ISO 8601: their text order is their time order).
+    cycle = re.search(
+        rf"power-cycled through the BMC \(chassis power on to ipmi://127\.0\.0\.1:{bmc.port}: the reboot's deadline "
+        r"passed at (\S+), the power cycle was sent at (\S+), the host answered at (\S+)\); the host came back",
+        entry["message"],
+    )
+    assert cycle is not None, entry
+    assert cycle[1] <= cycle[2] <= cycle[3], cycle.groups()
+    assert BMC_PASSWORD not in json.dumps(report)
     assert report["hosts"][B]["status"] == "not reached", report["hosts"][B]
     assert lab.hosts[B].hashes() == original[B]["hashes"], "the next batch was touched"
     waited = time.monotonic() - killed["at"]
-    timing(f"fault3: batch failed {waited:.0f} s after the kill (timeout {KILLED_REBOOT_TIMEOUT} s)")
-    timing(f"fault3: A started again (the operator's power cycle) and back on SSH in {_start_again(host_a):.0f} s")
-    # GRUB used up the one-shot entry on the killed boot: the power cycle lands on the old default.
+    timing(f"fault3: A powered on through its BMC and reverted, apply done {waited:.0f} s after the kill")
     assert host_a.cmdline() == original[A]["cmdline"]
 
 
-def test_fault2_panicking_trial_kernel_comes_back_on_the_old_command_line_by_itself(
+def test_fault2_trial_whose_root_never_comes_is_rebooted_onto_the_old_command_line_by_itself(
     lab: Lab, original: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The trial entry's kernel panics for real (rdinit= names no file: no root can be mounted), and
-    panic=N reboots it; GRUB has cleared its one-shot entry, so the host boots the old default."""
+    """Issue 31's root-device hang on BIOS GRUB: the trial entry's initramfs waits for a root device
+    no disk has and gives up; panic=N (the trial entry's rescue; without it, the initramfs's shell
+    holds the host for good) reboots it, and GRUB has cleared its one-shot entry, so the host boots
+    the old default."""
     host_a = lab.hosts[A]
     serial_log = Path(host_a.record.serial_log)
     log_before = serial_log.stat().st_size
-    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, PANIC_TRIAL_OPTION)
-    code, report, _ = apply(lab, lab.inventory("fault2-panic"), "fault2-panic")
+    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, ROOT_HANG_TRIAL_OPTION)
+    code, report, _ = apply(lab, lab.inventory("fault2-root"), "fault2-root")
     entry = report["hosts"][A]
     assert code != 0 and entry["status"] == "trial reverted", entry
     assert "came back without the trial entry" in entry["message"], entry
-    panicked_and_rebooted(console_since(serial_log, log_before), TRIAL_MARKER)
+    assert "Reset by: no rescue that leaves a trace" in entry["message"], entry
+    trial = gave_up_on_root_and_rebooted(console_since(serial_log, log_before), TRIAL_MARKER)
+    assert ROOT_HANG_TRIAL_OPTION in trial.splitlines()[0], trial[:3000]
     assert host_a.cmdline() == original[A]["cmdline"]
     state = host_a.sh("ls /etc/default/gpuhost-trial.cfg 2>&1; grep -c gpuhost-trial /boot/grub/grub.cfg || true")
     assert "No such file" in state and state.strip().endswith("0"), state
