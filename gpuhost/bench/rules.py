@@ -32,6 +32,9 @@ def worst(statuses: Iterable[Status]) -> Status:
     return result
 
 
+BASELINE_WHY = "well-configured passthrough reaches 98-100% of bare metal; 5% allows run-to-run noise"
+
+
 @dataclass(frozen=True)
 class Rule:
     metric: str
@@ -41,9 +44,36 @@ class Rule:
     fail_below: float | None  # for lower-is-better rules: the limit above which it fails
     why: str
     lower_is_better: bool = False
-    # Against a baseline run: PASS at or above this fraction of its figure, FAIL below the second.
+    # Against a baseline run: PASS at or above this fraction of its figure, FAIL below the second,
+    # and why (said beside a WARN or FAIL).
     baseline_pass: float = 0.95
     baseline_fail: float = 0.90
+    baseline_why: str = BASELINE_WHY
+
+
+# Lines against a baseline wider than the default, each below what one healthy node did run to run
+# (every ordered pair of 11 full runs of the four-H200 guest, tests/fixtures/h200x4-node, 2026-11-28;
+# 3 of the four-H100 guest, tests/fixtures/h100x4) and above the loss it is there to catch:
+# - the tensor-core GEMMs (BF16, FP16, TF32) run at the power cap, where the SM clock moves run to
+#   run: 0.926 at worst between two healthy runs (H200, BF16), 0.907 (H100, FP16), so 95% WARNed
+#   26 of the 1,320 H200 comparisons; a GPU held to a lower power limit or clock loses a quarter.
+#   FP32 without tensor cores stays within 0.998 and keeps the default line.
+TENSOR_GEMM_BASELINE_PASS, TENSOR_GEMM_BASELINE_FAIL = 0.85, 0.75
+TENSOR_GEMM_BASELINE_WHY = (
+    "tensor-core GEMMs run at the power cap and move up to 10% run to run on a healthy GPU; "
+    "a lower power limit or clock costs a quarter"
+)
+# - both directions at once through the host: 0.899 at worst (H200), 0.905 (H100, --quick against
+#   full); bounded by the host's memory system as much as by the link.
+BIDIR_BASELINE_PASS, BIDIR_BASELINE_FAIL = 0.85, 0.70
+BIDIR_BASELINE_WHY = "full duplex moves up to 10% run to run with the host's memory system"
+# - back-to-back launches, 3.3-4.9 us on one healthy H200 node: 0.671 at worst (0.690 on the two
+#   H200s); a trapped doorbell or a starved vCPU costs several times that.
+LAUNCH_QUEUED_BASELINE_PASS, LAUNCH_QUEUED_BASELINE_FAIL = 0.55, 0.35
+LAUNCH_BASELINE_WHY = (
+    "a few microseconds jitter by one or two run to run: only a large change is a finding "
+    "(trapped doorbells or interrupts, a starved vCPU)"
+)
 
 
 RULES: tuple[Rule, ...] = (
@@ -91,9 +121,32 @@ RULES: tuple[Rule, ...] = (
         0.70,
         0.60,
         "cuBLAS reaches 75-87% of dense BF16 peak on random data",
+        baseline_pass=TENSOR_GEMM_BASELINE_PASS,
+        baseline_fail=TENSOR_GEMM_BASELINE_FAIL,
+        baseline_why=TENSOR_GEMM_BASELINE_WHY,
     ),
-    Rule("cublas_fp16", "cuBLASLt FP16 GEMM", "fp16", 0.70, 0.60, "as BF16"),
-    Rule("cublas_tf32", "cuBLASLt TF32 GEMM", "tf32", 0.65, 0.50, "cuBLAS reaches ~80% of dense TF32 peak"),
+    Rule(
+        "cublas_fp16",
+        "cuBLASLt FP16 GEMM",
+        "fp16",
+        0.70,
+        0.60,
+        "as BF16",
+        baseline_pass=TENSOR_GEMM_BASELINE_PASS,
+        baseline_fail=TENSOR_GEMM_BASELINE_FAIL,
+        baseline_why=TENSOR_GEMM_BASELINE_WHY,
+    ),
+    Rule(
+        "cublas_tf32",
+        "cuBLASLt TF32 GEMM",
+        "tf32",
+        0.65,
+        0.50,
+        "cuBLAS reaches ~80% of dense TF32 peak",
+        baseline_pass=TENSOR_GEMM_BASELINE_PASS,
+        baseline_fail=TENSOR_GEMM_BASELINE_FAIL,
+        baseline_why=TENSOR_GEMM_BASELINE_WHY,
+    ),
     Rule(
         "cublas_fp32",
         "cuBLASLt FP32 GEMM (no TF32)",
@@ -142,6 +195,9 @@ RULES: tuple[Rule, ...] = (
         0.55,
         None,
         "full duplex is bounded by the host's memory system and root complex as much as by the link",
+        baseline_pass=BIDIR_BASELINE_PASS,
+        baseline_fail=BIDIR_BASELINE_FAIL,
+        baseline_why=BIDIR_BASELINE_WHY,
     ),
     Rule(
         "h2d_pageable",
@@ -160,9 +216,9 @@ RULES: tuple[Rule, ...] = (
         50.0,
         "a launch costs 2-5 us; passthrough adds no VM exits to the launch path",
         lower_is_better=True,
-        # A few microseconds jitter by a microsecond run to run: only a large change is a finding.
-        baseline_pass=0.75,
-        baseline_fail=0.50,
+        baseline_pass=LAUNCH_QUEUED_BASELINE_PASS,
+        baseline_fail=LAUNCH_QUEUED_BASELINE_FAIL,
+        baseline_why=LAUNCH_BASELINE_WHY,
     ),
     Rule(
         "launch_roundtrip",
@@ -172,9 +228,10 @@ RULES: tuple[Rule, ...] = (
         100.0,
         "5-11 us with the wait; more means trapped doorbells/interrupts or a starved vCPU",
         lower_is_better=True,
-        # A few microseconds jitter by a microsecond run to run: only a large change is a finding.
+        # 0.814 at worst between two healthy runs of the four-H200 guest, 0.841 of the two-H200.
         baseline_pass=0.75,
         baseline_fail=0.50,
+        baseline_why=LAUNCH_BASELINE_WHY,
     ),
 )
 
@@ -186,8 +243,6 @@ P2P_RULE = Rule(
     0.30,
     "a direct peer path runs near link speed; staged through host memory it runs far below",
 )
-
-BASELINE_WHY = "well-configured passthrough reaches 98-100% of bare metal; 5% allows run-to-run noise"
 
 QUICK_METRICS = (
     "copy",

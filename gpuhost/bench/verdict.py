@@ -24,8 +24,11 @@ towards the fast end (gpuhost.bench.spread), not on its median; the spread (slow
 fastest, stability) is reported beside it, and an unstable one gets its own line.
 
 Against a baseline (an earlier run, e.g. bare metal): PASS at >= 95% of the baseline's figure,
-FAIL below 90%, because well-configured KVM passthrough reaches 98-100% of bare metal; for the
-microsecond launch latencies, which jitter by ~10% run to run, PASS within 1.33x and FAIL past 2x.
+FAIL below 90%, because well-configured KVM passthrough reaches 98-100% of bare metal. Where one
+healthy node moves more than that run to run, the rule's own line is wider (gpuhost.bench.rules,
+with the captured spread): the tensor-core GEMMs PASS at >= 85% (FAIL < 75%), both directions at
+once >= 85% (< 70%), back-to-back launches within 1.8x (FAIL past 2.9x), launch + sync within 1.33x
+(past 2x).
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from gpuhost.bench.contention import Contention, judge_contention
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import Measurement, SuiteRun
 from gpuhost.bench.rules import (
-    BASELINE_WHY,
     FULL_METRICS,
     NO_CUBLAS,
     P2P_RULE,
@@ -261,7 +263,8 @@ def judge_measurement(
             statuses.append(status)
             if status is not Status.PASS:
                 reasons.append(
-                    f"{baseline_percent:.0f}% of the baseline (PASS needs >= {rule.baseline_pass:.0%}): {BASELINE_WHY}"
+                    f"{baseline_percent:.0f}% of the baseline (PASS needs >= {rule.baseline_pass:.0%}): "
+                    + rule.baseline_why
                 )
     elif baseline is not None and value is not None and rule is not None and rule.pass_at is not None:
         # The comparison asked for cannot be made: said, never skipped in silence.
