@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +145,8 @@ class XidWatch:
     def __init__(self, nvml: Any, count: int) -> None:
         self._nvml = nvml
         self._events: Any = None
+        # --all runs the GPUs' own benchmarks at once: each GPU's stop check drains from its thread.
+        self._lock = threading.Lock()
         self.seen: list[GpuXid] = []
         self.unwatched: str | None = None
         kind = getattr(nvml, "nvmlEventTypeXidCriticalError", None)
@@ -157,24 +161,31 @@ class XidWatch:
             self.unwatched = f"NVML could not register for Xid events: {error}"
             self.close()
 
-    def drain(self, phase: str) -> tuple[GpuXid, ...]:
-        """The Xids reported since the last drain, attributed to `phase`; never waits."""
+    def drain(self, phase: str | Callable[[int], str]) -> tuple[GpuXid, ...]:
+        """The Xids reported since the last drain, attributed to `phase` (or to the phase of the GPU each
+        hit, where the GPUs' runs overlap); never waits."""
         if self._events is None:
             return ()
         nvml = self._nvml
         found: list[GpuXid] = []
-        while True:
-            try:
-                event = nvml.nvmlEventSetWait_v2(self._events, 0)
-            except nvml.NVMLError:  # NVML_ERROR_TIMEOUT: nothing (more) pending
-                break
-            try:
-                gpu = int(nvml.nvmlDeviceGetIndex(event.device))
-            except nvml.NVMLError:  # the GPU is gone (fell off the bus): NVML cannot name it
-                gpu = -1
-            found.append(GpuXid(gpu, int(event.eventData), phase))
-        self.seen.extend(found)
+        with self._lock:
+            while True:
+                try:
+                    event = nvml.nvmlEventSetWait_v2(self._events, 0)
+                except nvml.NVMLError:  # NVML_ERROR_TIMEOUT: nothing (more) pending
+                    break
+                try:
+                    gpu = int(nvml.nvmlDeviceGetIndex(event.device))
+                except nvml.NVMLError:  # the GPU is gone (fell off the bus): NVML cannot name it
+                    gpu = -1
+                found.append(GpuXid(gpu, int(event.eventData), phase if isinstance(phase, str) else phase(gpu)))
+            self.seen.extend(found)
         return tuple(found)
+
+    def since(self, start: int) -> tuple[GpuXid, ...]:
+        """Every Xid drained so far from the `start`-th on, whichever thread drained it."""
+        with self._lock:
+            return tuple(self.seen[start:])
 
     def close(self) -> None:
         if self._events is not None:

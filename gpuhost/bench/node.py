@@ -1,7 +1,9 @@
 """`smoke-test --all`: every GPU of the guest in one command, and the node they make together.
 
-Each GPU gets the one-GPU smoke-test (runner.smoke_test), one after the other, in this process: the
-suite binaries are its children, so no run counts another as contention (four `--device` runs
+Each GPU gets the one-GPU smoke-test (runner.smoke_test), all at once, in this process's threads: the
+benchmarks local to a GPU run on every GPU together, then each GPU's host-copy and P2P ones alone
+(runner.NodeSchedule: the host's bandwidth is shared, a peer copy lands in another GPU). The suite
+binaries are this process's children, so no run counts another as contention (four `--device` runs
 started together each saw the others, issue 30). A process of someone else's makes only the GPU it
 sits on NOT REPRESENTATIVE. Then the node's own measurements (kernels/node.cu): the full P2P matrix,
 host <-> every GPU at once, NCCL's collectives (the guest's NCCL, loaded by the suite; never
@@ -18,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ from gpuhost.bench.node_model import (
 from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.rules import Status
 from gpuhost.bench.runner import (
+    NodeSchedule,
     Outcome,
     SmokeOptions,
     StopCheck,
@@ -121,19 +125,31 @@ def _suite(
     return (document, None) if isinstance(document, dict) else (None, "printed JSON that is not an object")
 
 
-def fatal_xid(watch: XidWatch, phase: str, gpus: Iterable[int] | None = None) -> StopCheck:
-    """A `stop` for a running suite: the first Xid of FAIL severity NVML reports during `phase` on one
-    of `gpus` (None: any GPU, as the node measurements use them all), described. Every Xid drained
-    is kept in the watch, for the verdicts."""
+def fatal_xid(watch: XidWatch, phase: str | Callable[[int], str], gpus: Iterable[int] | None = None) -> StopCheck:
+    """A `stop` for a running suite: the first Xid of FAIL severity NVML reports, from now on, on one
+    of `gpus` (None: any GPU, as the node measurements use them all), described. It drains the watch
+    (an Xid attributed to `phase`, or to the phase of the GPU it hit), and also sees the Xids that
+    another GPU's check drained while the GPUs' runs overlap. Every Xid drained is kept in the watch,
+    for the verdicts."""
     concerned = None if gpus is None else set(gpus)
+    checked = len(watch.seen)
 
     def check() -> str | None:
-        for xid in watch.drain(phase):
+        nonlocal checked
+        watch.drain(phase)
+        new = watch.since(checked)
+        checked += len(new)
+        for xid in new:
             if xid.meaning.status is Status.FAIL and (concerned is None or xid.gpu in concerned):
                 return xid.describe()
         return None
 
     return check
+
+
+def gpu_phase(gpu: int) -> str:
+    """The phase of an --all run in which a GPU's own benchmarks run (health.GpuXid.phase)."""
+    return f"GPU {gpu}'s run" if gpu >= 0 else "the GPUs' own runs"
 
 
 def read_nvlinks(nvml: Any, count: int) -> tuple[NvlinkReading, ...]:
@@ -168,6 +184,34 @@ def _with_xids(reason: str, gpu: int, xids: Iterable[GpuXid], logged: Iterable[X
     return reason if not named else f"{reason}; {'; '.join(named)}"
 
 
+def measure_gpus(
+    options: SmokeOptions, count: int, watch: XidWatch
+) -> tuple[list[tuple[int, Outcome]], list[tuple[int, str]]]:
+    """Every GPU's own smoke-test, all at once on a NodeSchedule: the local benchmarks of every GPU
+    together, then each GPU's host-link and P2P ones alone. The finished runs and the stopped GPUs
+    with why, each by GPU index."""
+    schedule = NodeSchedule(range(count))
+
+    def one(gpu: int) -> Outcome | str:
+        try:
+            # Each GPU is compared with its own run in the node baseline (rejudged), not the file.
+            stop = fatal_xid(watch, gpu_phase, (gpu,))
+            return smoke_test(replace(options, device=gpu, baseline=None), stop=stop, schedule=schedule)
+        except InputError:
+            raise  # a bad table or option is the same for every GPU
+        except GpuhostError as error:  # this GPU's run stopped: the others are still measured
+            return str(error)
+        finally:
+            schedule.local_done(gpu)  # a run stopped early holds no other GPU's link turn back
+
+    with ThreadPoolExecutor(max_workers=max(count, 1)) as pool:
+        done = [(gpu, future.result()) for gpu, future in [(gpu, pool.submit(one, gpu)) for gpu in range(count)]]
+    watch.drain(gpu_phase)
+    finished = [(gpu, result) for gpu, result in done if not isinstance(result, str)]
+    failed = [(gpu, result) for gpu, result in done if isinstance(result, str)]
+    return finished, failed
+
+
 def run_all(options: SmokeOptions) -> NodeOutcome:
     started = time.monotonic()
     table = load_model_table(options.gpu_table)
@@ -185,19 +229,7 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
             else load_node_baseline(options.baseline, tuple(g.pci_device_id for g in environment.gpus))
         )
         watch = XidWatch(nvml, count)
-        finished: list[tuple[int, Outcome]] = []
-        failed: list[tuple[int, str]] = []
-        for gpu in range(count):
-            phase = f"GPU {gpu}'s run"
-            try:
-                # Each GPU is compared with its own run in the node baseline (rejudged), not the file.
-                stop = fatal_xid(watch, phase, (gpu,))
-                finished.append((gpu, smoke_test(replace(options, device=gpu, baseline=None), stop=stop)))
-            except InputError:
-                raise  # a bad table or option is the same for every GPU
-            except GpuhostError as error:  # this GPU's run stopped: the others are still measured
-                failed.append((gpu, str(error)))
-            watch.drain(phase)
+        finished, failed = measure_gpus(options, count, watch)
         try:
             record = measure_node(options, environment, watch)
         except InputError:

@@ -7,8 +7,9 @@ import json
 import os
 import statistics
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,68 @@ def run_bounded(
             if reason is not None:
                 raise SuiteStopped(reason) from None
             raise
+
+
+# The suite's per-GPU benchmarks in its own order (kernels/main.cu kBenches), and those --quick runs.
+SUITE_BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
+QUICK_BENCHMARKS = ("memory", "cublas", "transfer", "launch", "p2p")
+# Those that move data over the host's link or between GPUs: the host's bandwidth is shared and a P2P
+# copy lands in another GPU's memory, so under --all each runs with no other GPU measuring. The
+# rest stay on their own GPU and run on every GPU at once.
+LINK_BENCHMARKS = frozenset({"transfer", "p2p"})
+
+
+def split_benchmarks(options: SmokeOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The benchmarks a run measures: (those local to its GPU, those over the host link or to peers)."""
+    selected = options.benchmarks or (QUICK_BENCHMARKS if options.quick else SUITE_BENCHMARKS)
+    return (
+        tuple(b for b in selected if b not in LINK_BENCHMARKS),
+        tuple(b for b in selected if b in LINK_BENCHMARKS),
+    )
+
+
+class NodeSchedule:
+    """smoke-test --all: every GPU's local benchmarks at once, then each GPU's link benchmarks alone.
+
+    A GPU's link turn starts once no GPU is still measuring locally (or has given up), and only one
+    GPU holds it at a time; its re-measurements run inside it too, with nothing else measuring."""
+
+    def __init__(self, gpus: Iterable[int]) -> None:
+        self._measuring = set(gpus)
+        self._changed = threading.Condition()
+        self._link = threading.Lock()
+
+    def local_done(self, gpu: int) -> None:
+        """`gpu` measures nothing local any more (done, or its run stopped): the link turns may start."""
+        with self._changed:
+            self._measuring.discard(gpu)
+            self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def link_turn(self, gpu: int) -> Iterator[None]:
+        self.local_done(gpu)
+        with self._changed:
+            self._changed.wait_for(lambda: not self._measuring)
+        with self._link:
+            yield
+
+
+def combined_documents(local: dict[str, Any], link: dict[str, Any]) -> dict[str, Any]:
+    """One suite document from a run's two halves, as one run of the suite would have written it:
+    benchmarks and results in the suite's order, both halves' errors, their time added."""
+
+    def order(benchmark: object) -> int:
+        return SUITE_BENCHMARKS.index(str(benchmark)) if benchmark in SUITE_BENCHMARKS else len(SUITE_BENCHMARKS)
+
+    benchmarks = [*local.get("benchmarks", []), *link.get("benchmarks", [])]
+    results = [*local.get("results", []), *link.get("results", [])]
+    return {
+        **local,
+        "benchmarks": sorted(benchmarks, key=lambda b: order(b.get("name") if isinstance(b, dict) else None)),
+        "results": sorted(results, key=lambda r: order(r.get("benchmark") if isinstance(r, dict) else None)),
+        "errors": [*local.get("errors", []), *link.get("errors", [])],
+        "elapsed_s": float(local.get("elapsed_s") or 0.0) + float(link.get("elapsed_s") or 0.0),
+    }
 
 
 class SuiteCrashed(GpuhostError):
@@ -252,14 +315,72 @@ def _utilization(nvml: Any, count: int) -> tuple[int | None, ...]:
     return tuple(readings)
 
 
+def _remeasured(
+    binary: Path, options: SmokeOptions, environment: Environment, stop: StopCheck | None, model: GpuModel | None
+) -> dict[str, Any]:
+    """The suite's document for `options`, each result below PASS measured once more and pooled."""
+    document = run_suite_explained(binary, options, environment, stop)
+    return _remeasure_low(binary, options, environment, stop, model, document)
+
+
+def _remeasure_low(
+    binary: Path,
+    options: SmokeOptions,
+    environment: Environment,
+    stop: StopCheck | None,
+    model: GpuModel | None,
+    document: dict[str, Any],
+) -> dict[str, Any]:
+    # Re-measure once before calling a result below PASS: a slow spell of the link or
+    # the host (seen on the H100 guest) should not decide the verdict on its own.
+    first = judge(parse_suite_document(document), model=model, complete=False)
+    low = below_pass(first, document)
+    if not low:
+        return document
+    again = run_suite_explained(
+        binary, replace(options, benchmarks=tuple(sorted(set(low.values())))), environment, stop
+    )
+    return merge_remeasured(document, again, set(low))
+
+
+def _scheduled(
+    binary: Path,
+    options: SmokeOptions,
+    environment: Environment,
+    stop: StopCheck | None,
+    model: GpuModel | None,
+    schedule: NodeSchedule,
+) -> dict[str, Any]:
+    """As _remeasured, in two halves: the local benchmarks now, beside the other GPUs' (whose suite
+    processes are ours, never contention), then in this GPU's link turn the link benchmarks, with
+    the local half's seed, and the re-measurements."""
+    local, link = split_benchmarks(options)
+    document: dict[str, Any] | None = None
+    try:
+        if local:
+            document = run_suite_explained(binary, replace(options, benchmarks=local), environment, stop)
+    finally:
+        schedule.local_done(options.device)
+    with schedule.link_turn(options.device):
+        if link:
+            seed = options.seed if document is None else int(document["seed"])
+            linked = run_suite_explained(binary, replace(options, benchmarks=link, seed=seed), environment, stop)
+            document = linked if document is None else combined_documents(document, linked)
+        if document is None:  # --only names at least one benchmark
+            raise InputError("no benchmark to run")
+        return _remeasure_low(binary, options, environment, stop, model, document)
+
+
 def smoke_test(
     options: SmokeOptions,
     on_environment: Callable[[Environment], None] | None = None,
     stop: StopCheck | None = None,
+    schedule: NodeSchedule | None = None,
 ) -> Outcome:
     """One smoke test. `on_environment` hears what NVML showed as soon as it is read, so that a
     run stopped later (no nvcc, a crashed suite) can still report it; `stop` (smoke-test --all: a
-    fatal Xid on this GPU) is asked while the suite runs and stops it with its reason."""
+    fatal Xid on this GPU) is asked while the suite runs and stops it with its reason; `schedule`
+    (smoke-test --all) runs the local benchmarks beside the other GPUs' and the link ones alone."""
     started = time.monotonic()
     # Inputs first: a bad table or baseline should not wait for a build.
     table = load_model_table(options.gpu_table)
@@ -290,16 +411,11 @@ def smoke_test(
         suite_started = time.monotonic()
         with NvmlSampler(nvml, tuple(range(count))) as sampler:
             # The sampler reads once as it starts, so even a very short run has a sample.
-            document = run_suite_explained(built.binary, options, environment, stop)
-            # Re-measure once before calling a result below PASS: a slow spell of the link or
-            # the host (seen on the H100 guest) should not decide the verdict on its own.
-            first = judge(parse_suite_document(document), model=table.lookup(gpu.pci_device_id), complete=False)
-            low = below_pass(first, document)
-            if low:
-                again = run_suite_explained(
-                    built.binary, replace(options, benchmarks=tuple(sorted(set(low.values())))), environment, stop
-                )
-                document = merge_remeasured(document, again, set(low))
+            model = table.lookup(gpu.pci_device_id)
+            if schedule is None:
+                document = _remeasured(built.binary, options, environment, stop, model)
+            else:
+                document = _scheduled(built.binary, options, environment, stop, model, schedule)
         samples = sampler.results()
         suite_s = time.monotonic() - suite_started
         during, readable_during = sampler.processes()

@@ -168,7 +168,7 @@ def test_a_gpu_whose_run_stops_is_a_finding_and_the_others_are_kept(
     healthy = node.replay_all(json.loads((CAPTURE / "quick-1.json").read_text()), SmokeOptions())
     by_gpu = {o.run.device.index: o for o in healthy.gpus}
 
-    def one_gpu(options: SmokeOptions, stop: object = None) -> object:
+    def one_gpu(options: SmokeOptions, stop: object = None, schedule: object = None) -> object:
         if options.device == 1:
             raise GpuUnavailable("the kernel suite could not use the GPU: cudaErrorDevicesUnavailable")
         return by_gpu[options.device]

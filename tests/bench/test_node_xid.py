@@ -94,7 +94,7 @@ def _all_with(
     healthy = node.replay_all(json.loads((CAPTURE / "quick-1.json").read_text()), SmokeOptions())
     by_gpu = {o.run.device.index: o for o in healthy.gpus}
 
-    def one_gpu(options: SmokeOptions, stop: object = None) -> object:
+    def one_gpu(options: SmokeOptions, stop: object = None, schedule: object = None) -> object:
         if during_gpu_run is not None:
             during_gpu_run(options.device)
         outcome = by_gpu[options.device]
