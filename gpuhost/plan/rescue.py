@@ -52,10 +52,12 @@ REFUSE_RESCUE_NONE = register(
 
 # How long verification may take once the host answers again, after which the deadline and the
 # BMC's timer act: half the reboot timeout, and at least MIN_VERIFICATION_S. Verification is a
-# fraction of a boot (the lab's TCG hosts verify in well under a minute; a whole trial with its
-# commit took 190 s there). Too short is safe: the rescues are stopped before commit, so one that
-# acts during a slow verification reverts the trial, it never interrupts a commit.
-MIN_VERIFICATION_S = 120
+# fraction of a boot: from the reboot's return to the verdict, 8 s on a lab TCG host with two lab
+# VMs and a build sharing its machine's two cores (2026-11-28), so 60 s leaves seven times that.
+# It only matters below a 120 s reboot timeout (the default, 900 s, gives 450 s). Too short is safe:
+# the rescues are stopped before commit, so one that acts during a slow verification reverts the
+# trial, it never interrupts a commit.
+MIN_VERIFICATION_S = 60
 # The BMC's timer is armed a few tasks before the reboot command starts the controller's wait.
 BMC_ARMING_SLACK_S = 60
 # The IPMI timer counts 100 ms ticks in 16 bits (Set Watchdog Timer, initial countdown).
