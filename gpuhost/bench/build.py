@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -233,11 +233,46 @@ def compile_commands(
     return compiles, link
 
 
-def _run_step(command: Sequence[str]) -> None:
-    completed = subprocess.run(list(command), capture_output=True, text=True, timeout=600, check=False)
-    if completed.returncode != 0:
-        tail = (completed.stderr or completed.stdout).strip()[-2000:]
+# One nvcc step's limit: the GEMM unit, the slowest, takes about 40 s on two cores.
+STEP_TIMEOUT_S = 600
+
+
+def _start(command: Sequence[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(command: Sequence[str], process: subprocess.Popen[str]) -> None:
+    try:
+        stdout, stderr = process.communicate(timeout=STEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise KernelBuildError(f"nvcc took more than {STEP_TIMEOUT_S} s ({' '.join(command[-3:])})") from None
+    if process.returncode != 0:
+        tail = (stderr or stdout).strip()[-2000:]
         raise KernelBuildError(f"nvcc failed ({' '.join(command[-3:])}):\n{tail}")
+
+
+def _compile_all(commands: Sequence[Sequence[str]]) -> None:
+    """One nvcc per translation unit, all at once. The first that fails stops the others: a broken
+    unit is reported as soon as nvcc finds it, not once the slowest (the GEMM unit) is built."""
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        processes.extend(_start(command) for command in commands)
+        with ThreadPoolExecutor(max_workers=len(processes)) as pool:
+            futures = [
+                pool.submit(_finish, command, process) for command, process in zip(commands, processes, strict=True)
+            ]
+            for future in as_completed(futures):
+                if future.exception() is not None:
+                    for process in processes:
+                        process.kill()  # their objects no longer matter: the build has failed
+                    future.result()
+    finally:
+        for process in processes:  # also on Ctrl-C: no nvcc outlives the build
+            if process.poll() is None:
+                process.kill()
+            process.wait()
 
 
 def build_suite(
@@ -261,11 +296,8 @@ def build_suite(
         work_dir = Path(work)
         staged = work_dir / BINARY_NAME
         compiles, link = compile_commands(sources, compute_capability, toolchain, work_dir, staged)
-        # One nvcc per translation unit, in parallel: the GEMM unit dominates.
-        with ThreadPoolExecutor(max_workers=len(compiles)) as pool:
-            for future in [pool.submit(_run_step, command) for command in compiles]:
-                future.result()
-        _run_step(link)
+        _compile_all(compiles)
+        _finish(link, _start(link))
         # Rename into place so a concurrent or interrupted build never leaves half a binary.
         staged.replace(binary)
     return BuiltSuite(
