@@ -1,8 +1,9 @@
 """`smoke-test --all`: every GPU of the guest in one command, and the node they make together.
 
 Each GPU gets the one-GPU smoke-test (runner.smoke_test), all at once, in this process's threads: the
-benchmarks local to a GPU run on every GPU together, then each GPU's host-copy and P2P ones alone
-(runner.NodeSchedule: the host's bandwidth is shared, a peer copy lands in another GPU). The suite
+benchmarks local to a GPU run on every GPU together, then each GPU's host copies alone
+(runner.NodeSchedule: the host's bandwidth is shared). P2P is the node's alone: its matrix measures
+every ordered pair, where each GPU's own p2p benchmark measured the same neighbouring pairs. The suite
 binaries are this process's children, so no run counts another as contention (four `--device` runs
 started together each saw the others, issue 30). A process of someone else's makes only the GPU it
 sits on NOT REPRESENTATIVE. Then the node's own measurements (kernels/node.cu): the full P2P matrix,
@@ -188,7 +189,7 @@ def measure_gpus(
     options: SmokeOptions, count: int, watch: XidWatch
 ) -> tuple[list[tuple[int, Outcome]], list[tuple[int, str]]]:
     """Every GPU's own smoke-test, all at once on a NodeSchedule: the local benchmarks of every GPU
-    together, then each GPU's host-link and P2P ones alone. The finished runs and the stopped GPUs
+    together, then each GPU's host copies alone (P2P is the node's matrix). The finished runs and the stopped GPUs
     with why, each by GPU index."""
     schedule = NodeSchedule(range(count))
 

@@ -786,7 +786,13 @@ def rejudged(
             )
         )
     verdict = judge(
-        outcome.run, model=models.get(gpu), checks=checks, complete=complete, contention=contention, baseline=theirs
+        outcome.run,
+        model=models.get(gpu),
+        checks=checks,
+        complete=complete,
+        contention=contention,
+        baseline=theirs,
+        in_node=True,
     )
     return replace(outcome, verdict=verdict, contention=contention, health=health, with_baseline=theirs is not None)
 

@@ -259,6 +259,12 @@ QUICK_METRICS = (
 
 FULL_METRICS = (*(rule.metric for rule in RULES), "p2p_access")
 
+# smoke-test --all: the node's P2P matrix measures every ordered pair, both directions at once and
+# peer access, and judges them (node_judge); the per-GPU p2p benchmark (the same neighbouring pairs
+# from every GPU) is not run there, and no GPU's own verdict expects its metrics.
+NODE_JUDGED_BENCHMARKS = frozenset({"p2p"})
+NODE_JUDGED_METRICS = frozenset({"p2p_access"})
+
 NO_CUBLAS = "built without cuBLAS"
 
 

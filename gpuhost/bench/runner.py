@@ -30,7 +30,7 @@ from gpuhost.bench.health import Health, judge_health, lines_since, parse_xid_li
 from gpuhost.bench.jsonout import BuildInfo, Timings, load_baseline, load_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import SuiteRun, parse_suite_document
-from gpuhost.bench.rules import Status, rule_for
+from gpuhost.bench.rules import NODE_JUDGED_BENCHMARKS, Status, rule_for
 from gpuhost.bench.verdict import Verdict, judge
 from gpuhost.errors import EXIT_FINDINGS, GpuhostError, InputError
 
@@ -353,8 +353,9 @@ def _scheduled(
 ) -> dict[str, Any]:
     """As _remeasured, in two halves: the local benchmarks now, beside the other GPUs' (whose suite
     processes are ours, never contention), then in this GPU's link turn the link benchmarks, with
-    the local half's seed, and the re-measurements."""
+    the local half's seed, and the re-measurements. P2P is the node's (NODE_JUDGED_BENCHMARKS)."""
     local, link = split_benchmarks(options)
+    link = tuple(b for b in link if b not in NODE_JUDGED_BENCHMARKS)
     document: dict[str, Any] | None = None
     try:
         if local:
@@ -442,6 +443,7 @@ def smoke_test(
         baseline=baseline,
         complete=not options.benchmarks,
         contention=contention,
+        in_node=schedule is not None,
     )
     timings = Timings(built.seconds, built.cached, suite_s, time.monotonic() - started)
     build = BuildInfo(str(built.binary), built.arch, built.cache_key, toolchain.version, built.with_cublas)

@@ -43,6 +43,7 @@ from gpuhost.bench.results import Measurement, SuiteRun
 from gpuhost.bench.rules import (
     FULL_METRICS,
     NO_CUBLAS,
+    NODE_JUDGED_METRICS,
     P2P_RULE,
     QUICK_METRICS,
     CheckOutcome,
@@ -301,9 +302,11 @@ def judge(
     baseline: SuiteRun | None = None,
     complete: bool = True,
     contention: Contention | None = None,
+    in_node: bool = False,
 ) -> Verdict:
     """The verdict on one suite run. `checks` are the environment's (judge_environment, judge_health);
-    `complete` is False when only some benchmarks were selected (no "not measured" warnings)."""
+    `complete` is False when only some benchmarks were selected (no "not measured" warnings);
+    `in_node`: one GPU's run of smoke-test --all, whose P2P the node judges (NODE_JUDGED_METRICS)."""
     all_checks = [*checks, *judge_contention(contention)]
     if baseline is not None and baseline.device.name != run.device.name:
         all_checks.append(
@@ -345,7 +348,7 @@ def judge(
     measured = {m.metric for m in metrics}
     failed_benchmarks = {e.benchmark for e in run.errors}
     expected = QUICK_METRICS if run.quick else FULL_METRICS
-    for name in expected:
+    for name in (name for name in expected if not (in_node and name in NODE_JUDGED_METRICS)):
         if complete and name not in measured and not failed_benchmarks:
             all_checks.append(found(METRIC_MISSING, Status.WARN, f"metric {name}", "expected but not measured"))
 

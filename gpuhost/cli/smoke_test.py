@@ -73,8 +73,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--all",
         action="store_true",
-        help="every visible GPU (each one's local benchmarks at once, its host-copy and P2P ones one GPU after the "
-        "other), then the node: the full P2P matrix, host copies to and from "
+        help="every visible GPU (each one's local benchmarks at once, its host copies one GPU after the other), "
+        "then the node: the full P2P matrix (every ordered pair: no per-GPU p2p), host copies to and from "
         "every GPU at once, NCCL collectives, NVLinks; one verdict per GPU and one for the node",
     )
     parser.add_argument(

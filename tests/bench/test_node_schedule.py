@@ -1,5 +1,6 @@
 """smoke-test --all's schedule (issue 30, the wall time): every GPU's local benchmarks at once, then
-each GPU's host-copy and P2P benchmarks alone; the halves make the document one suite run makes.
+each GPU's host copies alone; the halves make the document one suite run makes, less its P2P (the node's
+matrix measures every pair).
 The suite is stood in for by the halves of a real run (tests/fixtures/h200x4-node/wall/old-1.json)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 from gpuhost.bench import node, runner
 from gpuhost.bench.environment import GpuUnavailable
 from gpuhost.bench.health import XidWatch
+from gpuhost.bench.results import parse_suite_document
 from gpuhost.bench.runner import (
     LINK_BENCHMARKS,
     NodeSchedule,
@@ -23,6 +25,7 @@ from gpuhost.bench.runner import (
     combined_documents,
     split_benchmarks,
 )
+from gpuhost.bench.verdict import judge
 from tests.bench.test_node_xid import InjectingNvml
 from tests.helpers import FIXTURES
 
@@ -124,23 +127,24 @@ def test_every_gpus_local_benchmarks_run_at_once_and_each_gpus_link_ones_alone_a
     local = [c for c in suite.calls if not set(c[1]) & LINK_BENCHMARKS]
     link = [c for c in suite.calls if set(c[1]) & LINK_BENCHMARKS]
     assert sorted(c[0] for c in local) == [0, 1, 2, 3] and all("transfer" not in c[1] for c in local)
-    assert sorted(c[0] for c in link) == [0, 1, 2, 3] and all(c[1] == ("transfer", "p2p") for c in link)
+    assert sorted(c[0] for c in link) == [0, 1, 2, 3] and all(c[1] == ("transfer",) for c in link)
     # The local runs overlapped (they met at the barrier); no link run overlaps any other run.
     assert max(c[2] for c in local) < min(c[3] for c in local)
     last_local = max(c[3] for c in local)
     ordered = sorted(link, key=lambda c: c[2])
     assert ordered[0][2] >= last_local
     assert all(a[3] <= b[2] for a, b in itertools.pairwise(ordered))
-    # Each GPU's document is its one run's: every result, in the suite's order, with the local seed.
+    # Each GPU's document is its one run's but for P2P: every other result, in the suite's order.
     for gpu in range(4):
-        assert documents[gpu]["results"] == _one_run(gpu)["results"]
+        assert documents[gpu]["results"] == [r for r in _one_run(gpu)["results"] if r["benchmark"] != "p2p"]
+        assert not any(r["benchmark"] == "p2p" for r in documents[gpu]["results"])
 
 
 def test_a_gpu_whose_run_stops_holds_no_other_gpus_link_turn_back(monkeypatch: pytest.MonkeyPatch) -> None:
     suite = RecordingSuite(4, fail_local=1)
     documents = _run_gpus(monkeypatch, suite, 4)
     assert isinstance(documents[1], GpuUnavailable)
-    assert sorted(c[0] for c in suite.calls if "p2p" in c[1]) == [0, 2, 3]
+    assert sorted(c[0] for c in suite.calls if "transfer" in c[1]) == [0, 2, 3]
 
 
 def test_an_xid_another_gpus_check_drained_still_stops_the_gpu_it_hit_and_is_named_on_it() -> None:
@@ -156,7 +160,7 @@ def test_an_xid_another_gpus_check_drained_still_stops_the_gpu_it_hit_and_is_nam
 
 def test_a_suite_crash_in_the_link_half_is_the_gpus_crash(monkeypatch: pytest.MonkeyPatch) -> None:
     def crashing(binary: object, options: SmokeOptions, environment: object, stop: object = None) -> dict[str, Any]:
-        if "p2p" in options.benchmarks:
+        if "transfer" in options.benchmarks:
             raise SuiteCrashed("the kernel suite exited with status 139")
         return _half(_one_run(options.device), options.benchmarks)
 
@@ -164,3 +168,15 @@ def test_a_suite_crash_in_the_link_half_is_the_gpus_crash(monkeypatch: pytest.Mo
     schedule = NodeSchedule([0])
     with pytest.raises(SuiteCrashed):
         runner._scheduled(None, SmokeOptions(device=0), None, None, None, schedule)  # type: ignore[arg-type]
+
+
+def test_a_gpus_own_verdict_in_a_node_run_expects_no_p2p_and_a_one_gpu_run_still_does() -> None:
+    """Under --all the node's matrix judges P2P (peer access included): a GPU's verdict without its
+    p2p results is complete; a one-GPU run without them still says what it did not measure."""
+    document = _one_run(0)
+    local, link = split_benchmarks(SmokeOptions())
+    without_p2p = parse_suite_document(_half(document, (*local, *(b for b in link if b != "p2p"))))
+    in_node = judge(without_p2p, model=None, in_node=True)
+    alone = judge(without_p2p, model=None)
+    assert not [c for c in in_node.checks if c.check.startswith("metric ")], in_node.checks
+    assert [c.check for c in alone.checks if c.check.startswith("metric ")] == ["metric p2p_access"]
