@@ -60,6 +60,9 @@ from gpuhost.targets import Target
 CONFIGURE_PLAY_PREFIX = "Configure for passthrough"
 # Steps of apply worth a progress line even when nothing changed.
 APPLY_KEY_TASKS = ("planner", "Reboot", "Verify")
+# gpuhost_verify's fact on a host its BMC power-cycled (action, bmc, deadline_passed, sent_at,
+# answered_at): the report's `power_cycled`, whether the trial then committed or was reverted.
+POWER_CYCLE_FACT = "gpuhost_verify_power_cycle"
 # What apply writes and rollback removes; the role's defaults hold the same list for
 # ansible-playbook without the CLI (tests/rollout/test_rollback.py keeps them equal).
 REMOVED_FILES = (
@@ -165,6 +168,9 @@ class EventTracker:
         self._stopped_task: dict[str, str] = {}  # the task of each of those failures
         self.reached: set[str] = set()  # hosts whose batch began (the configure play ran a task on them)
         self.rebooted: set[str] = set()  # hosts a reboot task brought back (the report play may not run)
+        # Hosts power-cycled through their BMC (gpuhost_verify's fact): a reverted trial stops its host,
+        # so the report play never writes that host's entry, and the CLI's must still say it.
+        self.power_cycled: dict[str, dict[str, Any]] = {}
         self.in_run: set[str] = set()  # hosts of this run (the report play lists every inventory host)
         self.playbook_pid: int | None = None  # ansible-playbook's own process (it emits playbook_on_start)
 
@@ -188,6 +194,9 @@ class EventTracker:
             self.reached.add(host)
         if kind == "runner_on_ok" and task.startswith("Reboot") and result.get("rebooted"):
             self.rebooted.add(host)
+        cycle = (result.get("ansible_facts") or {}).get(POWER_CYCLE_FACT) if kind == "runner_on_ok" else None
+        if isinstance(cycle, Mapping):
+            self.power_cycled[host] = dict(cycle)
         if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             # The trial reboot's failure is rescued (the BMC's power cycle, gpuhost_verify): what the
             # rescue ends with, a failure or a task that ran, is the host's outcome instead.
@@ -261,6 +270,8 @@ def apply(
             entry.update(status=outcome.status.value, message=outcome.message)
     for host in tracker.rebooted:
         data["hosts"].setdefault(host, {})["rebooted"] = True
+    for host, cycle in tracker.power_cycled.items():
+        data["hosts"].setdefault(host, {}).setdefault("power_cycled", cycle)
     data["ansible_stats"] = stats
     data["ansible_rc"] = rc
     data["ansible_status"] = status

@@ -161,6 +161,8 @@ def test_a_trial_that_never_answers_is_power_cycled_once_through_redfish(
     assert kept["note"].startswith("power-cycled through the BMC (ForceRestart")
     # The reboot's failure was rescued and the host answered: the engine holds nothing against it.
     assert tracker.stopped == {}
+    # The engine read the same fact from Ansible's events: apply's report keeps it for a reverted host too.
+    assert tracker.power_cycled == {"gpu01": cycle}
     assert_password_nowhere(REDFISH_PASSWORD, tracker, tmp_path / "rescue.json", redfish.log)
 
 

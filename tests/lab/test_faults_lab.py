@@ -243,6 +243,10 @@ def test_fault3_host_killed_during_its_reboot_is_powered_on_through_its_bmc_and_
     )
     assert cycle is not None, entry
     assert cycle[1] <= cycle[2] <= cycle[3], cycle.groups()
+    # The same, as data: the report of a reverted host keeps the power cycle (the engine reads the fact).
+    cycled = entry["power_cycled"]
+    assert cycled["action"] == "chassis power on" and cycled["bmc"] == f"ipmi://127.0.0.1:{bmc.port}", entry
+    assert (cycled["deadline_passed"], cycled["sent_at"]) == (cycle[1], cycle[2]) and cycled["answered_at"] >= cycle[2]
     assert BMC_PASSWORD not in json.dumps(report)
     assert report["hosts"][B]["status"] == "not reached", report["hosts"][B]
     assert lab.hosts[B].hashes() == original[B]["hashes"], "the next batch was touched"
