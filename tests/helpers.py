@@ -78,3 +78,22 @@ def replay_smoke_test(path: Path, tmp_path: Path, *extra: str) -> tuple[int, dic
     again = tmp_path / "again.json"
     code = main(["smoke-test", "--replay", str(path), "--json", str(again), *extra])
     return code, json.loads(again.read_text())
+
+
+def capture_json(capture: Path, name: str) -> dict[str, Any]:
+    """A device capture's `NAME.json` (tests/fixtures/<capture>/)."""
+    import json
+
+    document: dict[str, Any] = json.loads((capture / f"{name}.json").read_text())
+    return document
+
+
+def capture_wall_times(capture: Path) -> dict[str, tuple[int, float]]:
+    """A device capture's wall-times.txt: each step's exit status and wall time, as its capture
+    script wrote them ("NAME exit N wall S s")."""
+    rows = {}
+    for line in (capture / "wall-times.txt").read_text().splitlines():
+        found = re.fullmatch(r"(\S+) exit (\d+) wall ([\d.]+) s", line)
+        assert found, line
+        rows[found[1]] = (int(found[2]), float(found[3]))
+    return rows

@@ -4,38 +4,21 @@ call on four H200s, and one of the latter beside a matmul loop on GPU 2."""
 
 from __future__ import annotations
 
-import json
-import re
 import statistics
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpuhost.bench.runner import LINK_BENCHMARKS
-from tests.helpers import FIXTURES, replay_smoke_test
+from tests.helpers import FIXTURES, capture_json, capture_wall_times, replay_smoke_test
 
 CAPTURE = FIXTURES / "h200x4-node" / "wall"
 RUNS = [f"{code}-{i}" for code in ("old", "new") for i in (1, 2, 3)]
 
 
-def _load(name: str) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads((CAPTURE / f"{name}.json").read_text())
-    return document
-
-
-def _wall_times() -> dict[str, tuple[int, float]]:
-    rows = {}
-    for line in (CAPTURE / "wall-times.txt").read_text().splitlines():
-        found = re.fullmatch(r"(\S+) exit (\d+) wall ([\d.]+) s", line)
-        assert found, line
-        rows[found[1]] = (int(found[2]), float(found[3]))
-    return rows
-
-
 @pytest.mark.parametrize("name", RUNS)
 def test_every_run_of_either_schedule_passes_on_replay(name: str, tmp_path: Path) -> None:
-    assert _wall_times()[name][0] == 0
+    assert capture_wall_times(CAPTURE)[name][0] == 0
     code, again = replay_smoke_test(CAPTURE / f"{name}.json", tmp_path)
     assert code == 0 and again["outcome"] == "PASS"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS"] * 4
@@ -47,10 +30,10 @@ def test_every_run_of_either_schedule_passes_on_replay(name: str, tmp_path: Path
 
 
 def test_the_new_schedule_is_faster_in_every_run_and_says_so_in_its_timings() -> None:
-    walls = _wall_times()
+    walls = capture_wall_times(CAPTURE)
     assert max(walls[f"new-{i}"][1] for i in (1, 2, 3)) < min(walls[f"old-{i}"][1] for i in (1, 2, 3))
     for i in (1, 2, 3):
-        old, new = _load(f"old-{i}"), _load(f"new-{i}")
+        old, new = capture_json(CAPTURE, f"old-{i}"), capture_json(CAPTURE, f"new-{i}")
         # Old: the GPUs' runs add up to the run less the node; new: they overlap, so they add up to more.
         gpus_old = sum(g["timings"]["total_s"] for g in old["gpus"])
         gpus_new = sum(g["timings"]["total_s"] for g in new["gpus"])
@@ -61,7 +44,7 @@ def test_the_new_schedule_is_faster_in_every_run_and_says_so_in_its_timings() ->
 def _local_figures(code: str) -> dict[str, list[float]]:
     figures: dict[str, list[float]] = {}
     for i in (1, 2, 3):
-        for gpu in _load(f"{code}-{i}")["gpus"]:
+        for gpu in capture_json(CAPTURE, f"{code}-{i}")["gpus"]:
             for result in gpu["suite"]["results"]:
                 if result["benchmark"] not in LINK_BENCHMARKS and result["value"] is not None:
                     figures.setdefault(result["name"], []).append(result["value"])
@@ -78,7 +61,7 @@ def test_the_local_figures_measured_beside_the_other_gpus_agree_with_those_measu
 
 
 def test_a_matmul_loop_on_gpu_2_makes_only_gpu_2_and_the_figures_with_it_not_representative(tmp_path: Path) -> None:
-    assert _wall_times()["busy-gpu2-new"][0] == 2
+    assert capture_wall_times(CAPTURE)["busy-gpu2-new"][0] == 2
     code, again = replay_smoke_test(CAPTURE / "busy-gpu2-new.json", tmp_path)
     assert code == 2 and again["outcome"] == "NOT REPRESENTATIVE"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS", "PASS", "NOT REPRESENTATIVE", "PASS"]
