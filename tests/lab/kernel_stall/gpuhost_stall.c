@@ -1,0 +1,25 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * gpuhost's lab only (issue 31): a kernel that stalls without a panic. Loading this module parks
+ * the CPU that loads it in a busy loop with preemption disabled, for good: a soft lockup, the
+ * kernel stall Debian's kernel offers no other way to cause (it has neither CONFIG_TEST_LOCKUP nor
+ * LKDTM). A lab trial entry loads it with modules-load=gpuhost_stall; the trial entry's own
+ * softlockup_panic=1 is what must turn the stall into a panic, and panic=N into a reboot.
+ */
+#include <linux/module.h>
+#include <linux/preempt.h>
+#include <linux/printk.h>
+#include <linux/smp.h>
+
+static int __init gpuhost_stall_init(void)
+{
+	pr_emerg("gpuhost_stall: CPU %d now spins with preemption disabled\n", raw_smp_processor_id());
+	preempt_disable();
+	for (;;)
+		cpu_relax();
+	return 0;
+}
+module_init(gpuhost_stall_init);
+
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("gpuhost lab: stall one CPU in the kernel (issue 31's kernel stall fault)");

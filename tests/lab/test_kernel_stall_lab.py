@@ -1,0 +1,80 @@
+"""Issue 31's kernel stall, by hand (not in CI: about six minutes of lab time its budget does not
+have). A trial entry whose kernel stalls without a panic: kernel_stall/gpuhost_stall.ko, loaded on the
+trial boot only (modules-load=, a testing-only option), spins on a CPU with preemption disabled. The
+trial entry's own softlockup_panic=1 must turn the soft lockup into a panic and its panic=N into a
+reboot onto the old default, with no action from the test.
+
+Collected only with GPUHOST_LAB_BY_HAND=1 (tests/lab/conftest.py); it needs the lab kernel's headers
+on this machine (apt-get install linux-headers-<the lab's kernel release>):
+
+    GPUHOST_LAB_BY_HAND=1 pytest -m lab tests/lab/test_kernel_stall_lab.py -n 0 -s
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuhost.inventory.plan_settings import TRIAL_TESTING_OPTIONS_ENV
+from gpuhost.lab.image import Image
+from gpuhost.plan.model import TRIAL_MARKER
+
+from .rollout_lab import HostLayout, Lab, apply, booted_lab, console_since, panicked_and_rebooted, timing
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
+
+A = "a-1"
+MODULE_SOURCE = Path(__file__).resolve().parent / "kernel_stall"
+STALL_TRIAL_OPTION = "modules-load=gpuhost_stall"
+
+
+@pytest.fixture(scope="module")
+def lab(base_image: Image, image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    layout = {A: HostLayout("base", 2048, {"gpuhost_hugepages": 0})}
+    with booted_lab(tmp_path_factory.mktemp("kernel-stall-lab"), image_dir, layout) as booted:
+        yield booted
+
+
+def build_stall_module(release: str, work: Path) -> bytes:
+    """gpuhost_stall.ko for the lab kernel `release`, built here against its headers, debug info stripped."""
+    headers = Path("/usr/src") / f"linux-headers-{release}"
+    if not headers.is_dir():
+        pytest.fail(f"{headers} is missing: apt-get install linux-headers-{release}, then run this test again")
+    for name in ("gpuhost_stall.c", "Kbuild"):
+        shutil.copy(MODULE_SOURCE / name, work / name)
+    subprocess.run(["make", "-s", "-C", str(headers), f"M={work}", "modules"], check=True, capture_output=True)
+    subprocess.run(["strip", "--strip-debug", str(work / "gpuhost_stall.ko")], check=True)
+    return (work / "gpuhost_stall.ko").read_bytes()
+
+
+def test_a_trial_kernel_that_stalls_without_a_panic_is_rebooted_onto_the_old_command_line_by_itself(
+    lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host_a = lab.hosts[A]
+    release = host_a.sh("uname -r").strip()
+    module = base64.b64encode(build_stall_module(release, tmp_path)).decode()
+    # In the module tree, so modules-load= finds it; nothing loads it without that option.
+    host_a.sh(
+        f"mkdir -p /lib/modules/{release}/extra && base64 -d > /lib/modules/{release}/extra/gpuhost_stall.ko <<'EOF'\n"
+        f"{module}\nEOF\ndepmod {release}"
+    )
+    before = host_a.cmdline()
+    serial_log = Path(host_a.record.serial_log)
+    log_before = serial_log.stat().st_size
+    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, STALL_TRIAL_OPTION)
+    code, report, seconds = apply(lab, lab.inventory("kernel-stall"), "kernel-stall")
+    entry = report["hosts"][A]
+    assert code != 0 and entry["status"] == "trial reverted", entry
+    assert "came back without the trial entry" in entry["message"], entry
+    trial = panicked_and_rebooted(console_since(serial_log, log_before), TRIAL_MARKER)
+    assert STALL_TRIAL_OPTION in trial.splitlines()[0] and "softlockup_panic=1" in trial.splitlines()[0]
+    assert "gpuhost_stall: CPU" in trial and "now spins with preemption disabled" in trial, trial[-3000:]
+    assert "soft lockup - CPU#" in trial and "Kernel panic - not syncing: softlockup: hung tasks" in trial
+    timing(f"kernel-stall: trial stalled, panicked, rebooted and reverted, apply {seconds:.0f} s in all")
+    assert host_a.cmdline() == before
+    assert "gpuhost_stall" not in host_a.sh("cat /proc/modules")
