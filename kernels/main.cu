@@ -1,7 +1,13 @@
 // gpuhost-kernels: runs the selected benchmarks and prints one JSON document on stdout.
 //
-//   gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--delay-streams MS]
-//                   [--nccl-bytes N[,N...]] [--list]
+//   gpuhost-kernels [--bench NAME[,NAME...]] [--then NAME[,NAME...]] [--quick] [--seed N] [--device N]
+//                   [--delay-streams MS] [--nccl-bytes N[,N...]] [--list]
+//
+// --then NAME[,NAME...] runs a second set in the same process, once told to: after the first
+// document the suite reads a line on stdin, and on "go" runs these and prints a second document
+// (its own benchmarks, results, errors and elapsed_s; nothing else read: it exits with the first's
+// status). smoke-test --all runs each GPU's own benchmarks at once, then that GPU's host copies in
+// its turn, without a second process's start (about 1.3 s a GPU on the four-H200 guest).
 //
 // --nccl-bytes N[,N...] measures the NCCL collectives at these sizes (bytes, ascending, each a multiple
 // of 4) instead of 8 MiB to 1 GiB: benchmarks/node_vs_torch.py asks for 1 and 4 GiB.
@@ -16,6 +22,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "common.cuh"
 
@@ -72,8 +80,8 @@ std::string result_json(const gh::Result& r, const char* benchmark) {
 
 int usage(const char* message) {
     std::cerr << "gpuhost-kernels: " << message
-              << "\nusage: gpuhost-kernels [--bench NAME[,NAME...]] [--quick] [--seed N] [--device N] [--delay-streams MS] "
-                 "[--nccl-bytes N[,N...]] [--list]\n";
+              << "\nusage: gpuhost-kernels [--bench NAME[,NAME...]] [--then NAME[,NAME...]] [--quick] [--seed N] "
+                 "[--device N] [--delay-streams MS] [--nccl-bytes N[,N...]] [--list]\n";
     return 2;
 }
 
@@ -83,6 +91,7 @@ int main(int argc, char** argv) {
     gh::Options options;
     options.seed = static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count() & 0x7fffffff);
     std::vector<std::string> selected;
+    std::vector<std::string> then;  // --then: run once "go" is read on stdin
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         if (arg == "--quick") {
@@ -99,8 +108,8 @@ int main(int argc, char** argv) {
             }
             std::cout << gh::json_array(items) << std::endl;
             return 0;
-        } else if ((arg == "--bench" || arg == "--seed" || arg == "--device" || arg == "--delay-streams" ||
-                    arg == "--nccl-bytes") &&
+        } else if ((arg == "--bench" || arg == "--then" || arg == "--seed" || arg == "--device" ||
+                    arg == "--delay-streams" || arg == "--nccl-bytes") &&
                    i + 1 < argc) {
             const std::string value = argv[++i];
             if (arg == "--nccl-bytes") {
@@ -138,7 +147,7 @@ int main(int argc, char** argv) {
                     bool known = false;
                     for (const auto& b : kBenches) known = known || name == b.name;
                     if (!known) return usage(("unknown benchmark '" + name + "'").c_str());
-                    selected.push_back(name);
+                    (arg == "--then" ? then : selected).push_back(name);
                     if (comma == std::string::npos) break;
                     start = comma + 1;
                 }
@@ -147,6 +156,7 @@ int main(int argc, char** argv) {
             return usage(("unknown argument '" + arg + "'").c_str());
         }
     }
+    if (!then.empty() && selected.empty()) return usage("--then needs --bench for the first set");
     if (selected.empty()) {
         for (const auto& b : kBenches) {
             if (!b.node && (!options.quick || b.in_quick)) selected.push_back(b.name);
@@ -182,62 +192,71 @@ int main(int argc, char** argv) {
     char bus_id[32] = {};
     cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), options.device);
 
-    std::vector<std::string> results;
-    std::vector<std::string> errors;
-    std::vector<std::string> ran;
-    for (const auto& name : selected) {
-        for (const auto& b : kBenches) {
-            if (name != b.name) continue;
-            const auto t0 = std::chrono::steady_clock::now();
-            std::cerr << "gpuhost-kernels: running " << b.name << "\n";
-            try {
-                b.run(options, [&](gh::Result&& r) { results.push_back(result_json(r, b.name)); });
-                GH_CHECK(cudaDeviceSynchronize());
-            } catch (const std::exception& error) {
-                errors.push_back(gh::Json().str("benchmark", b.name).str("message", error.what()).text());
-                cudaGetLastError();  // clear a non-sticky error so later benchmarks can run
-            }
-            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            ran.push_back(gh::Json().str("name", b.name).num("seconds", seconds).text());
-        }
-    }
     long long cublaslt_version = 0;
 #ifndef GPUHOST_NO_CUBLAS
     cublaslt_version = static_cast<long long>(cublasLtGetVersion());
 #endif
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    const std::string device = gh::Json()
-                                   .integer("index", options.device)
-                                   .integer("count", device_count)
-                                   .str("name", prop.name)
-                                   .str("compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor))
-                                   .integer("sm_count", prop.multiProcessorCount)
-                                   .integer("l2_bytes", prop.l2CacheSize)
-                                   .integer("memory_bytes", static_cast<long long>(prop.totalGlobalMem))
-                                   .integer("sm_clock_khz", clock_khz)
-                                   .integer("memory_clock_khz", memory_clock_khz)
-                                   .integer("memory_bus_bits", bus_width)
-                                   .str("pci_bus_id", bus_id)
-                                   .integer("pci_device_id", prop.pciDeviceID)
-                                   .text();
-    const std::string versions = gh::Json()
-                                     .integer("cuda_driver", driver)
-                                     .integer("cuda_runtime", runtime)
-                                     .integer("cublaslt", cublaslt_version)
-                                     .text();
-    std::cout << gh::Json()
-                     .str("suite", "gpuhost-kernels")
-                     .integer("format", 1)
-                     .boolean("quick", options.quick)
-                     .integer("seed", options.seed)
-                     .num("stream_delay_ms", options.delay_ms)
-                     .raw("device", device)
-                     .raw("versions", versions)
-                     .raw("benchmarks", gh::json_array(ran))
-                     .raw("results", gh::json_array(results))
-                     .raw("errors", gh::json_array(errors))
-                     .num("elapsed_s", elapsed)
-                     .text()
-              << std::endl;
-    return errors.empty() ? 0 : 3;
+    // One document: `names` run in order, timed from `since` (the first includes the context's start).
+    auto run_and_print = [&](const std::vector<std::string>& names, std::chrono::steady_clock::time_point since) {
+        std::vector<std::string> results;
+        std::vector<std::string> errors;
+        std::vector<std::string> ran;
+        for (const auto& name : names) {
+            for (const auto& b : kBenches) {
+                if (name != b.name) continue;
+                const auto t0 = std::chrono::steady_clock::now();
+                std::cerr << "gpuhost-kernels: running " << b.name << "\n";
+                try {
+                    b.run(options, [&](gh::Result&& r) { results.push_back(result_json(r, b.name)); });
+                    GH_CHECK(cudaDeviceSynchronize());
+                } catch (const std::exception& error) {
+                    errors.push_back(gh::Json().str("benchmark", b.name).str("message", error.what()).text());
+                    cudaGetLastError();  // clear a non-sticky error so later benchmarks can run
+                }
+                const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                ran.push_back(gh::Json().str("name", b.name).num("seconds", seconds).text());
+            }
+        }
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+        const std::string device = gh::Json()
+                                       .integer("index", options.device)
+                                       .integer("count", device_count)
+                                       .str("name", prop.name)
+                                       .str("compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor))
+                                       .integer("sm_count", prop.multiProcessorCount)
+                                       .integer("l2_bytes", prop.l2CacheSize)
+                                       .integer("memory_bytes", static_cast<long long>(prop.totalGlobalMem))
+                                       .integer("sm_clock_khz", clock_khz)
+                                       .integer("memory_clock_khz", memory_clock_khz)
+                                       .integer("memory_bus_bits", bus_width)
+                                       .str("pci_bus_id", bus_id)
+                                       .integer("pci_device_id", prop.pciDeviceID)
+                                       .text();
+        const std::string versions = gh::Json()
+                                         .integer("cuda_driver", driver)
+                                         .integer("cuda_runtime", runtime)
+                                         .integer("cublaslt", cublaslt_version)
+                                         .text();
+        std::cout << gh::Json()
+                         .str("suite", "gpuhost-kernels")
+                         .integer("format", 1)
+                         .boolean("quick", options.quick)
+                         .integer("seed", options.seed)
+                         .num("stream_delay_ms", options.delay_ms)
+                         .raw("device", device)
+                         .raw("versions", versions)
+                         .raw("benchmarks", gh::json_array(ran))
+                         .raw("results", gh::json_array(results))
+                         .raw("errors", gh::json_array(errors))
+                         .num("elapsed_s", elapsed)
+                         .text()
+                  << std::endl;
+        return errors.empty() ? 0 : 3;
+    };
+    const int status = run_and_print(selected, started);
+    if (then.empty()) return status;
+    std::string line;
+    if (!std::getline(std::cin, line) || line != "go") return status;
+    const int then_status = run_and_print(then, std::chrono::steady_clock::now());
+    return status != 0 ? status : then_status;
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import statistics
 import subprocess
 import threading
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from gpuhost.bench.build import BuiltSuite, build_suite, detect_toolchain, find_kernel_sources
@@ -171,12 +173,15 @@ class Outcome:
     health: Health | None = None  # likewise
 
 
-def suite_command(binary: Path, options: SmokeOptions) -> list[str]:
+def suite_command(binary: Path, options: SmokeOptions, then: tuple[str, ...] = ()) -> list[str]:
+    """The suite's command line; `then`: the set it runs once told to (gpuhost-kernels --then)."""
     command = [str(binary), "--device", str(options.device)]
     if options.quick:
         command.append("--quick")
     if options.benchmarks:
         command += ["--bench", ",".join(options.benchmarks)]
+    if then:
+        command += ["--then", ",".join(then)]
     if options.seed is not None:
         command += ["--seed", str(options.seed)]
     if options.delay_streams_ms is not None:
@@ -184,21 +189,23 @@ def suite_command(binary: Path, options: SmokeOptions) -> list[str]:
     return command
 
 
-def run_suite(binary: Path, options: SmokeOptions, stop: StopCheck | None = None) -> dict[str, Any]:
+def _suite_environment() -> dict[str, str]:
     environment = dict(os.environ)
     # CUDA numbers GPUs fastest-first by default, NVML by PCI bus: make them agree so that
     # the NVML checks and the measurements talk about the same GPU.
     environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    try:
-        returncode, stdout, stderr = run_bounded(suite_command(binary, options), environment, SUITE_TIMEOUT_S, stop)
-    except subprocess.TimeoutExpired as error:
-        raise SuiteCrashed(f"the kernel suite ran past {SUITE_TIMEOUT_S} s and was stopped") from error
-    except SuiteStopped as stopped:
-        raise SuiteCrashed(f"the kernel suite was stopped: {stopped}") from stopped
+    return environment
+
+
+def _check_exit(returncode: int, stderr: str) -> None:
+    """The suite's exit status: 0 (all ran) and 3 (some benchmark raised: listed in its document) pass."""
     if returncode == 2:
         raise GpuUnavailable(f"the kernel suite could not use the GPU: {stderr.strip()[-600:]}")
     if returncode not in (0, 3):
         raise SuiteCrashed(f"the kernel suite exited with status {returncode}: {stderr.strip()[-800:]}")
+
+
+def _document(stdout: str, stderr: str) -> dict[str, Any]:
     try:
         document = json.loads(stdout)
     except json.JSONDecodeError as error:
@@ -208,13 +215,135 @@ def run_suite(binary: Path, options: SmokeOptions, stop: StopCheck | None = None
     return document
 
 
+def run_suite(binary: Path, options: SmokeOptions, stop: StopCheck | None = None) -> dict[str, Any]:
+    try:
+        returncode, stdout, stderr = run_bounded(
+            suite_command(binary, options), _suite_environment(), SUITE_TIMEOUT_S, stop
+        )
+    except subprocess.TimeoutExpired as error:
+        raise SuiteCrashed(f"the kernel suite ran past {SUITE_TIMEOUT_S} s and was stopped") from error
+    except SuiteStopped as stopped:
+        raise SuiteCrashed(f"the kernel suite was stopped: {stopped}") from stopped
+    _check_exit(returncode, stderr)
+    return _document(stdout, stderr)
+
+
+class SuiteInTwo:
+    """One suite process for one GPU's two sets (gpuhost-kernels --then): `first()` waits for the
+    first set's document; `second()` tells the suite to go on and waits for the second's. Between
+    them the process waits, idle, on its own context: the second set starts without a process's
+    start. The bounds and failures are run_suite's: each set within SUITE_TIMEOUT_S, `stop` asked
+    every STOP_POLL_S, no process left behind."""
+
+    def __init__(self, binary: Path, options: SmokeOptions, then: tuple[str, ...], stop: StopCheck | None) -> None:
+        self._stop = stop
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr: list[str] = []
+        self._process = subprocess.Popen(
+            suite_command(binary, options, then),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_suite_environment(),
+        )
+        # Both pipes read by threads, so that neither fills while the suite waits or runs.
+        self._readers = [
+            threading.Thread(target=self._read_stdout, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read_stdout(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            self._lines.put(line)
+        self._lines.put(None)  # the suite closed its stdout: it ended
+
+    def _read_stderr(self) -> None:
+        assert self._process.stderr is not None
+        self._stderr.extend(self._process.stderr)
+
+    def _stderr_text(self) -> str:
+        for reader in self._readers:
+            reader.join(timeout=10 * STOP_POLL_S)
+        return "".join(self._stderr)
+
+    def _next_document(self) -> dict[str, Any]:
+        deadline = time.monotonic() + SUITE_TIMEOUT_S
+        while True:
+            try:
+                line = self._lines.get(timeout=STOP_POLL_S)
+            except queue.Empty:
+                reason = self._stop() if self._stop is not None else None
+                if reason is not None:
+                    self.close()
+                    raise SuiteCrashed(f"the kernel suite was stopped: {reason}") from None
+                if time.monotonic() >= deadline:
+                    self.close()
+                    raise SuiteCrashed(f"the kernel suite ran past {SUITE_TIMEOUT_S} s and was stopped") from None
+                continue
+            if line is None:  # it ended before this document: its status says why
+                returncode = self._process.wait(timeout=10 * STOP_POLL_S)
+                stderr = self._stderr_text()
+                _check_exit(returncode, stderr)
+                raise SuiteCrashed(f"the kernel suite ended before its document: {stderr.strip()[-400:]}")
+            if line.strip():
+                return _document(line, "".join(self._stderr))
+
+    def first(self) -> dict[str, Any]:
+        return self._next_document()
+
+    def second(self) -> dict[str, Any]:
+        assert self._process.stdin is not None
+        try:
+            self._process.stdin.write("go\n")
+            self._process.stdin.close()
+        except BrokenPipeError:  # it ended already: reading says how
+            pass
+        document = self._next_document()
+        try:
+            returncode = self._process.wait(timeout=SUITE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise SuiteCrashed("the kernel suite did not exit after its last document") from None
+        _check_exit(returncode, self._stderr_text())
+        return document
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(timeout=10 * STOP_POLL_S)
+        for pipe in (self._process.stdin, self._process.stdout, self._process.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+    def __enter__(self) -> SuiteInTwo:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+
 def run_suite_explained(
     binary: Path, options: SmokeOptions, environment: Environment, stop: StopCheck | None = None
 ) -> dict[str, Any]:
     """run_suite; when it cannot use the GPU and NVML said a GPU's NVSwitch fabric is not ready, the
     error names that (its problem code and Fabric Manager): CUDA error 802 alone does not say why."""
-    try:
+    with explained(environment):
         return run_suite(binary, options, stop)
+
+
+@contextlib.contextmanager
+def explained(environment: Environment) -> Iterator[None]:
+    """A suite's failure inside, with the NVSwitch fabric's problems NVML reported named on it."""
+    try:
+        yield
     except (GpuUnavailable, SuiteCrashed) as error:
         problems = fabric_problems(environment)
         if not problems:
@@ -351,25 +480,32 @@ def _scheduled(
     model: GpuModel | None,
     schedule: NodeSchedule,
 ) -> dict[str, Any]:
-    """As _remeasured, in two halves: the local benchmarks now, beside the other GPUs' (whose suite
-    processes are ours, never contention), then in this GPU's link turn the link benchmarks, with
-    the local half's seed, and the re-measurements. P2P is the node's (NODE_JUDGED_BENCHMARKS)."""
+    """As _remeasured, in two halves of one suite process (SuiteInTwo): the local benchmarks now,
+    beside the other GPUs' (whose suite processes are ours, never contention), then in this GPU's
+    link turn the link benchmarks, and the re-measurements. P2P is the node's (NODE_JUDGED_BENCHMARKS)."""
     local, link = split_benchmarks(options)
     link = tuple(b for b in link if b not in NODE_JUDGED_BENCHMARKS)
-    document: dict[str, Any] | None = None
-    try:
-        if local:
-            document = run_suite_explained(binary, replace(options, benchmarks=local), environment, stop)
-    finally:
-        schedule.local_done(options.device)
-    with schedule.link_turn(options.device):
-        if link:
-            seed = options.seed if document is None else int(document["seed"])
-            linked = run_suite_explained(binary, replace(options, benchmarks=link, seed=seed), environment, stop)
-            document = linked if document is None else combined_documents(document, linked)
-        if document is None:  # --only names at least one benchmark
-            raise InputError("no benchmark to run")
-        return _remeasure_low(binary, options, environment, stop, model, document)
+    if not local or not link:  # one set only: one plain run, local now or in the link turn
+        document: dict[str, Any] | None = None
+        try:
+            if local:
+                document = run_suite_explained(binary, replace(options, benchmarks=local), environment, stop)
+        finally:
+            schedule.local_done(options.device)
+        with schedule.link_turn(options.device):
+            if link:
+                document = run_suite_explained(binary, replace(options, benchmarks=link), environment, stop)
+            if document is None:  # --only names at least one benchmark
+                raise InputError("no benchmark to run")
+            return _remeasure_low(binary, options, environment, stop, model, document)
+    with explained(environment), SuiteInTwo(binary, replace(options, benchmarks=local), link, stop) as suite:
+        try:
+            document = suite.first()
+        finally:
+            schedule.local_done(options.device)
+        with schedule.link_turn(options.device):
+            document = combined_documents(document, suite.second())
+            return _remeasure_low(binary, options, environment, stop, model, document)
 
 
 def smoke_test(

@@ -111,6 +111,12 @@ def test_nvcc_builds_the_suite_once_and_caches_it(tmp_path: Path) -> None:
     assert {entry["name"] for entry in entries if entry["node"]} == {"p2p_matrix", "host_all", "nccl"}
     bad = subprocess.run([str(built.binary), "--bench", "nope"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "unknown benchmark 'nope'" in bad.stderr
+    alone = subprocess.run([str(built.binary), "--then", "transfer"], capture_output=True, text=True, check=False)
+    assert alone.returncode == 2 and "--then needs --bench" in alone.stderr
+    unknown = subprocess.run(
+        [str(built.binary), "--bench", "memory", "--then", "nope"], capture_output=True, text=True, check=False
+    )
+    assert unknown.returncode == 2 and "unknown benchmark 'nope'" in unknown.stderr
     again = build_suite((9, 0), cache_dir=tmp_path, toolchain=toolchain)
     assert again.cached and again.binary == built.binary
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import shlex
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +19,9 @@ import pytest
 from gpuhost.bench import node, runner
 from gpuhost.bench.environment import GpuUnavailable
 from gpuhost.bench.health import XidWatch
+from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.results import parse_suite_document
 from gpuhost.bench.runner import (
-    LINK_BENCHMARKS,
     NodeSchedule,
     SmokeOptions,
     SuiteCrashed,
@@ -30,6 +33,12 @@ from tests.bench.test_node_xid import InjectingNvml
 from tests.helpers import FIXTURES
 
 WALL = FIXTURES / "h200x4-node" / "wall"
+
+
+def _whole_run() -> dict[str, Any]:
+    """A whole --all run of the old schedule (every GPU's suite in one process)."""
+    document: dict[str, Any] = json.loads((WALL / "old-1.json").read_text())
+    return document
 
 
 def _one_run(gpu: int) -> dict[str, Any]:
@@ -72,40 +81,40 @@ def test_the_two_halves_make_the_document_of_one_run() -> None:
     assert combined["elapsed_s"] == pytest.approx(sum(b["seconds"] for b in whole["benchmarks"]))
 
 
-class RecordingSuite:
-    """run_suite_explained standing in for the suite: each call's GPU, benchmarks and interval.
-    Local calls meet at a barrier: were they run one after another, it would time out."""
-
-    def __init__(self, gpus: int, fail_local: int | None = None) -> None:
-        self.calls: list[tuple[int, tuple[str, ...], float, float]] = []
-        self._lock = threading.Lock()
-        self._together = threading.Barrier(gpus - (fail_local is not None), timeout=10)
-        self.fail_local = fail_local
-
-    def __call__(
-        self, binary: object, options: SmokeOptions, environment: object, stop: object = None
-    ) -> dict[str, Any]:
-        started = time.monotonic()
-        local = not set(options.benchmarks) & LINK_BENCHMARKS
-        if local and options.device == self.fail_local:
-            raise GpuUnavailable("the kernel suite could not use the GPU")
-        if local:
-            self._together.wait()
-        time.sleep(0.05)
-        with self._lock:
-            self.calls.append((options.device, options.benchmarks, started, time.monotonic()))
-        return _half(_one_run(options.device), options.benchmarks)
+STAND_IN = Path(__file__).resolve().parent / "stand_in_kernels.py"
 
 
-def _run_gpus(monkeypatch: pytest.MonkeyPatch, suite: RecordingSuite, gpus: int) -> dict[int, Any]:
-    monkeypatch.setattr(runner, "run_suite_explained", suite)
+@pytest.fixture
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tests/bench/stand_in_kernels.py as the suite binary: a real process speaking --then on its pipes."""
+    binary = tmp_path / "gpuhost-kernels"
+    binary.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(STAND_IN))} "$@"\n')
+    binary.chmod(0o755)
+    log = tmp_path / "suite.log"
+    log.touch()
+    monkeypatch.setenv("STAND_IN_LOG", str(log))
+    return binary
+
+
+def _sets(binary: Path) -> dict[tuple[int, str], tuple[float, float]]:
+    """Each (GPU, set) the stand-in ran: its start and end."""
+    times: dict[tuple[int, str], dict[str, float]] = {}
+    for line in (binary.parent / "suite.log").read_text().splitlines():
+        device, which, edge, at = line.split()
+        times.setdefault((int(device), which), {})[edge] = float(at)
+    return {key: (edges["start"], edges["end"]) for key, edges in times.items()}
+
+
+def _run_gpus(binary: Path, gpus: int, monkeypatch: pytest.MonkeyPatch) -> dict[int, Any]:
+    monkeypatch.setenv("STAND_IN_GPUS", str(gpus))
+    environment = read_recorded(_whole_run()["gpus"][0]).environment
     schedule = NodeSchedule(range(gpus))
     documents: dict[int, Any] = {}
 
     def one(gpu: int) -> None:
         try:
-            documents[gpu] = runner._scheduled(None, SmokeOptions(device=gpu), None, None, None, schedule)  # type: ignore[arg-type]
-        except GpuUnavailable as error:
+            documents[gpu] = runner._scheduled(binary, SmokeOptions(device=gpu), environment, None, None, schedule)
+        except (GpuUnavailable, SuiteCrashed) as error:
             documents[gpu] = error
         finally:
             schedule.local_done(gpu)
@@ -119,32 +128,30 @@ def _run_gpus(monkeypatch: pytest.MonkeyPatch, suite: RecordingSuite, gpus: int)
     return documents
 
 
-def test_every_gpus_local_benchmarks_run_at_once_and_each_gpus_link_ones_alone_after_them(
-    monkeypatch: pytest.MonkeyPatch,
+def test_every_gpus_local_benchmarks_run_at_once_and_each_gpus_host_copies_alone_after_them_in_the_same_process(
+    stand_in: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    suite = RecordingSuite(4)
-    documents = _run_gpus(monkeypatch, suite, 4)
-    local = [c for c in suite.calls if not set(c[1]) & LINK_BENCHMARKS]
-    link = [c for c in suite.calls if set(c[1]) & LINK_BENCHMARKS]
-    assert sorted(c[0] for c in local) == [0, 1, 2, 3] and all("transfer" not in c[1] for c in local)
-    assert sorted(c[0] for c in link) == [0, 1, 2, 3] and all(c[1] == ("transfer",) for c in link)
-    # The local runs overlapped (they met at the barrier); no link run overlaps any other run.
-    assert max(c[2] for c in local) < min(c[3] for c in local)
-    last_local = max(c[3] for c in local)
-    ordered = sorted(link, key=lambda c: c[2])
-    assert ordered[0][2] >= last_local
-    assert all(a[3] <= b[2] for a, b in itertools.pairwise(ordered))
+    documents = _run_gpus(stand_in, 4, monkeypatch)
+    sets = _sets(stand_in)
+    local = [times for (gpu, which), times in sets.items() if which == "first"]
+    link = sorted((times for (gpu, which), times in sets.items() if which == "then"), key=lambda t: t[0])
+    assert sorted(gpu for gpu, which in sets if which == "then") == [0, 1, 2, 3]
+    # The local sets overlapped (the stand-in waits for all four to start); no link set overlaps any other set.
+    assert max(start for start, _ in local) < min(end for _, end in local)
+    assert link[0][0] >= max(end for _, end in local)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(link))
     # Each GPU's document is its one run's but for P2P: every other result, in the suite's order.
     for gpu in range(4):
         assert documents[gpu]["results"] == [r for r in _one_run(gpu)["results"] if r["benchmark"] != "p2p"]
-        assert not any(r["benchmark"] == "p2p" for r in documents[gpu]["results"])
 
 
-def test_a_gpu_whose_run_stops_holds_no_other_gpus_link_turn_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    suite = RecordingSuite(4, fail_local=1)
-    documents = _run_gpus(monkeypatch, suite, 4)
-    assert isinstance(documents[1], GpuUnavailable)
-    assert sorted(c[0] for c in suite.calls if "transfer" in c[1]) == [0, 2, 3]
+def test_a_gpu_whose_suite_cannot_use_it_holds_no_other_gpus_link_turn_back(
+    stand_in: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STAND_IN_FAIL", "1:local")
+    documents = _run_gpus(stand_in, 4, monkeypatch)
+    assert isinstance(documents[1], GpuUnavailable) and "stand-in" in str(documents[1])
+    assert sorted(gpu for gpu, which in _sets(stand_in) if which == "then") == [0, 2, 3]
 
 
 def test_an_xid_another_gpus_check_drained_still_stops_the_gpu_it_hit_and_is_named_on_it() -> None:
@@ -158,16 +165,32 @@ def test_an_xid_another_gpus_check_drained_still_stops_the_gpu_it_hit_and_is_nam
     assert [(x.gpu, x.code, x.phase) for x in watch.seen] == [(2, 79, "GPU 2's run")]
 
 
-def test_a_suite_crash_in_the_link_half_is_the_gpus_crash(monkeypatch: pytest.MonkeyPatch) -> None:
-    def crashing(binary: object, options: SmokeOptions, environment: object, stop: object = None) -> dict[str, Any]:
-        if "transfer" in options.benchmarks:
-            raise SuiteCrashed("the kernel suite exited with status 139")
-        return _half(_one_run(options.device), options.benchmarks)
+def test_a_suite_crash_in_the_link_half_is_that_gpus_crash_and_the_others_finish(
+    stand_in: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STAND_IN_FAIL", "0:then")
+    documents = _run_gpus(stand_in, 2, monkeypatch)
+    assert isinstance(documents[0], SuiteCrashed) and "status 139" in str(documents[0]), documents[0]
+    assert documents[1]["results"] == [r for r in _one_run(1)["results"] if r["benchmark"] != "p2p"]
 
-    monkeypatch.setattr(runner, "run_suite_explained", crashing)
-    schedule = NodeSchedule([0])
-    with pytest.raises(SuiteCrashed):
-        runner._scheduled(None, SmokeOptions(device=0), None, None, None, schedule)  # type: ignore[arg-type]
+
+def test_a_stop_while_the_second_set_runs_ends_the_suite_with_the_reason(
+    stand_in: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fatal Xid on this GPU while its host copies run stops its suite within about STOP_POLL_S."""
+    monkeypatch.setenv("STAND_IN_GPUS", "1")
+    monkeypatch.setenv("STAND_IN_THEN_SECONDS", "30")
+    reason: list[str] = []
+    local = SmokeOptions(device=0, benchmarks=("memory",))
+    with runner.SuiteInTwo(stand_in, local, ("transfer",), lambda: reason[0] if reason else None) as suite:
+        assert {r["benchmark"] for r in suite.first()["results"]} == {"memory"}
+        reason.append("NVML reported Xid 79 (GPU has fallen off the bus) on GPU 0")
+        started = time.monotonic()
+        with pytest.raises(SuiteCrashed, match=r"the kernel suite was stopped: NVML reported Xid 79"):
+            suite.second()
+        assert time.monotonic() - started < 10
+    assert "0 then start" in (stand_in.parent / "suite.log").read_text()
+    assert "0 then end" not in (stand_in.parent / "suite.log").read_text()
 
 
 def test_a_gpus_own_verdict_in_a_node_run_expects_no_p2p_and_a_one_gpu_run_still_does() -> None:
