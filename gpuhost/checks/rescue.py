@@ -72,15 +72,7 @@ def check_rescue(ctx: CheckContext) -> Iterator[Problem]:
         )
     kernel = rescue.kernel
     panicking = kernel.stalls_that_panic()
-    quiet = [
-        name
-        for name, value in (
-            ("softlockup_panic", kernel.softlockup_panic),
-            ("hung_task_panic", kernel.hung_task_panic),
-            ("hardlockup_panic", kernel.hardlockup_panic),
-        )
-        if value is False
-    ]
+    quiet = kernel.stalls_that_do_not_panic()
     after = (
         "the host stays halted after a panic (kernel.panic is 0)"
         if kernel.panic_s == 0

@@ -93,6 +93,7 @@ copy_files \
     /proc/sys/kernel/panic /proc/sys/kernel/panic_on_oops /proc/sys/kernel/softlockup_panic \
     /proc/sys/kernel/hung_task_panic /proc/sys/kernel/hardlockup_panic \
     /proc/sys/kernel/hung_task_timeout_secs /proc/sys/kernel/watchdog_thresh \
+    /proc/sys/kernel/panic_on_rcu_stall /sys/module/rcupdate/parameters/rcu_cpu_stall_timeout \
     /etc/systemd/system.conf /etc/systemd/system.conf.d/*.conf /usr/lib/systemd/system.conf.d/*.conf \
     /etc/nccl.conf /var/run/nvidia-topologyd/virtualTopology.xml
 # The NCCL topology file /etc/nccl.conf names (its first NCCL_TOPO_FILE= line, as NCCL reads it),

@@ -14,8 +14,10 @@ world-readable (gather.sh):
 - /dev/ipmi0 (or /dev/ipmi/0, /dev/ipmidev/0; ipmi_devintf with ipmi_si): the BMC's interface,
   whose watchdog (ipmi_watchdog, or `ipmitool mc watchdog`) a host reset does not stop, and
   `command -v ipmitool` (commands/which.txt): apply arms that watchdog with ipmitool;
-- /proc/sys/kernel/{panic,panic_on_oops,softlockup_panic,hung_task_panic,hardlockup_panic} and
-  {hung_task_timeout_secs,watchdog_thresh} (a trial changes them for its boot; they are put back);
+- /proc/sys/kernel/{panic,panic_on_oops,softlockup_panic,hung_task_panic,hardlockup_panic,
+  panic_on_rcu_stall} and {hung_task_timeout_secs,watchdog_thresh}, and RCU's stall timeout
+  (/sys/module/rcupdate/parameters/rcu_cpu_stall_timeout): a trial changes them for its boot, and
+  they are put back;
 - /etc/systemd/system.conf and its drop-ins: RuntimeWatchdogSec (systemd pets the hardware watchdog
   while it runs, so a hung userspace is reset) and RebootWatchdogSec (a reboot that hangs).
 """
@@ -34,9 +36,14 @@ KERNEL_PANIC_SETTINGS = (
     "softlockup_panic",
     "hung_task_panic",
     "hardlockup_panic",
+    "panic_on_rcu_stall",
     "hung_task_timeout_secs",
     "watchdog_thresh",
 )
+# Seconds a CPU may hold up an RCU grace period before RCU reports a stall (CONFIG_RCU_CPU_STALL_TIMEOUT,
+# 21 s in Debian's kernels), and with panic_on_rcu_stall, panics. Writable at run time.
+RCU_STALL_TIMEOUT = "/sys/module/rcupdate/parameters/rcu_cpu_stall_timeout"
+
 SYSTEMD_CONF = "/etc/systemd/system.conf"
 SYSTEMD_CONF_DIRS = ("/usr/lib/systemd/system.conf.d", "/etc/systemd/system.conf.d")
 # systemd's defaults where system.conf leaves them commented out (systemd 252, Debian 12's
@@ -78,14 +85,26 @@ class KernelPanics:
     hardlockup_panic: bool | None  # a CPU stuck with interrupts off
     hung_task_timeout_s: int | None = None  # how long a task may block before it is reported (or panics)
     watchdog_thresh_s: int | None = None  # soft lockups are reported after twice this
+    # A CPU that holds up RCU's grace period for rcu_stall_timeout_s. RCU's stall reports also touch
+    # the soft-lockup timer, so on a host where they come sooner than 2 x watchdog_thresh, a CPU spinning
+    # in the kernel is never reported as a soft lockup: only this panic catches it (the lab, 2026-11-28).
+    rcu_stall_panic: bool | None = None
+    rcu_stall_timeout_s: int | None = None
 
-    def stalls_that_panic(self) -> tuple[str, ...]:
-        named = (
+    def _stall_panics(self) -> tuple[tuple[str, bool | None], ...]:
+        return (
             ("softlockup_panic", self.softlockup_panic),
             ("hung_task_panic", self.hung_task_panic),
             ("hardlockup_panic", self.hardlockup_panic),
+            ("panic_on_rcu_stall", self.rcu_stall_panic),
         )
-        return tuple(name for name, value in named if value)
+
+    def stalls_that_panic(self) -> tuple[str, ...]:
+        return tuple(name for name, value in self._stall_panics() if value)
+
+    def stalls_that_do_not_panic(self) -> tuple[str, ...]:
+        """Those read as off (an unread setting is neither)."""
+        return tuple(name for name, value in self._stall_panics() if value is False)
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,8 @@ class RescueFacts:
                 "hardlockup_panic": self.kernel.hardlockup_panic,
                 "hung_task_timeout_s": self.kernel.hung_task_timeout_s,
                 "watchdog_thresh_s": self.kernel.watchdog_thresh_s,
+                "rcu_stall_panic": self.kernel.rcu_stall_panic,
+                "rcu_stall_timeout_s": self.kernel.rcu_stall_timeout_s,
             },
             "systemd_runtime_watchdog_s": self.systemd_runtime_watchdog_s,
             "systemd_reboot_watchdog_s": self.systemd_reboot_watchdog_s,

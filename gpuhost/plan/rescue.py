@@ -17,8 +17,8 @@ hangs needs something to act, strongest first:
    reboot watchdog until its next reboot. Until a stop is proven, a kernel that stops without a
    panic is left to the BMC's watchdog.
 3. Kernel options on the trial entry only that turn stalls into panics, which panic=N turns into
-   a reboot onto the old default: softlockup_panic=1 (a CPU stuck in the kernel), the hung-task
-   panic (a task blocked in D state), and Debian's initramfs-tools, whose panic() reboots after
+   a reboot onto the old default: softlockup_panic=1 and RCU's stall panic (a CPU stuck in the
+   kernel), the hung-task panic (a task blocked in D state), and Debian's initramfs-tools, whose panic() reboots after
    panic=N when it gives up waiting for the root device (scripts/functions: "Rebooting
    automatically due to panic= boot argument"; it waits rootdelay=, 180 s by default).
 4. A deadline for userspace (a unit that never finishes, which no watchdog sees): a systemd timer
@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 
 from gpuhost.facts.model import TextEnum
-from gpuhost.facts.rescue import RescueFacts, Watchdog
+from gpuhost.facts.rescue import RCU_STALL_TIMEOUT, RescueFacts, Watchdog
 from gpuhost.plan.model import DEADLINE_SERVICE, DEADLINE_TIMER, TRIAL_MARKER
 from gpuhost.problems import Severity, Stage, register
 
@@ -70,9 +70,19 @@ SOFTLOCKUP_THRESHOLD_S = 60
 # times that. sysctl.*= on the command line works from kernel 5.8 on and applies just before init
 # runs, so the panic and its timeout start together (never the panic with the 120 s default).
 HUNG_TASK_TIMEOUT_S = 600
+# A CPU that spins in the kernel is reported by RCU too, and RCU's stall reports touch the soft-lockup
+# timer: with RCU's 21 s default they come every 63 s, so the 120 s soft lockup is never reported and
+# softlockup_panic never acts (the lab's one-vCPU host, 725 s of RCU reports and no panic, 2026-11-28).
+# RCU's stall panic catches that CPU; its timeout is raised from 21 s to what a soft lockup allows,
+# for the same TCG stalls of a healthy vCPU (RCU's limit is 300 s).
+RCU_STALL_TIMEOUT_S = 2 * SOFTLOCKUP_THRESHOLD_S
+# CONFIG_RCU_CPU_STALL_TIMEOUT's default (Debian's kernels keep it), put back where it was not read.
+DEFAULT_RCU_STALL_TIMEOUT_S = 21
 KERNEL_STALL_OPTIONS = (
     "softlockup_panic=1",
     f"watchdog_thresh={SOFTLOCKUP_THRESHOLD_S}",
+    "sysctl.kernel.panic_on_rcu_stall=1",
+    f"rcupdate.rcu_cpu_stall_timeout={RCU_STALL_TIMEOUT_S}",
     "sysctl.kernel.hung_task_panic=1",
     f"sysctl.kernel.hung_task_timeout_secs={HUNG_TASK_TIMEOUT_S}",
 )
@@ -335,21 +345,34 @@ def _bmc_arm_command(timeout: int) -> str:
 def _kernel_restore_command(rescue: RescueFacts | None) -> str:
     """The trial boot runs on after its commit: its stall panics go back to the host's settings
     (as read before the trial; the kernel's defaults where they were not read), so that a task
-    blocked on a slow disk does not panic the committed host. Only on the trial boot."""
+    blocked on a slow disk does not panic the committed host. Only on the trial boot; a setting the
+    kernel does not have is skipped."""
     kernel = rescue.kernel if rescue is not None else None
     settings = (
-        ("softlockup_panic", int(bool(kernel and kernel.softlockup_panic))),
-        ("hung_task_panic", int(bool(kernel and kernel.hung_task_panic))),
+        ("/proc/sys/kernel/softlockup_panic", int(bool(kernel and kernel.softlockup_panic))),
+        ("/proc/sys/kernel/panic_on_rcu_stall", int(bool(kernel and kernel.rcu_stall_panic))),
+        ("/proc/sys/kernel/hung_task_panic", int(bool(kernel and kernel.hung_task_panic))),
         (
-            "hung_task_timeout_secs",
+            "/proc/sys/kernel/hung_task_timeout_secs",
             kernel.hung_task_timeout_s if kernel and kernel.hung_task_timeout_s is not None else 120,
         ),
-        ("watchdog_thresh", kernel.watchdog_thresh_s if kernel and kernel.watchdog_thresh_s is not None else 10),
+        (
+            "/proc/sys/kernel/watchdog_thresh",
+            kernel.watchdog_thresh_s if kernel and kernel.watchdog_thresh_s is not None else 10,
+        ),
+        (
+            RCU_STALL_TIMEOUT,
+            kernel.rcu_stall_timeout_s
+            if kernel and kernel.rcu_stall_timeout_s is not None
+            else DEFAULT_RCU_STALL_TIMEOUT_S,
+        ),
     )
-    writes = " ".join(f"{name}={value}" for name, value in settings)
+    writes = " ".join(f"{path}={value}" for path, value in settings)
     return (
         f"grep -qwF -- {TRIAL_MARKER} /proc/cmdline || exit 0; changed=; "
-        f"for setting in {writes}; do file=/proc/sys/kernel/${{setting%%=*}}; value=${{setting#*=}}; "
+        f"for setting in {writes}; do file=${{setting%%=*}}; value=${{setting#*=}}; "
+        # A kernel without the setting ignored the trial's option too.
+        '[ -e "$file" ] || continue; '
         '[ "$(cat "$file")" = "$value" ] || { echo "$value" > "$file" && changed=1; } || exit 1; done; '
         '[ -z "$changed" ] || echo stopped'
     )

@@ -82,15 +82,23 @@ def _proc(tmp_path: Path, cmdline: str) -> Path:
     proc = tmp_path / "proc"
     (proc / "sys/kernel").mkdir(parents=True)
     (proc / "cmdline").write_text(cmdline + "\n")
-    trial = {"softlockup_panic": 1, "hung_task_panic": 1, "hung_task_timeout_secs": 600, "watchdog_thresh": 60}
+    trial = {
+        "softlockup_panic": 1,
+        "panic_on_rcu_stall": 1,
+        "hung_task_panic": 1,
+        "hung_task_timeout_secs": 600,
+        "watchdog_thresh": 60,
+    }
     for name, value in trial.items():
         (proc / "sys/kernel" / name).write_text(f"{value}\n")
+    (tmp_path / "sys/module/rcupdate/parameters").mkdir(parents=True)
+    (tmp_path / "sys/module/rcupdate/parameters/rcu_cpu_stall_timeout").write_text("120\n")
     return proc
 
 
 def _sh(command: str, env: dict[str, str], proc: Path | None = None) -> subprocess.CompletedProcess[str]:
     if proc is not None:
-        command = command.replace("/proc/", f"{proc}/")
+        command = command.replace("/proc/", f"{proc}/").replace(" /sys/module/", f" {proc.parent}/sys/module/")
     return subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30, check=False)
 
 
@@ -116,10 +124,13 @@ def test_arm_then_stop_stops_everything_once_and_a_second_stop_changes_nothing(t
     restored = {f.name: f.read_text().strip() for f in (proc / "sys/kernel").iterdir()}
     assert restored == {
         "softlockup_panic": "0",
+        "panic_on_rcu_stall": "0",  # not in the q35 capture: the kernel's default
         "hung_task_panic": "0",
         "hung_task_timeout_secs": "120",
         "watchdog_thresh": "10",
     }
+    rcu = tmp_path / "sys/module/rcupdate/parameters/rcu_cpu_stall_timeout"
+    assert rcu.read_text() == "21\n"  # CONFIG_RCU_CPU_STALL_TIMEOUT's default, where it was not read
     log = (state / "log").read_text()
     assert "systemctl stop gpuhost-trial-deadline.timer" in log and "ipmitool mc watchdog off" in log
     assert "busctl" not in log  # systemd's watchdog is never driven for the trial (gpuhost.plan.rescue)
@@ -183,3 +194,21 @@ def test_the_rescue_that_reset_the_trial_is_named_from_its_trace(tmp_path: Path)
     message = next(line for line in service.splitlines() if line.startswith("ExecStart=")).split(" ", 1)[1]
     (state / "journal").write_text(message + "\n")
     assert acted() == ["bmc-watchdog", "trial-deadline"]
+
+
+def test_the_stall_panics_go_back_to_what_the_host_had_and_a_setting_the_kernel_lacks_is_skipped(
+    tmp_path: Path,
+) -> None:
+    assert Q35 is not None
+    host = dataclasses.replace(Q35.kernel, rcu_stall_panic=False, rcu_stall_timeout_s=59, hung_task_timeout_s=240)
+    rescue = plan_rescue(
+        dataclasses.replace(Q35, kernel=host), reboot_timeout_s=900, panic_seconds=10, kernel_release=None
+    )
+    env = _stand_ins(tmp_path)
+    proc = _proc(tmp_path, f"BOOT_IMAGE=/vmlinuz root=/dev/vda1 {TRIAL_MARKER}")
+    (proc / "sys/kernel/panic_on_rcu_stall").unlink()  # a kernel older than 4.6 has no RCU stall panic
+    stopped = _sh(rescue.stop_command, env, proc)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not (proc / "sys/kernel/panic_on_rcu_stall").exists()
+    assert (proc / "sys/kernel/hung_task_timeout_secs").read_text() == "240\n"
+    assert (tmp_path / "sys/module/rcupdate/parameters/rcu_cpu_stall_timeout").read_text() == "59\n"
