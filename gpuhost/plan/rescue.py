@@ -213,8 +213,9 @@ def plan_rescue(
         acted_command=_acted_command(bmc.armed),
         warning=""
         if has_watchdog
-        else "no watchdog is armed for the trial boot: a kernel that stops without a panic (no soft lockup, no "
-        "hung task) or firmware that stops after the reset stays down until someone power-cycles the host",
+        else "no watchdog is armed for the trial boot: a kernel that stops without a panic (no soft lockup, "
+        "RCU stall or hung task) or firmware that stops after the reset stays down until someone power-cycles "
+        "the host",
     )
 
 
