@@ -19,16 +19,17 @@ In this order, on A unless said:
 2. A's trial never answers (testing-only systemd.mask=ssh.service): its deadline timer resets it,
    and the host comes back on its old command line, the report naming the deadline (issue 31);
 4. an invalid /etc/default/grub is refused, nothing written;
-6. and 5. B's host key changes after an audit: B is aborted (unreachable), A goes on, with an
-   unusual but valid /etc/default/grub (CRLF, single quotes, a continuation, a cloud drop-in
-   overriding the variable, an old vfio-pci.ids=) and a conflicting `options vfio-pci ids=` in
-   modprobe.d: trial boot, commit, exactly one correct setting, the modprobe.d line commented out
-   and its original backed up, the audit says READY;
-8. a second apply on A changes nothing and reboots nothing;
-rollback: `gpuhost rollback --limit A`: A's own old command line and the modprobe.d file are back,
-nothing of gpuhost's left;
-issue 27.1: A rebooted with intel_iommu=off on its own line, applied twice with a change in between:
-the second apply keeps the intel_iommu=on the first added, in its trial boot and its committed entry.
+6. and 5. A rebooted with intel_iommu=off on its own line (issue 27.1's host: this is its first
+   apply, which must add intel_iommu=on); B's host key changes after an audit: B is aborted
+   (unreachable), A goes on, with an unusual but valid /etc/default/grub (CRLF, single quotes, a
+   continuation, a cloud drop-in overriding the variable, an old vfio-pci.ids=) and a conflicting
+   `options vfio-pci ids=` in modprobe.d: trial boot, commit, exactly one correct setting, the
+   modprobe.d line commented out and its original backed up, the audit says READY;
+8. a second apply on A changes nothing and reboots nothing (so it keeps the intel_iommu=on of the first);
+issue 27.1: a third apply, with a change (pcie_aspm=off), keeps the intel_iommu=on the first added, in
+its trial boot and its committed entry;
+rollback: `gpuhost rollback --limit A`: A's own old command line (its intel_iommu=off included) and
+the modprobe.d file are back, nothing of gpuhost's left.
 
 What this module does not repeat (each ran on the same playbook, on the same kind of host):
 - Molecule's scenario (tests/lab/test_molecule.py, playbooks/molecule/default) converges a stand-in
@@ -369,10 +370,31 @@ def _write_unusual_grub_and_modprobe_settings(host: Host) -> None:
     assert host.sh("grep -c \"$(printf '\\r')\" /etc/default/grub").strip() == "2"
 
 
+# An operator's own drop-in that boots A without its IOMMU, as a kernel whose VT-d is off by default
+# does (Debian's 6.1 turns it on, RHEL's does not): the first apply must add intel_iommu=on.
+IOMMU_OFF_DROPIN = "/etc/default/grub.d/10-site-iommu.cfg"
+
+
+def _boot_without_the_iommu(host: Host) -> None:
+    """Issue 27.1's host: A rebooted with intel_iommu=off on its own line, before fault 6's apply (its
+    first apply, the one that must add intel_iommu=on): no IOMMU groups."""
+    host.sh(
+        f"cat > {IOMMU_OFF_DROPIN} <<'EOF'\n"
+        'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX intel_iommu=off"\n'
+        "EOF\n"
+        "update-grub 2>/dev/null"
+    )
+    seconds = fleet.reboot(host.paths, "lab-1", timeout=600)
+    timing(f"issue 27.1: A rebooted without its IOMMU in {seconds:.0f} s")
+    assert "intel_iommu=off" in host.cmdline()
+    assert host.sh("ls /sys/kernel/iommu_groups | wc -l").strip() == "0"
+
+
 def test_fault6_and_5_host_key_change_aborts_that_host_and_the_other_ends_with_one_correct_setting(
     lab: Lab,
 ) -> None:
     host_a, host_b = lab.hosts[A], lab.hosts[B]
+    _boot_without_the_iommu(host_a)
     inventory = lab.inventory("fault6")
     for target in inventory_targets(inventory, None, ConnectionDefaults()):
         assert audit_target(target).facts is not None  # the audit saw both hosts with their keys
@@ -402,6 +424,10 @@ def test_fault6_and_5_host_key_change_aborts_that_host_and_the_other_ends_with_o
     assert [t for t in cmdline if t.startswith("vfio-pci.ids=")] == [OPTIONS[0]], cmdline
     assert {"quiet", "net.ifnames=0", "console=ttyS0,115200n8", "no_timer_check"} <= set(cmdline)
     assert "gpuhost.trial=1" in cmdline  # A runs the trial entry, now committed as the default
+    # Issue 27.1's first apply: the drop-in drops the options gpuhost owns wherever the host set them,
+    # the host's intel_iommu=off included, and appends its own: one setting on the line.
+    assert [t for t in cmdline if t.startswith("intel_iommu=")] == ["intel_iommu=on"], cmdline
+    assert "intel_iommu=on" in host_a.sh(f"cat {GRUB_DROPIN_PATH}")
     assert host_a.sh("grep -c \"$(printf '\\r')\" /proc/cmdline || true").strip() == "0"
     modprobe = host_a.sh(
         "grep -rhE '^[[:space:]]*options[[:space:]]+vfio[-_]pci' /etc/modprobe.d/ || true; "
@@ -435,61 +461,14 @@ def test_fault8_second_apply_changes_nothing_and_reboots_nothing(lab: Lab) -> No
     assert host_a.hashes() == before
 
 
-def test_rollback_restores_the_old_command_line_and_the_backed_up_files(lab: Lab) -> None:
-    host_a = lab.hosts[A]
-    started = time.monotonic()
-    code = main(["rollback", "-i", str(lab.inventory("rollback")), "--limit", A, "--yes"])
-    timing(f"rollback of A (with its reboot): {time.monotonic() - started:.0f} s")
-    assert code == 0
-    cmdline = host_a.cmdline()
-    # The host's own settings are back, old vfio-pci.ids= included; nothing of gpuhost's is left.
-    assert [t for t in cmdline if t.startswith("vfio-pci.ids=")] == ["vfio-pci.ids=10de:1111"], cmdline
-    assert not {"iommu=pt", "gpuhost.trial=1", "modprobe.blacklist=nouveau,nvidia,nvidiafb"} & set(cmdline)
-    left = host_a.sh(
-        "cat /etc/modprobe.d/vfio-old.conf; test ! -e /etc/default/grub.d/gpuhost.cfg && "
-        "test ! -e /etc/grub.d/42_gpuhost_trial && test ! -e /etc/initramfs-tools/scripts/init-top/gpuhost-vfio && "
-        "test ! -e /var/lib/gpuhost/backup && ! grep -qE '^vfio|gpuhost: vfio-pci' /etc/initramfs-tools/modules && "
-        "echo clean"
-    )
-    # The modules file keeps the lab disk's own lines (its comment says "gpuhost lab"): gpuhost's
-    # marked block and its vfio lines are what must be gone.
-    assert left == OLD_MODPROBE + "clean\n", left
-
-
-# An operator's own drop-in that boots A without its IOMMU, as a kernel whose VT-d is off by default
-# does (Debian's 6.1 turns it on, RHEL's does not): the first apply must add intel_iommu=on.
-IOMMU_OFF_DROPIN = "/etc/default/grub.d/10-site-iommu.cfg"
-
-
 def test_a_second_apply_with_a_change_keeps_the_iommu_option_the_first_added(lab: Lab) -> None:
-    """Issue 27.1 on a real host. A boots with intel_iommu=off on its own line: no IOMMU groups. The
-    first apply's drop-in replaces it with intel_iommu=on (its trial boot has groups). The second,
-    with a change that needs a reboot (pcie_aspm=off), runs on a host whose IOMMU is on only because
-    of the first apply's drop-in: it must keep intel_iommu=on in the drop-in it writes, its trial
-    boot must have the IOMMU, and the entry it commits as the default (the next reboot's, whenever it
-    comes) must carry it."""
+    """Issue 27.1 on a real host. A booted with intel_iommu=off on its own line before fault 6, whose
+    apply (its first) replaced it with intel_iommu=on; fault 8's second apply kept it without a
+    change. This one, with a change that needs a reboot (pcie_aspm=off), runs on a host whose IOMMU is
+    on only because of the first apply's drop-in: it must keep intel_iommu=on in the drop-in it
+    writes, its trial boot must have the IOMMU, and the entry it commits as the default (the next
+    reboot's, whenever it comes) must carry it."""
     host_a = lab.hosts[A]
-    host_a.sh(
-        f"cat > {IOMMU_OFF_DROPIN} <<'EOF'\n"
-        'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX intel_iommu=off"\n'
-        "EOF\n"
-        "update-grub 2>/dev/null"
-    )
-    seconds = fleet.reboot(host_a.paths, "lab-1", timeout=600)
-    timing(f"issue 27.1: A rebooted without its IOMMU in {seconds:.0f} s")
-    assert "intel_iommu=off" in host_a.cmdline()
-    assert host_a.sh("ls /sys/kernel/iommu_groups | wc -l").strip() == "0"
-
-    first = lab.inventory("iommu-first")
-    code, report, _ = apply(lab, first, "iommu-first", "--limit", A)
-    entry = report["hosts"][A]
-    assert code == 0 and entry["status"] == "ready" and entry["rebooted"] is True, entry
-    cmdline = host_a.cmdline()
-    # The drop-in drops the options gpuhost owns wherever the host set them, the host's intel_iommu=off
-    # included, and appends its own: one setting on the line.
-    assert [t for t in cmdline if t.startswith("intel_iommu=")] == ["intel_iommu=on"], cmdline
-    assert "intel_iommu=on" in host_a.sh(f"cat {GRUB_DROPIN_PATH}")
-
     second = lab.inventory("iommu-second", **{A: {"gpuhost_pcie_aspm_off": True}})
     code, report, _ = apply(lab, second, "iommu-second", "--limit", A)
     entry = report["hosts"][A]
@@ -508,3 +487,26 @@ def test_a_second_apply_with_a_change_keeps_the_iommu_option_the_first_added(lab
     default_entry = host_a.sh("awk '/^menuentry /{n++} n==1 && /linux\\t/{print; exit}' /boot/grub/grub.cfg").split()
     assert "pcie_aspm=off" in default_entry, default_entry
     assert [t for t in default_entry if t.startswith("intel_iommu=")] == ["intel_iommu=on"], default_entry
+
+
+def test_rollback_restores_the_old_command_line_and_the_backed_up_files(lab: Lab) -> None:
+    host_a = lab.hosts[A]
+    started = time.monotonic()
+    code = main(["rollback", "-i", str(lab.inventory("rollback")), "--limit", A, "--yes"])
+    timing(f"rollback of A (with its reboot): {time.monotonic() - started:.0f} s")
+    assert code == 0
+    cmdline = host_a.cmdline()
+    # The host's own settings are back, old vfio-pci.ids= included; nothing of gpuhost's is left.
+    assert [t for t in cmdline if t.startswith("vfio-pci.ids=")] == ["vfio-pci.ids=10de:1111"], cmdline
+    assert not {"iommu=pt", "gpuhost.trial=1", "modprobe.blacklist=nouveau,nvidia,nvidiafb"} & set(cmdline)
+    assert "pcie_aspm=off" not in cmdline  # issue 27.1's apply with a change, undone with the first
+    assert [t for t in cmdline if t.startswith("intel_iommu=")] == ["intel_iommu=off"], cmdline  # the host's own
+    left = host_a.sh(
+        "cat /etc/modprobe.d/vfio-old.conf; test ! -e /etc/default/grub.d/gpuhost.cfg && "
+        "test ! -e /etc/grub.d/42_gpuhost_trial && test ! -e /etc/initramfs-tools/scripts/init-top/gpuhost-vfio && "
+        "test ! -e /var/lib/gpuhost/backup && ! grep -qE '^vfio|gpuhost: vfio-pci' /etc/initramfs-tools/modules && "
+        "echo clean"
+    )
+    # The modules file keeps the lab disk's own lines (its comment says "gpuhost lab"): gpuhost's
+    # marked block and its vfio lines are what must be gone.
+    assert left == OLD_MODPROBE + "clean\n", left
