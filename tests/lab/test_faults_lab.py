@@ -370,6 +370,13 @@ def _write_unusual_grub_and_modprobe_settings(host: Host) -> None:
     assert host.sh("grep -c \"$(printf '\\r')\" /etc/default/grub").strip() == "2"
 
 
+# What a trial entry changes for its boot and verification puts back (gpuhost.plan.rescue).
+STALL_SETTINGS = (
+    "cd /proc/sys/kernel && cat softlockup_panic panic_on_rcu_stall hung_task_panic hung_task_timeout_secs "
+    "watchdog_thresh /sys/module/rcupdate/parameters/rcu_cpu_stall_timeout"
+)
+
+
 # An operator's own drop-in that boots A without its IOMMU, as a kernel whose VT-d is off by default
 # does (Debian's 6.1 turns it on, RHEL's does not): the first apply must add intel_iommu=on.
 IOMMU_OFF_DROPIN = "/etc/default/grub.d/10-site-iommu.cfg"
@@ -395,6 +402,7 @@ def test_fault6_and_5_host_key_change_aborts_that_host_and_the_other_ends_with_o
 ) -> None:
     host_a, host_b = lab.hosts[A], lab.hosts[B]
     _boot_without_the_iommu(host_a)
+    host_stall_settings = host_a.sh(STALL_SETTINGS)
     inventory = lab.inventory("fault6")
     for target in inventory_targets(inventory, None, ConnectionDefaults()):
         assert audit_target(target).facts is not None  # the audit saw both hosts with their keys
@@ -441,6 +449,9 @@ def test_fault6_and_5_host_key_change_aborts_that_host_and_the_other_ends_with_o
     # The audit's own verdict, independently of the playbook's verification.
     (target_a,) = inventory_targets(inventory, A, ConnectionDefaults())
     assert audit_target(target_a).status is AuditStatus.READY
+    # The committed trial boot runs on: its stall panics are the host's own again (gpuhost.plan.rescue).
+    assert "panic_on_rcu_stall=1" in host_a.sh("cat /proc/cmdline")
+    assert host_a.sh(STALL_SETTINGS) == host_stall_settings
     committed = host_a.sh(
         "grub-editenv list; ls /etc/default/gpuhost-trial.cfg 2>&1; grep -c gpuhost-trial /boot/grub/grub.cfg || true; "
         "awk '/^menuentry /{n++} n==1 && /linux\\t/{print; exit}' /boot/grub/grub.cfg"
