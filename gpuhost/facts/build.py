@@ -560,7 +560,7 @@ def _rescue(tree: Tree, exists: frozenset[str] | None, command_status: dict[str,
         hung_task_timeout_s=rescue.parse_int(read["hung_task_timeout_secs"]),
         watchdog_thresh_s=rescue.parse_int(read["watchdog_thresh"]),
         rcu_stall_panic=rescue.parse_flag(read["panic_on_rcu_stall"]),
-        rcu_stall_timeout_s=rescue.parse_int(tree.read(rescue.RCU_STALL_TIMEOUT)),
+        rcu_stall_timeout_s=rescue.parse_int(tree.read(rescue.RCU_STALL_TIMEOUT_PATH)),
     )
     texts = _systemd_conf_texts(tree)
     systemd = None if texts is None else rescue.parse_systemd_watchdogs(texts)

@@ -42,7 +42,7 @@ KERNEL_PANIC_SETTINGS = (
 )
 # Seconds a CPU may hold up an RCU grace period before RCU reports a stall (CONFIG_RCU_CPU_STALL_TIMEOUT,
 # 21 s in Debian's kernels), and with panic_on_rcu_stall, panics. Writable at run time.
-RCU_STALL_TIMEOUT = "/sys/module/rcupdate/parameters/rcu_cpu_stall_timeout"
+RCU_STALL_TIMEOUT_PATH = "/sys/module/rcupdate/parameters/rcu_cpu_stall_timeout"
 
 SYSTEMD_CONF = "/etc/systemd/system.conf"
 SYSTEMD_CONF_DIRS = ("/usr/lib/systemd/system.conf.d", "/etc/systemd/system.conf.d")

@@ -18,9 +18,9 @@ hangs needs something to act, strongest first:
    panic is left to the BMC's watchdog.
 3. Kernel options on the trial entry only that turn stalls into panics, which panic=N turns into
    a reboot onto the old default: softlockup_panic=1 and RCU's stall panic (a CPU stuck in the
-   kernel), the hung-task panic (a task blocked in D state), and Debian's initramfs-tools, whose panic() reboots after
-   panic=N when it gives up waiting for the root device (scripts/functions: "Rebooting
-   automatically due to panic= boot argument"; it waits rootdelay=, 180 s by default).
+   kernel), the hung-task panic (a task blocked in D state), and Debian's initramfs-tools, whose
+   panic() reboots after panic=N when it gives up waiting for the root device (scripts/functions:
+   "Rebooting automatically due to panic= boot argument"; it waits rootdelay=, 180 s by default).
 4. A deadline for userspace (a unit that never finishes, which no watchdog sees): a systemd timer
    pulled in by systemd.wants= on the trial entry only, that force-reboots the trial once the
    deadline passes unless the verify role stopped it. Its unit files are plan files (configure
@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 
 from gpuhost.facts.model import TextEnum
-from gpuhost.facts.rescue import RCU_STALL_TIMEOUT, RescueFacts, Watchdog
+from gpuhost.facts.rescue import RCU_STALL_TIMEOUT_PATH, RescueFacts, Watchdog
 from gpuhost.plan.model import DEADLINE_SERVICE, DEADLINE_TIMER, TRIAL_MARKER
 from gpuhost.problems import Severity, Stage, register
 
@@ -362,7 +362,7 @@ def _kernel_restore_command(rescue: RescueFacts | None) -> str:
             kernel.watchdog_thresh_s if kernel and kernel.watchdog_thresh_s is not None else 10,
         ),
         (
-            RCU_STALL_TIMEOUT,
+            RCU_STALL_TIMEOUT_PATH,
             kernel.rcu_stall_timeout_s
             if kernel and kernel.rcu_stall_timeout_s is not None
             else DEFAULT_RCU_STALL_TIMEOUT_S,
