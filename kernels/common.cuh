@@ -162,6 +162,7 @@ void bench_sgemm(const Options& options, const Emit& emit);       // our tiled S
 void bench_cublas(const Options& options, const Emit& emit);      // cuBLASLt FP32/TF32/FP16/BF16
 void bench_softmax(const Options& options, const Emit& emit);     // three-pass vs online
 void bench_transfer(const Options& options, const Emit& emit);    // host<->device copies
+void prepare_transfer(const Options& options);                    // its host buffers, ahead of it (--then)
 void bench_launch(const Options& options, const Emit& emit);      // launch latency
 void bench_p2p(const Options& options, const Emit& emit);         // peer access and bandwidth
 // Node-level (issue 30, node.cu): every GPU at once; run only when named with --bench.

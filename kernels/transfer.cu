@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "common.cuh"
@@ -74,20 +76,62 @@ Result link_result(const std::string& name, double bytes, const Timing& timing, 
     return r;
 }
 
+// The host side of bench_transfer: pinned and pageable buffers, the upload patterns written. Making
+// them (pinning 2 x 256 MiB, writing and touching 1 GiB) takes about as long as the copies they
+// time, so under --then prepare_transfer makes them with the first set, while every GPU measures
+// locally, and not in this GPU's turn on the link, where the GPUs wait for each other.
+struct TransferHost {
+    size_t bytes;
+    uint32_t seed_up;
+    bool pageable;
+    PinnedBuffer up, down;
+    std::vector<uint32_t> pageable_up, pageable_down;
+    TransferHost(size_t bytes_, uint32_t seed_up_, bool pageable_)
+        : bytes(bytes_), seed_up(seed_up_), pageable(pageable_), up(bytes_), down(bytes_) {
+        const size_t n = bytes / sizeof(uint32_t);
+        host_fill(up.ptr, n, seed_up);
+        if (pageable) {
+            pageable_up.resize(n);  // resize writes every element: the pages are the process's now
+            pageable_down.resize(n);
+            host_fill(pageable_up.data(), n, seed_up);
+        }
+    }
+};
+
+size_t transfer_bytes(const Options& options) {
+    // 256 MiB per copy: long enough that the ~10 us setup of a copy is noise.
+    return options.quick ? (size_t{128} << 20) : (size_t{256} << 20);
+}
+
+uint32_t transfer_seed_up(const Options& options) { return options.seed * 29 + 1; }
+
+std::unique_ptr<TransferHost>& prepared_transfer() {
+    static std::unique_ptr<TransferHost> prepared;
+    return prepared;
+}
+
 }  // namespace
 
+void prepare_transfer(const Options& options) {
+    prepared_transfer() = std::make_unique<TransferHost>(transfer_bytes(options), transfer_seed_up(options), !options.quick);
+}
+
 void bench_transfer(const Options& options, const Emit& emit) {
-    // 256 MiB per copy: long enough that the ~10 us setup of a copy is noise.
-    const size_t bytes = options.quick ? (size_t{128} << 20) : (size_t{256} << 20);
+    const size_t bytes = transfer_bytes(options);
     const size_t n = bytes / sizeof(uint32_t);
     const int reps = options.quick ? 5 : 10;
-    const uint32_t seed_up = options.seed * 29 + 1, seed_down = options.seed * 29 + 2;
+    const uint32_t seed_up = transfer_seed_up(options), seed_down = options.seed * 29 + 2;
+    // Taken, not shared: the buffers are freed when this benchmark ends, as if it had made them.
+    std::unique_ptr<TransferHost> host = std::move(prepared_transfer());
+    if (!host || host->bytes != bytes || host->seed_up != seed_up || host->pageable != !options.quick) {
+        host = std::make_unique<TransferHost>(bytes, seed_up, !options.quick);
+    }
     DeviceBuffer<uint32_t> up(n), down(n);
-    PinnedBuffer host_up(bytes), host_down(bytes);
+    PinnedBuffer& host_up = host->up;
+    PinnedBuffer& host_down = host->down;
     cudaStream_t s1, s2;
     GH_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
     GH_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    host_fill(host_up.ptr, n, seed_up);
     delay_stream(0);
     pattern_fill_kernel<<<2048, 256>>>(down.ptr, n, seed_down);
     GH_CHECK_LAUNCH();
@@ -153,8 +197,8 @@ void bench_transfer(const Options& options, const Emit& emit) {
     }
     // ---- pageable (malloc'd) memory: the driver stages it through its own pinned buffers
     if (!options.quick) {
-        std::vector<uint32_t> pageable_up(n), pageable_down(n);
-        host_fill(pageable_up.data(), n, seed_up);
+        std::vector<uint32_t>& pageable_up = host->pageable_up;
+        std::vector<uint32_t>& pageable_down = host->pageable_down;
         auto host_clock_ms = [](const std::function<void()>& op, int count) {
             Timing t;
             for (int i = 0; i < count; ++i) {
