@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 
 from gpuhost.facts.model import TextEnum
-from gpuhost.facts.rescue import RCU_STALL_TIMEOUT_PATH, RescueFacts, Watchdog
+from gpuhost.facts.rescue import RCU_STALL_TIMEOUT_PATH, KernelPanics, RescueFacts, Watchdog
 from gpuhost.plan.model import DEADLINE_SERVICE, DEADLINE_TIMER, TRIAL_MARKER
 from gpuhost.problems import Severity, Stage, register
 
@@ -78,14 +78,52 @@ HUNG_TASK_TIMEOUT_S = 600
 RCU_STALL_TIMEOUT_S = 2 * SOFTLOCKUP_THRESHOLD_S
 # CONFIG_RCU_CPU_STALL_TIMEOUT's default (Debian's kernels keep it), put back where it was not read.
 DEFAULT_RCU_STALL_TIMEOUT_S = 21
-KERNEL_STALL_OPTIONS = (
-    "softlockup_panic=1",
-    f"watchdog_thresh={SOFTLOCKUP_THRESHOLD_S}",
-    "sysctl.kernel.panic_on_rcu_stall=1",
-    f"rcupdate.rcu_cpu_stall_timeout={RCU_STALL_TIMEOUT_S}",
-    "sysctl.kernel.hung_task_panic=1",
-    f"sysctl.kernel.hung_task_timeout_secs={HUNG_TASK_TIMEOUT_S}",
+
+
+@dataclass(frozen=True)
+class StallSetting:
+    """One kernel setting that turns a stall into a panic: set on the trial entry, and put back to the
+    host's own value once the trial is verified (the committed trial boot runs on)."""
+
+    option: str  # its name on the kernel command line
+    trial: int  # its value on the trial entry
+    path: str  # where the running kernel has it
+    fact: str  # the KernelPanics field with the host's own value, as read before the trial
+    default: int  # the kernel's default, put back where the host's own value was not read
+
+    def trial_option(self) -> str:
+        return f"{self.option}={self.trial}"
+
+    def host_value(self, kernel: KernelPanics | None) -> int:
+        value = getattr(kernel, self.fact) if kernel is not None else None
+        return self.default if value is None else int(value)
+
+
+# In the order they go on the trial entry and are put back: each panic before its timeout, so that a
+# timeout shortened back to the host's own never meets the trial's panic. A new one is one line here.
+STALL_SETTINGS = (
+    StallSetting("softlockup_panic", 1, "/proc/sys/kernel/softlockup_panic", "softlockup_panic", 0),
+    StallSetting(
+        "watchdog_thresh", SOFTLOCKUP_THRESHOLD_S, "/proc/sys/kernel/watchdog_thresh", "watchdog_thresh_s", 10
+    ),
+    StallSetting("sysctl.kernel.panic_on_rcu_stall", 1, "/proc/sys/kernel/panic_on_rcu_stall", "rcu_stall_panic", 0),
+    StallSetting(
+        "rcupdate.rcu_cpu_stall_timeout",
+        RCU_STALL_TIMEOUT_S,
+        RCU_STALL_TIMEOUT_PATH,
+        "rcu_stall_timeout_s",
+        DEFAULT_RCU_STALL_TIMEOUT_S,
+    ),
+    StallSetting("sysctl.kernel.hung_task_panic", 1, "/proc/sys/kernel/hung_task_panic", "hung_task_panic", 0),
+    StallSetting(
+        "sysctl.kernel.hung_task_timeout_secs",
+        HUNG_TASK_TIMEOUT_S,
+        "/proc/sys/kernel/hung_task_timeout_secs",
+        "hung_task_timeout_s",
+        120,
+    ),
 )
+KERNEL_STALL_OPTIONS = tuple(setting.trial_option() for setting in STALL_SETTINGS)
 
 
 class RescueKind(TextEnum):
@@ -349,25 +387,7 @@ def _kernel_restore_command(rescue: RescueFacts | None) -> str:
     blocked on a slow disk does not panic the committed host. Only on the trial boot; a setting the
     kernel does not have is skipped."""
     kernel = rescue.kernel if rescue is not None else None
-    settings = (
-        ("/proc/sys/kernel/softlockup_panic", int(bool(kernel and kernel.softlockup_panic))),
-        ("/proc/sys/kernel/panic_on_rcu_stall", int(bool(kernel and kernel.rcu_stall_panic))),
-        ("/proc/sys/kernel/hung_task_panic", int(bool(kernel and kernel.hung_task_panic))),
-        (
-            "/proc/sys/kernel/hung_task_timeout_secs",
-            kernel.hung_task_timeout_s if kernel and kernel.hung_task_timeout_s is not None else 120,
-        ),
-        (
-            "/proc/sys/kernel/watchdog_thresh",
-            kernel.watchdog_thresh_s if kernel and kernel.watchdog_thresh_s is not None else 10,
-        ),
-        (
-            RCU_STALL_TIMEOUT_PATH,
-            kernel.rcu_stall_timeout_s
-            if kernel and kernel.rcu_stall_timeout_s is not None
-            else DEFAULT_RCU_STALL_TIMEOUT_S,
-        ),
-    )
+    settings = tuple((setting.path, setting.host_value(kernel)) for setting in STALL_SETTINGS)
     writes = " ".join(f"{path}={value}" for path, value in settings)
     return (
         f"grep -qwF -- {TRIAL_MARKER} /proc/cmdline || exit 0; changed=; "
