@@ -90,6 +90,13 @@ def _gpu_behind_root_port(index: int, slot: int, bus: str = "pcie.0") -> tuple[s
     )
 
 
+# A BMC the host's own kernel talks to (issue 31): QEMU's BMC simulator on the ISA KCS interface at
+# its default port (0xca2), which ACPI announces as IPI0001. Its watchdog's expiry resets the
+# machine, and a reset of the host does not stop it (measured: docs/safety.md). Not the cirrus-vga
+# "bmc" display, which every topology has.
+IN_BAND_BMC = ("ipmi-bmc-sim,id=inbandbmc", "isa-ipmi-kcs,bmc=inbandbmc")
+
+
 @dataclass(frozen=True)
 class Topology:
     name: str
@@ -188,6 +195,16 @@ TOPOLOGIES: dict[str, Topology] = {
             intruders=(),
             numa_nodes=2,
             phys_bits=42,
+        ),
+        Topology(
+            name="gpu-pair-bmc",
+            summary="the gpu-pair host with an in-band BMC: QEMU's emulated BMC behind a KCS interface "
+            "(/dev/ipmi0 once ipmi_si and ipmi_devintf are loaded), whose watchdog resets the host",
+            iommu=True,
+            devices=_gpu_behind_root_port(1, SLOT_GPU1) + IN_BAND_BMC,
+            gpus=(GPU_ID,),
+            gpu_functions=("0000:01:00.0", "0000:01:00.1"),
+            intruders=(),
         ),
         Topology(
             name="no-iommu",

@@ -4,7 +4,10 @@ them, booted together, with the hashes of every file apply or rollback may write
 
 from __future__ import annotations
 
+import base64
 import json
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gpuhost.cli.main import main
@@ -37,6 +41,7 @@ class HostLayout:
     variant: str
     memory_mib: int
     variables: Mapping[str, Any]
+    topology: str = "gpu-pair"
 
 
 def timing(message: str) -> None:
@@ -89,12 +94,19 @@ class Lab:
 
 @contextmanager
 def booted_lab(root: Path, image_dir: Path, layout: Mapping[str, HostLayout]) -> Iterator[Lab]:
-    """Boot every host of `layout` (gpu-pair topology) in parallel; stop them all at the end."""
+    """Boot every host of `layout` in parallel; stop them all at the end."""
     labs = {name: LabPaths(root=root / name, images=image_dir) for name in layout}
     started = time.monotonic()
     try:
         for name, host in layout.items():
-            fleet.up(labs[name], hosts=1, variant=host.variant, memory_mib=host.memory_mib, wait=False)
+            fleet.up(
+                labs[name],
+                hosts=1,
+                topology=host.topology,
+                variant=host.variant,
+                memory_mib=host.memory_mib,
+                wait=False,
+            )
         with ThreadPoolExecutor(len(labs)) as pool:
             waits = [pool.submit(fleet.wait_for_ssh, p, fleet.status(p)[0].hosts, BOOT_TIMEOUT) for p in labs.values()]
             for future in waits:
@@ -126,6 +138,39 @@ PANIC_TRIAL_OPTION = "rdinit=/gpuhost-fault-injection"
 # console, a host that hangs for good. The trial entry's panic=N turns it into a reboot onto the old
 # default.
 ROOT_HANG_TRIAL_OPTION = "root=/dev/disk/by-partlabel/gpuhost-no-such-root"
+
+
+# Issue 31's kernel stalls (by hand): tests/lab/kernel_stall/gpuhost_stall.ko, loaded on the trial boot
+# only (modules-load=, a testing-only option).
+STALL_MODULE_SOURCE = Path(__file__).resolve().parent / "kernel_stall"
+STALL_MODULE_OPTION = "modules-load=gpuhost_stall"
+
+
+# The six kernel settings a trial entry changes to turn stalls into panics (gpuhost.plan.rescue), read on
+# the host: a committed or reverted trial must leave the host's own values.
+STALL_SETTINGS = (
+    "cd /proc/sys/kernel && cat softlockup_panic panic_on_rcu_stall hung_task_panic hung_task_timeout_secs "
+    "watchdog_thresh /sys/module/rcupdate/parameters/rcu_cpu_stall_timeout"
+)
+
+
+def install_stall_module(host: Host, work: Path) -> None:
+    """gpuhost_stall.ko, built here against the headers of the host's running kernel (debug info
+    stripped), put in the host's module tree, so that modules-load= finds it; nothing loads it
+    without that option."""
+    release = host.sh("uname -r").strip()
+    headers = Path("/usr/src") / f"linux-headers-{release}"
+    if not headers.is_dir():
+        pytest.fail(f"{headers} is missing: apt-get install linux-headers-{release}, then run this test again")
+    for name in ("gpuhost_stall.c", "Kbuild"):
+        shutil.copy(STALL_MODULE_SOURCE / name, work / name)
+    subprocess.run(["make", "-s", "-C", str(headers), f"M={work}", "modules"], check=True, capture_output=True)
+    subprocess.run(["strip", "--strip-debug", str(work / "gpuhost_stall.ko")], check=True)
+    module = base64.b64encode((work / "gpuhost_stall.ko").read_bytes()).decode()
+    host.sh(
+        f"mkdir -p /lib/modules/{release}/extra && base64 -d > /lib/modules/{release}/extra/gpuhost_stall.ko <<'EOF'\n"
+        f"{module}\nEOF\ndepmod {release}"
+    )
 
 
 def console_since(serial_log: Path, offset: int) -> str:

@@ -82,6 +82,7 @@ from .rollout_lab import (
     GPU_FUNCTIONS,
     OPTIONS,
     ROOT_HANG_TRIAL_OPTION,
+    STALL_SETTINGS,
     Host,
     HostLayout,
     Lab,
@@ -371,12 +372,6 @@ def _write_unusual_grub_and_modprobe_settings(host: Host) -> None:
 
 
 # What a trial entry changes for its boot and verification puts back (gpuhost.plan.rescue).
-STALL_SETTINGS = (
-    "cd /proc/sys/kernel && cat softlockup_panic panic_on_rcu_stall hung_task_panic hung_task_timeout_secs "
-    "watchdog_thresh /sys/module/rcupdate/parameters/rcu_cpu_stall_timeout"
-)
-
-
 # An operator's own drop-in that boots A without its IOMMU, as a kernel whose VT-d is off by default
 # does (Debian's 6.1 turns it on, RHEL's does not): the first apply must add intel_iommu=on.
 IOMMU_OFF_DROPIN = "/etc/default/grub.d/10-site-iommu.cfg"

@@ -15,9 +15,6 @@ on this machine (apt-get install linux-headers-<the lab's kernel release>):
 
 from __future__ import annotations
 
-import base64
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,13 +24,23 @@ from gpuhost.inventory.plan_settings import TRIAL_TESTING_OPTIONS_ENV
 from gpuhost.lab.image import Image
 from gpuhost.plan.model import TRIAL_MARKER
 
-from .rollout_lab import HostLayout, Lab, apply, booted_lab, console_since, panicked_and_rebooted, timing
+from .rollout_lab import (
+    STALL_MODULE_OPTION,
+    STALL_SETTINGS,
+    HostLayout,
+    Lab,
+    apply,
+    booted_lab,
+    console_since,
+    install_stall_module,
+    panicked_and_rebooted,
+    timing,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
 
 A = "a-1"
-MODULE_SOURCE = Path(__file__).resolve().parent / "kernel_stall"
-STALL_TRIAL_OPTION = "modules-load=gpuhost_stall"
+STALL_TRIAL_OPTION = STALL_MODULE_OPTION
 # The trial entry's two panics for a CPU stuck in the kernel, as each announces itself.
 STALL_PANICS = {
     "RCU stall": "Kernel panic - not syncing: RCU Stall",
@@ -48,32 +55,13 @@ def lab(base_image: Image, image_dir: Path, tmp_path_factory: pytest.TempPathFac
         yield booted
 
 
-def build_stall_module(release: str, work: Path) -> bytes:
-    """gpuhost_stall.ko for the lab kernel `release`, built here against its headers, debug info stripped."""
-    headers = Path("/usr/src") / f"linux-headers-{release}"
-    if not headers.is_dir():
-        pytest.fail(f"{headers} is missing: apt-get install linux-headers-{release}, then run this test again")
-    for name in ("gpuhost_stall.c", "Kbuild"):
-        shutil.copy(MODULE_SOURCE / name, work / name)
-    subprocess.run(["make", "-s", "-C", str(headers), f"M={work}", "modules"], check=True, capture_output=True)
-    subprocess.run(["strip", "--strip-debug", str(work / "gpuhost_stall.ko")], check=True)
-    return (work / "gpuhost_stall.ko").read_bytes()
-
-
 def test_a_trial_kernel_that_stalls_without_a_panic_is_rebooted_onto_the_old_command_line_by_itself(
     lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     host_a = lab.hosts[A]
-    release = host_a.sh("uname -r").strip()
-    module = base64.b64encode(build_stall_module(release, tmp_path)).decode()
-    # In the module tree, so modules-load= finds it; nothing loads it without that option.
-    host_a.sh(
-        f"mkdir -p /lib/modules/{release}/extra && base64 -d > /lib/modules/{release}/extra/gpuhost_stall.ko <<'EOF'\n"
-        f"{module}\nEOF\ndepmod {release}"
-    )
+    install_stall_module(host_a, tmp_path)
     before = host_a.cmdline()
-    settings = "cat /proc/sys/kernel/panic_on_rcu_stall /sys/module/rcupdate/parameters/rcu_cpu_stall_timeout"
-    host_settings = host_a.sh(settings)
+    host_settings = host_a.sh(STALL_SETTINGS)
     serial_log = Path(host_a.record.serial_log)
     log_before = serial_log.stat().st_size
     monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, STALL_TRIAL_OPTION)
@@ -90,5 +78,5 @@ def test_a_trial_kernel_that_stalls_without_a_panic_is_rebooted_onto_the_old_com
     assert len(panics) == 1, trial[-3000:]
     timing(f"kernel-stall: trial stalled, {panics[0]} panic, rebooted and reverted, apply {seconds:.0f} s in all")
     assert host_a.cmdline() == before
-    assert host_a.sh(settings) == host_settings  # the old entry's kernel: the host's own settings
+    assert host_a.sh(STALL_SETTINGS) == host_settings  # the old entry's kernel: the host's own settings
     assert "gpuhost_stall" not in host_a.sh("cat /proc/modules")

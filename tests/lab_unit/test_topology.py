@@ -8,6 +8,7 @@ import pytest
 
 from gpuhost.lab.topology import (
     GPU_ID,
+    IN_BAND_BMC,
     SWITCH_DOWNSTREAM,
     SWITCH_GPUS,
     SWITCH_NIC,
@@ -124,6 +125,14 @@ def test_numa_pair_splits_cpus_and_memory_and_hangs_the_gpu_off_node_1() -> None
 def test_numa_pair_needs_an_even_share_per_node(changes: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="topology numa-pair has 2 NUMA nodes"):
         qemu_argv(spec("numa-pair", **changes))
+
+
+def test_gpu_pair_bmc_is_gpu_pair_with_the_emulated_bmc_on_kcs() -> None:
+    with_bmc = devices(qemu_argv(spec("gpu-pair-bmc")))
+    assert [d for d in with_bmc if d not in IN_BAND_BMC] == devices(qemu_argv(spec("gpu-pair")))
+    assert IN_BAND_BMC == ("ipmi-bmc-sim,id=inbandbmc", "isa-ipmi-kcs,bmc=inbandbmc")
+    first = with_bmc.index(IN_BAND_BMC[0])
+    assert tuple(with_bmc[first : first + 2]) == IN_BAND_BMC  # the interface names its BMC, declared first
 
 
 def test_one_node_topologies_have_no_numa_options() -> None:
