@@ -40,7 +40,6 @@ from .rollout_lab import (
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
 
 A = "a-1"
-STALL_TRIAL_OPTION = STALL_MODULE_OPTION
 # The trial entry's two panics for a CPU stuck in the kernel, as each announces itself.
 STALL_PANICS = {
     "RCU stall": "Kernel panic - not syncing: RCU Stall",
@@ -64,14 +63,14 @@ def test_a_trial_kernel_that_stalls_without_a_panic_is_rebooted_onto_the_old_com
     host_settings = host_a.sh(STALL_SETTINGS)
     serial_log = Path(host_a.record.serial_log)
     log_before = serial_log.stat().st_size
-    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, STALL_TRIAL_OPTION)
+    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, STALL_MODULE_OPTION)
     code, report, seconds = apply(lab, lab.inventory("kernel-stall"), "kernel-stall")
     entry = report["hosts"][A]
     assert code != 0 and entry["status"] == "trial reverted", entry
     assert "came back without the trial entry" in entry["message"], entry
     trial = panicked_and_rebooted(console_since(serial_log, log_before), TRIAL_MARKER)
     command_line = trial.splitlines()[0]
-    assert STALL_TRIAL_OPTION in command_line and "sysctl.kernel.panic_on_rcu_stall=1" in command_line
+    assert STALL_MODULE_OPTION in command_line and "sysctl.kernel.panic_on_rcu_stall=1" in command_line
     assert "gpuhost_stall: CPU" in trial and "now spins with preemption disabled" in trial, trial[-3000:]
     # Both stall panics are armed with 120 s: RCU's report or the soft lockup, whichever comes first.
     panics = [name for name, line in STALL_PANICS.items() if line in trial]
