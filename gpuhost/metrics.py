@@ -16,13 +16,13 @@ two files both define, and logs an error on every scrape).
 from __future__ import annotations
 
 import enum
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpuhost import __version__
+from gpuhost.bench.identity import pci_address
 from gpuhost.errors import InputError, MissingDependencyError
 from gpuhost.output import check_output_path, write_output
 from gpuhost.problems import Problem
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Gauge
 
     from gpuhost.audit import HostAudit
-    from gpuhost.bench.environment import Environment
+    from gpuhost.bench.environment import GpuEnvironment
     from gpuhost.bench.node_model import NodeOutcome
     from gpuhost.bench.results import SuiteRun
     from gpuhost.bench.verdict import Verdict
@@ -69,16 +69,6 @@ SMOKE_UNITS: Mapping[str, UnitFamily] = {
     "ratio": UnitFamily("gpuhost_smoke_speedup_ratio", "Measured speed-up of one variant over another.", 1.0),
     "pairs": UnitFamily("gpuhost_smoke_peer_pairs", "Ordered GPU pairs with peer-to-peer access.", 1.0),
 }
-
-
-_PCI_ADDRESS = re.compile(r"([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
-
-
-def pci_address(bus_id: str) -> str:
-    """NVML's '00000000:00:06.0' and CUDA's '0000:00:06.0' as one label value: the 4-digit domain
-    that lspci and the audit use. Anything else is kept as it is (and escaped like any label)."""
-    match = _PCI_ADDRESS.fullmatch(bus_id)
-    return f"{int(match[1], 16):04x}:{match[2].lower()}" if match else bus_id
 
 
 def check_textfile_path(given: str | Path) -> None:
@@ -327,13 +317,11 @@ def _smoke_gpus(out: _Exposition, runs: Sequence[tuple[Verdict, SuiteRun]], now:
         stamp.labels(**gpu).set(now)
 
 
-def smoke_test_failure_metrics(environment: Environment | None, device: int, now: float) -> bytes:
+def smoke_test_failure_metrics(seen: GpuEnvironment | None, now: float) -> bytes:
     """A smoke-test that could not run (no driver, no nvcc, a crashed suite): up 0, so that the
     last run's PASS does not stay on the dashboard as if it were current. The GPU's labels are
-    what NVML showed before it stopped ('' when nothing)."""
+    what NVML showed of it before it stopped ('' when nothing)."""
     out = _Exposition(Verb.SMOKE_TEST)
-    known = environment is not None and 0 <= device < len(environment.gpus)
-    seen = environment.gpus[device] if environment is not None and known else None
     gpu = {"gpu": pci_address(seen.pci_bus_id) if seen else "", "model": seen.name if seen else ""}
     _smoke_up(out, gpu, 0)
     _smoke_timestamp(out, gpu, now)

@@ -118,6 +118,8 @@ class GpuEnvironment:
     # None: NVML cannot say (a GPU before Hopper, a driver or pynvml without the call, a run
     # recorded before the fabric was read).
     fabric: FabricReading | None = None
+    # NVML's UUID ('GPU-...'): the name CUDA_VISIBLE_DEVICES takes; '' in a run recorded before it was read.
+    uuid: str = ""
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,7 @@ def read_gpu(nvml: Any, index: int) -> GpuEnvironment:
         max_memory_clock_mhz=_maybe(nvml, lambda: int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM))),
         power_limit_w=power / 1000.0 if power is not None else None,
         fabric=read_fabric(nvml, handle),
+        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from gpuhost.bench.environment import (
     VIRTUALIZATION_MODES,
     Environment,
@@ -261,7 +263,10 @@ def judge_environment(
     environment: Environment,
     samples: tuple[RunSamples, ...],
     models: dict[int, GpuModel | None],
+    only: Collection[int] | None = None,
 ) -> list[CheckOutcome]:
+    """The environment's checks: the driver, then each GPU's (`only` these NVML indices, where given:
+    the GPUs a run used, not those CUDA_VISIBLE_DEVICES gave to someone else)."""
     cuda = environment.cuda_driver_version
     cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "unknown"
     names = ", ".join(f"{g.index}: {g.name} (10de:{g.pci_device_id:04x}) at {g.pci_bus_id}" for g in environment.gpus)
@@ -271,5 +276,6 @@ def judge_environment(
     ]
     by_index = {s.index: s for s in samples}
     for gpu in environment.gpus:
-        outcomes.extend(judge_gpu(gpu, by_index.get(gpu.index), models.get(gpu.index)))
+        if only is None or gpu.index in only:
+            outcomes.extend(judge_gpu(gpu, by_index.get(gpu.index), models.get(gpu.index)))
     return outcomes

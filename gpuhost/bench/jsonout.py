@@ -6,6 +6,8 @@ Schema "gpuhost-smoke-test/1" (an object):
     gpuhost_version   str
     created           ISO-8601 UTC time of the run
     outcome           "PASS"|"WARN"|"FAIL"|"NOT REPRESENTATIVE" (another process used the GPU)
+    gpu               the GPU measured: {"index" (NVML's), "uuid", "pci_bus_id", "cuda_ordinal" (its CUDA
+                      device number under the run's CUDA_VISIBLE_DEVICES)}; absent in runs recorded before
     contention        null (recorded before issue 14) or {"processes": [{"gpu", "pid", "name",
                       "used_memory_bytes", "kind": "compute"|"graphics", "seen": ["before"|"during"|"after"]}],
                       "utilization_before_pct": [int|null per GPU], "readable": bool}
@@ -71,6 +73,7 @@ from gpuhost.bench.environment import (
     RunSamples,
 )
 from gpuhost.bench.health import Health, XidEvent
+from gpuhost.bench.identity import GpuIdentity
 from gpuhost.bench.models import GpuModel
 from gpuhost.bench.results import SuiteRun, parse_suite_document
 from gpuhost.bench.rules import CheckOutcome
@@ -174,10 +177,12 @@ def build_document(
     contention: Contention | None = None,
     health: Health | None = None,
     created: datetime.datetime | None = None,
+    gpu: GpuIdentity | None = None,
 ) -> dict[str, Any]:
     return {
         **_header(created),
         "outcome": verdict.outcome,
+        **({} if gpu is None else {"gpu": dataclasses.asdict(gpu)}),
         "contention": None if contention is None else dataclasses.asdict(contention),
         "health": None if health is None else dataclasses.asdict(health),
         "verdict": {

@@ -28,8 +28,17 @@ from typing import Any
 
 from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sources, toolkit_root
 from gpuhost.bench.contention import GpuProcess
-from gpuhost.bench.environment import Environment, load_pynvml, open_nvml, read_environment
+from gpuhost.bench.environment import Environment, GpuEnvironment, load_pynvml, open_nvml, read_environment
 from gpuhost.bench.health import GpuXid, XidEvent, XidWatch, same_pci_device
+from gpuhost.bench.identity import (
+    GpuIdentity,
+    GpuMismatch,
+    in_machine_numbering,
+    pci_address,
+    renumbered,
+    suite_environment,
+    visibility_of,
+)
 from gpuhost.bench.jsonout import CANNOT_RUN, NODE_SCHEMA, SCHEMA, build_document, read_recorded
 from gpuhost.bench.models import load_model_table
 from gpuhost.bench.node_judge import NODE_PHASE, judge_node, logged_xids, rejudged
@@ -50,7 +59,7 @@ from gpuhost.bench.runner import (
     SmokeOptions,
     StopCheck,
     SuiteStopped,
-    _processes,
+    processes_on,
     run_bounded,
     smoke_test,
 )
@@ -103,14 +112,19 @@ def find_nccl(nvcc: Path | None, environ: dict[str, str] | None = None) -> Path 
 def _suite(
     binary: Path,
     arguments: list[str],
+    gpus: tuple[GpuIdentity, ...],
     environ: dict[str, str],
     timeout: float,
     stop: Callable[[], str | None] | None = None,
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """A node run of the suite: its document, or why there is none (never an exception: the
-    other measurements and the GPUs' verdicts are kept). `stop` is asked while it runs: a reason from
-    it (a fatal Xid) stops the run there, as the timeout does a hang."""
-    env = {**os.environ, **environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    """A node run of the suite on `gpus` (its CUDA devices, in NVML's order): its document in NVML's
+    numbering, or why there is none (never an exception: the other measurements and the GPUs'
+    verdicts are kept). `stop` is asked while it runs: a reason from it (a fatal Xid) stops the run
+    there, as the timeout does a hang."""
+    try:
+        env = {**suite_environment(gpus, os.environ), **environ}
+    except GpuMismatch as error:
+        return None, str(error)
     try:
         returncode, stdout, stderr = run_bounded([str(binary), *arguments], env, timeout, stop)
     except OSError as error:
@@ -123,7 +137,12 @@ def _suite(
         document = json.loads(stdout)
     except json.JSONDecodeError:
         return None, f"exited with status {returncode} and no results: {stderr.strip()[-500:]}"
-    return (document, None) if isinstance(document, dict) else (None, "printed JSON that is not an object")
+    if not isinstance(document, dict):
+        return None, "printed JSON that is not an object"
+    try:
+        return in_machine_numbering(document, gpus), None
+    except GpuMismatch as error:
+        return None, str(error)
 
 
 def fatal_xid(watch: XidWatch, phase: str | Callable[[int], str], gpus: Iterable[int] | None = None) -> StopCheck:
@@ -153,9 +172,9 @@ def gpu_phase(gpu: int) -> str:
     return f"GPU {gpu}'s run" if gpu >= 0 else "the GPUs' own runs"
 
 
-def read_nvlinks(nvml: Any, count: int) -> tuple[NvlinkReading, ...]:
+def read_nvlinks(nvml: Any, gpus: Iterable[int]) -> tuple[NvlinkReading, ...]:
     readings = []
-    for gpu in range(count):
+    for gpu in gpus:
         active, queried = 0, 0
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(gpu)
@@ -186,18 +205,19 @@ def _with_xids(reason: str, gpu: int, xids: Iterable[GpuXid], logged: Iterable[X
 
 
 def measure_gpus(
-    options: SmokeOptions, count: int, watch: XidWatch
+    options: SmokeOptions, gpus: Iterable[int], watch: XidWatch
 ) -> tuple[list[tuple[int, Outcome]], list[tuple[int, str]]]:
-    """Every GPU's own smoke-test, all at once on a NodeSchedule: the local benchmarks of every GPU
-    together, then each GPU's host copies alone (P2P is the node's matrix). The finished runs and the stopped GPUs
-    with why, each by GPU index."""
-    schedule = NodeSchedule(range(count))
+    """Every GPU's own smoke-test (`gpus`, by NVML index), all at once on a NodeSchedule: the local
+    benchmarks of every GPU together, then each GPU's host copies alone (P2P is the node's matrix).
+    The finished runs and the stopped GPUs with why, each by GPU index."""
+    gpus = tuple(gpus)
+    schedule = NodeSchedule(gpus)
 
     def one(gpu: int) -> Outcome | str:
         try:
             # Each GPU is compared with its own run in the node baseline (rejudged), not the file.
             stop = fatal_xid(watch, gpu_phase, (gpu,))
-            return smoke_test(replace(options, device=gpu, baseline=None), stop=stop, schedule=schedule)
+            return smoke_test(replace(options, device=str(gpu), baseline=None), stop=stop, schedule=schedule)
         except InputError:
             raise  # a bad table or option is the same for every GPU
         except GpuhostError as error:  # this GPU's run stopped: the others are still measured
@@ -205,8 +225,8 @@ def measure_gpus(
         finally:
             schedule.local_done(gpu)  # a run stopped early holds no other GPU's link turn back
 
-    with ThreadPoolExecutor(max_workers=max(count, 1)) as pool:
-        done = [(gpu, future.result()) for gpu, future in [(gpu, pool.submit(one, gpu)) for gpu in range(count)]]
+    with ThreadPoolExecutor(max_workers=max(len(gpus), 1)) as pool:
+        done = [(gpu, future.result()) for gpu, future in [(gpu, pool.submit(one, gpu)) for gpu in gpus]]
     watch.drain(gpu_phase)
     finished = [(gpu, result) for gpu, result in done if not isinstance(result, str)]
     failed = [(gpu, result) for gpu, result in done if isinstance(result, str)]
@@ -223,21 +243,26 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
     watch: XidWatch | None = None
     try:
         environment: Environment = read_environment(nvml, count)
+        # The GPUs judged are those CUDA_VISIBLE_DEVICES leaves (a scheduler's share of the node),
+        # in NVML's order; the others are named as left out.
+        visibility = visibility_of(environment, os.environ)
+        judged = tuple(sorted(visibility.visible, key=lambda g: g.index))
         # Inputs first: a baseline of other GPUs should not wait for every GPU's run.
         baseline = (
             None
             if options.baseline is None
-            else load_node_baseline(options.baseline, tuple(g.pci_device_id for g in environment.gpus))
+            else load_node_baseline(
+                options.baseline, judged, tuple(environment.gpus[g.index].pci_device_id for g in judged)
+            )
         )
         watch = XidWatch(nvml, count)
-        finished, failed = measure_gpus(options, count, watch)
+        finished, failed = measure_gpus(options, (g.index for g in judged), watch)
         try:
-            record = measure_node(options, environment, watch)
+            record = measure_node(options, environment, judged, watch)
         except InputError:
             raise
         except GpuhostError as error:  # no build, no NVML: the GPUs' verdicts are kept, the node FAILs
-            ids = tuple(g.pci_device_id for g in environment.gpus)
-            record = NodeRecord(len(ids), ids, None, str(error), None, None, None, None, (), (), 0.0)
+            record = _unmeasured(environment, judged, str(error))
         watch.drain(NODE_PHASE)
         record = replace(
             record, xids=tuple(watch.seen), xids_watched=watch.unwatched is None, xid_unwatched=watch.unwatched
@@ -253,11 +278,18 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
     ]
     outcomes = [
         rejudged(
-            outcome, table, gpu, complete=not options.benchmarks, baseline=baseline, xids=record.xids, logged=logged
+            outcome,
+            table,
+            gpu,
+            complete=not options.benchmarks,
+            baseline=baseline,
+            xids=record.xids,
+            logged=logged,
+            judged=record.indices,
         )
         for gpu, outcome in finished
     ]
-    models = [table.lookup(g.pci_device_id) for g in environment.gpus]
+    models = [table.lookup(i) for i in record.pci_device_ids]
     return NodeOutcome(
         tuple(outcomes),
         record,
@@ -265,15 +297,30 @@ def run_all(options: SmokeOptions) -> NodeOutcome:
         time.monotonic() - started,
         tuple(stopped),
         None if baseline is None else baseline.origin,
+        visibility.left_out(),
     )
 
 
-def measure_node(options: SmokeOptions, environment: Environment, watch: XidWatch | None = None) -> NodeRecord:
+def _unmeasured(environment: Environment, judged: tuple[GpuIdentity, ...], error: str | None) -> NodeRecord:
+    """The record of a node whose own measurements did not run (one GPU, or `error`)."""
+    ids = tuple(environment.gpus[g.index].pci_device_id for g in judged)
+    return NodeRecord(len(ids), ids, None, error, None, None, None, None, (), (), 0.0, gpus=judged)
+
+
+def measure_node(
+    options: SmokeOptions,
+    environment: Environment,
+    judged: tuple[GpuIdentity, ...],
+    watch: XidWatch | None = None,
+) -> NodeRecord:
+    """The node's own measurements over the `judged` GPUs (NVML's order): the suite's P2P matrix and
+    host copies at once, NCCL's collectives, NVLinks; every GPU number in them NVML's."""
     started = time.monotonic()
-    count = len(environment.gpus)
-    ids = tuple(g.pci_device_id for g in environment.gpus)
+    count = len(judged)
+    ids = tuple(environment.gpus[g.index].pci_device_id for g in judged)
+    indices = tuple(g.index for g in judged)
     if count < 2:
-        return NodeRecord(count, ids, None, None, None, None, None, None, (), (), 0.0)
+        return _unmeasured(environment, judged, None)
     toolchain = detect_toolchain()
     built = build_suite(
         environment.gpus[0].compute_capability,
@@ -286,10 +333,10 @@ def measure_node(options: SmokeOptions, environment: Environment, watch: XidWatc
     nvml = load_pynvml()
     open_nvml(nvml)
     try:
-        before, _ = _processes(nvml, count, "before")
+        before, _ = processes_on(nvml, indices, "before")
         stop = None if watch is None else fatal_xid(watch, NODE_PHASE)
         suite, suite_error = _suite(
-            built.binary, ["--bench", ",".join(NODE_BENCHMARKS), *quick, *seed], {}, NODE_TIMEOUT_S, stop
+            built.binary, ["--bench", ",".join(NODE_BENCHMARKS), *quick, *seed], judged, {}, NODE_TIMEOUT_S, stop
         )
         library = find_nccl(toolchain.nvcc)
         nccl = nccl_error = topology = None
@@ -299,13 +346,14 @@ def measure_node(options: SmokeOptions, environment: Environment, watch: XidWatc
                 nccl, nccl_error = _suite(
                     built.binary,
                     ["--bench", "nccl", *quick, *seed],
+                    judged,
                     {"GPUHOST_NCCL": str(library), "NCCL_TOPO_DUMP_FILE": str(dump)},
                     NCCL_TIMEOUT_S,
                     stop,
                 )
                 topology = dump.read_text(errors="replace") if dump.is_file() else None
-        after, _ = _processes(nvml, count, "after")
-        nvlinks = read_nvlinks(nvml, count)
+        after, _ = processes_on(nvml, indices, "after")
+        nvlinks = read_nvlinks(nvml, indices)
     finally:
         nvml.nvmlShutdown()
     from gpuhost.bench.contention import merge
@@ -322,6 +370,7 @@ def measure_node(options: SmokeOptions, environment: Environment, watch: XidWatc
         nvlinks,
         merge((*before, *after)),
         time.monotonic() - started,
+        gpus=judged,
     )
 
 
@@ -345,14 +394,30 @@ def build_node_document(outcome: NodeOutcome, per_gpu: list[dict[str, Any]]) -> 
         "verdicts": sorted(
             [
                 *(
-                    {"gpu": o.run.device.index, "status": o.verdict.status.value, "outcome": o.verdict.outcome}
+                    {
+                        "gpu": o.run.device.index,
+                        **_named_by(outcome, o.run.device.index),
+                        "status": o.verdict.status.value,
+                        "outcome": o.verdict.outcome,
+                    }
                     for o in outcome.gpus
                 ),
-                *({"gpu": s.gpu, "status": "FAIL", "outcome": CANNOT_RUN, "reason": s.reason} for s in outcome.stopped),
+                *(
+                    {
+                        "gpu": s.gpu,
+                        **_named_by(outcome, s.gpu),
+                        "status": "FAIL",
+                        "outcome": CANNOT_RUN,
+                        "reason": s.reason,
+                    }
+                    for s in outcome.stopped
+                ),
             ],
             key=lambda entry: int(entry["gpu"]),
         ),
         "stopped": [dataclasses.asdict(s) for s in outcome.stopped],
+        # The GPUs CUDA_VISIBLE_DEVICES left out of the run, and why; null: none.
+        "left_out": outcome.left_out,
         "node": {
             "status": verdict.status.value,
             "outcome": verdict.outcome,
@@ -378,6 +443,32 @@ def build_node_document(outcome: NodeOutcome, per_gpu: list[dict[str, Any]]) -> 
     }
 
 
+def identities(outcome: NodeOutcome) -> dict[int, GpuIdentity]:
+    """Each judged GPU's identity by NVML index: the record's, else (a run recorded before
+    identities were kept) the PCI address each GPU's own run reported."""
+    known = {g.index: g for g in outcome.record.gpus}
+    for o in outcome.gpus:
+        index = o.run.device.index
+        if index not in known:
+            uuid = next((g.uuid for g in o.environment.gpus if g.index == index), "")
+            known[index] = GpuIdentity(index, uuid, pci_address(o.run.device.pci_bus_id))
+    for o in outcome.gpus:  # a stopped GPU has no run: NVML's listing names it
+        for g in o.environment.gpus:
+            known.setdefault(g.index, GpuIdentity(g.index, g.uuid, pci_address(g.pci_bus_id)))
+    return known
+
+
+def _named_by(outcome: NodeOutcome, gpu: int) -> dict[str, Any]:
+    identity = identities(outcome).get(gpu)
+    return {} if identity is None else {"pci_bus_id": identity.pci_bus_id, "uuid": identity.uuid}
+
+
+def describe_gpu(outcome: NodeOutcome, gpu: int) -> str:
+    """'GPU 2 (0000:00:08.0)': NVML's index and the PCI address, as every line of the node report names a GPU."""
+    identity = identities(outcome).get(gpu)
+    return f"GPU {gpu}" if identity is None else identity.describe()
+
+
 def gpu_document(outcome: Outcome) -> dict[str, Any]:
     return build_document(
         verdict=outcome.verdict,
@@ -389,6 +480,7 @@ def gpu_document(outcome: Outcome) -> dict[str, Any]:
         build=outcome.build,
         contention=outcome.contention,
         health=outcome.health,
+        gpu=outcome.gpu,
     )
 
 
@@ -415,6 +507,10 @@ def _record(raw: Any) -> NodeRecord:
             xids=tuple(GpuXid(int(x["gpu"]), int(x["code"]), str(x["phase"])) for x in raw.get("xids") or []),
             xids_watched=None if raw.get("xids_watched") is None else bool(raw["xids_watched"]),
             xid_unwatched=None if raw.get("xid_unwatched") is None else str(raw["xid_unwatched"]),
+            gpus=tuple(
+                GpuIdentity(int(g["index"]), str(g["uuid"]), str(g["pci_bus_id"]), g.get("cuda_ordinal"))
+                for g in raw.get("gpus") or []
+            ),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise InputError(f"recorded node run: node.record is not what --all writes ({error})") from error
@@ -427,10 +523,27 @@ def _ids(ids: tuple[int, ...]) -> str:
     return ", ".join(f"{n} x 10de:{i:04x}" for i, n in counts.items()) or "no GPU"
 
 
-def load_node_baseline(path: Path, pci_device_ids: tuple[int, ...]) -> NodeBaseline:
-    """An earlier `smoke-test --all --json` run to compare this node with: one of the same GPUs (as
-    many, of the same models, in the same order). Anything else is an InputError naming the file
-    and the fix: a one-GPU run, another count or model, a run that could not start."""
+def _baseline_identities(
+    record: NodeRecord, gpus: dict[int, SuiteRun], listed: Iterable[GpuEnvironment]
+) -> list[GpuIdentity]:
+    """The GPUs a recorded node run judged: its record's; or (recorded before identities were kept)
+    each GPU run's own device, and each GPU NVML listed (a GPU whose run stopped has none)."""
+    if record.gpus:
+        return list(record.gpus)
+    known: dict[int, GpuIdentity] = {}
+    uuids = {g.index: g.uuid for g in listed}
+    for index, run in sorted(gpus.items()):
+        known[index] = GpuIdentity(index, uuids.get(index, ""), pci_address(run.device.pci_bus_id))
+    for g in listed:
+        known.setdefault(g.index, GpuIdentity(g.index, g.uuid, pci_address(g.pci_bus_id)))
+    return [known[i] for i in sorted(known)]
+
+
+def load_node_baseline(path: Path, judged: tuple[GpuIdentity, ...], pci_device_ids: tuple[int, ...]) -> NodeBaseline:
+    """An earlier `smoke-test --all --json` run to compare this node with: one of the same GPUs, matched
+    by UUID (which travels from bare metal into a guest), else by PCI address, never by position; its
+    figures renumbered into this node's numbering. Anything else is an InputError naming the file
+    and the fix: a one-GPU run, another count or model, other GPUs, a run that could not start."""
     document = read_json_file(path, "the baseline")
     if not is_node_document(document):
         if isinstance(document, dict) and (document.get("schema") == SCHEMA or "results" in document):
@@ -447,9 +560,11 @@ def load_node_baseline(path: Path, pci_device_ids: tuple[int, ...]) -> NodeBasel
         node = document.get("node")
         record = _record(node.get("record") if isinstance(node, dict) else None)
         gpus: dict[int, SuiteRun] = {}
+        listed: list[GpuEnvironment] = []
         for raw in document.get("gpus") or []:
-            run = read_recorded(raw).run
-            gpus[run.device.index] = run
+            recorded = read_recorded(raw)
+            gpus[recorded.run.device.index] = recorded.run
+            listed.extend(recorded.environment.gpus)
     except InputError as error:
         raise InputError(f"the baseline {path}: {error}") from error
     if record.pci_device_ids != pci_device_ids:
@@ -459,7 +574,27 @@ def load_node_baseline(path: Path, pci_device_ids: tuple[int, ...]) -> NodeBasel
             "GPUs; record the baseline with `smoke-test --all --json` on a node of this count and model (or "
             "compare one GPU with `--device N --baseline FILE`)"
         )
-    return NodeBaseline(str(path), gpus, record)
+    theirs = _baseline_identities(record, gpus, listed)
+    number: dict[int, int] = {}
+    for mine in judged:
+        match = [g for g in theirs if g.same_gpu(mine)]
+        if len(match) != 1:
+            raise InputError(
+                f"the baseline {path} holds no run of {mine.describe()} {mine.uuid}".rstrip()
+                + f" (it measured {', '.join(f'{g.describe()} {g.uuid}'.rstrip() for g in theirs) or 'no GPU'}): "
+                "GPUs are matched by UUID, else by PCI address, never by position; record the baseline on these "
+                "GPUs with `gpuhost smoke-test --all --json FILE` under the same CUDA_VISIBLE_DEVICES"
+            )
+        number[match[0].index] = mine.index
+    renamed = replace(
+        record,
+        suite=None if record.suite is None else renumbered(record.suite, number),
+        nccl=None if record.nccl is None else renumbered(record.nccl, number),
+        nvlinks=tuple(replace(r, gpu=number.get(r.gpu, r.gpu)) for r in record.nvlinks),
+        contention=tuple(replace(p, gpu=number.get(p.gpu, p.gpu)) for p in record.contention),
+        gpus=tuple(replace(g, index=number.get(g.index, g.index)) for g in theirs),
+    )
+    return NodeBaseline(str(path), {number[i]: run for i, run in gpus.items() if i in number}, renamed)
 
 
 def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
@@ -477,7 +612,6 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
         raise InputError("recorded node run: 'gpus' names no GPU's run")
     node = document.get("node")
     record = _record(node.get("record") if isinstance(node, dict) else None)
-    baseline = None if options.baseline is None else load_node_baseline(options.baseline, record.pci_device_ids)
     recorded_runs = []
     for raw in raw_gpus:
         recorded = read_recorded(raw)
@@ -496,9 +630,28 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
                 health=recorded.health,
             )
         )
+    judged = tuple(record.gpus) or tuple(
+        g
+        for g in _baseline_identities(
+            record,
+            {o.run.device.index: o.run for o in recorded_runs},
+            [g for o in recorded_runs for g in o.environment.gpus],
+        )
+        if g.index in record.indices
+    )
+    baseline = None if options.baseline is None else load_node_baseline(options.baseline, judged, record.pci_device_ids)
     logged = logged_xids(recorded_runs)
     outcomes = [
-        rejudged(o, table, o.run.device.index, complete=True, baseline=baseline, xids=record.xids, logged=logged)
+        rejudged(
+            o,
+            table,
+            o.run.device.index,
+            complete=True,
+            baseline=baseline,
+            xids=record.xids,
+            logged=logged,
+            judged=record.indices,
+        )
         for o in recorded_runs
     ]
     models = [table.lookup(i) for i in record.pci_device_ids]
@@ -509,6 +662,7 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
         float(document.get("seconds", 0.0)),
         stopped,
         None if baseline is None else baseline.origin,
+        None if document.get("left_out") is None else str(document["left_out"]),
     )
 
 
@@ -530,21 +684,21 @@ def render_node(outcome: NodeOutcome, *, verbose: bool = False) -> str:
 
     verdict, record = outcome.verdict, outcome.record
     n = record.gpu_count
-    lines = [f"Node: {n} GPU(s)"]
+    gpus = record.indices
+    lines = [f"Node: {n} GPU(s): " + ", ".join(describe_gpu(outcome, g) for g in gpus)]
+    if outcome.left_out is not None:
+        lines.append(f"Not judged: {outcome.left_out}")
     figures = {f.metric: f for f in verdict.figures}
     if n >= 2 and any(name.startswith("p2p_pair_") for name in figures):
         lines.append("P2P matrix, one direction, GB/s (row: source, column: destination)")
         rows = [
             [
                 f"GPU {a}",
-                *(
-                    "-" if a == b else _cell(getattr(figures.get(f"p2p_pair_{a}_to_{b}"), "value", None))
-                    for b in range(n)
-                ),
+                *("-" if a == b else _cell(getattr(figures.get(f"p2p_pair_{a}_to_{b}"), "value", None)) for b in gpus),
             ]
-            for a in range(n)
+            for a in gpus
         ]
-        lines.extend(_table(["", *(f"GPU {b}" for b in range(n))], rows, set(range(1, n + 1))))
+        lines.extend(_table(["", *(f"GPU {b}" for b in gpus)], rows, set(range(1, n + 1))))
     rows = [
         [
             f.status.value,
@@ -605,14 +759,14 @@ def render_node(outcome: NodeOutcome, *, verbose: bool = False) -> str:
         lines.extend(f"  - {reason}" for reason in verdict.reasons)
     lines.append("")
     per_gpu: list[tuple[int, str]] = [
-        (s.gpu, f"VERDICT GPU {s.gpu}: FAIL (cannot run: {s.reason})") for s in outcome.stopped
+        (s.gpu, f"VERDICT {describe_gpu(outcome, s.gpu)}: FAIL (cannot run: {s.reason})") for s in outcome.stopped
     ]
     for gpu in outcome.gpus:
         index = gpu.run.device.index
         per_gpu.append(
             (
                 index,
-                f"VERDICT GPU {index}: {gpu.verdict.outcome}"
+                f"VERDICT {describe_gpu(outcome, index)}: {gpu.verdict.outcome}"
                 + (
                     ""
                     if gpu.verdict.representative

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -759,6 +759,7 @@ def rejudged(
     baseline: NodeBaseline | None = None,
     xids: tuple[GpuXid, ...] = (),
     logged: tuple[XidEvent, ...] | None = None,
+    judged: Collection[int] | None = None,
 ) -> Outcome:
     """One GPU's run of --all judged as its own; with a node baseline, against that GPU's run in it
     (the one-GPU comparison, verdict.judge's); every Xid NVML reported on this GPU during --all, in
@@ -769,7 +770,7 @@ def rejudged(
     models = {g.index: table.lookup(g.pci_device_id) for g in outcome.environment.gpus}
     bus_ids = {g.index: g.pci_bus_id for g in outcome.environment.gpus}
     checks: list[CheckOutcome] = [
-        *judge_environment(outcome.environment, outcome.samples, models),
+        *judge_environment(outcome.environment, outcome.samples, models, only=judged),
         *(judge_health(health) if health is not None else []),
         *judge_gpu_xids(tuple(x for x in xids if x.gpu == gpu), health, bus_ids.get(gpu, "")),
     ]

@@ -7,6 +7,7 @@ from typing import Any
 
 from gpuhost.bench.contention import GpuProcess
 from gpuhost.bench.health import GpuXid
+from gpuhost.bench.identity import GpuIdentity
 from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.rules import Status, worst
 from gpuhost.bench.runner import Outcome
@@ -101,6 +102,13 @@ class NodeRecord:
     xids: tuple[GpuXid, ...] = ()
     xids_watched: bool | None = None  # None: recorded before the watch; False: see xid_unwatched
     xid_unwatched: str | None = None
+    # The GPUs measured, in NVML's order (CUDA_VISIBLE_DEVICES may leave some out); () in a run
+    # recorded before identities were kept, which measured every GPU: 0 .. gpu_count - 1.
+    gpus: tuple[GpuIdentity, ...] = ()
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return tuple(g.index for g in self.gpus) if self.gpus else tuple(range(self.gpu_count))
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,7 @@ class NodeOutcome:
     seconds: float
     stopped: tuple[GpuStopped, ...] = ()
     baseline: str | None = None  # the --baseline file the node was compared with
+    left_out: str | None = None  # the GPUs CUDA_VISIBLE_DEVICES left out, and why (identity.Visibility)
 
     @property
     def status(self) -> Status:

@@ -29,6 +29,7 @@ from gpuhost.bench.environment import (
 )
 from gpuhost.bench.environment_judge import fabric_problems, judge_environment
 from gpuhost.bench.health import Health, judge_health, lines_since, parse_xid_lines, read_kernel_log
+from gpuhost.bench.identity import GpuIdentity, in_machine_numbering, suite_environment, visibility_of
 from gpuhost.bench.jsonout import BuildInfo, Timings, load_baseline, load_recorded
 from gpuhost.bench.models import GpuModel, load_model_table
 from gpuhost.bench.results import SuiteRun, parse_suite_document
@@ -145,7 +146,8 @@ class SuiteCrashed(GpuhostError):
 @dataclass(frozen=True)
 class SmokeOptions:
     quick: bool = False
-    device: int = 0
+    # --device: NVML's index, a UUID or a PCI address (identity.Visibility.select); None: CUDA's device 0.
+    device: str | None = None
     gpu_table: Path | None = None
     baseline: Path | None = None
     cache_dir: Path | None = None
@@ -171,11 +173,33 @@ class Outcome:
     with_baseline: bool
     contention: Contention | None = None  # None: a recorded run from before issue 14
     health: Health | None = None  # likewise
+    gpu: GpuIdentity | None = None  # the GPU measured; None in a replay of a run recorded without it
 
 
-def suite_command(binary: Path, options: SmokeOptions, then: tuple[str, ...] = ()) -> list[str]:
+@dataclass(frozen=True)
+class SuiteTarget:
+    """The GPU a suite process measures and the GPUs it may use (its CUDA devices, in NVML's order:
+    the GPU and, where it measures P2P, its visible peers)."""
+
+    gpu: GpuIdentity
+    devices: tuple[GpuIdentity, ...]
+
+    @property
+    def ordinal(self) -> int:
+        """The GPU's CUDA device number inside the suite process."""
+        return next(i for i, g in enumerate(self.devices) if g.index == self.gpu.index)
+
+    def environment(self) -> dict[str, str]:
+        return suite_environment(self.devices, os.environ)
+
+    def read(self, document: dict[str, Any]) -> dict[str, Any]:
+        """The process's document in NVML's numbering, once its device is checked to be this GPU."""
+        return in_machine_numbering(document, self.devices)
+
+
+def suite_command(binary: Path, options: SmokeOptions, target: SuiteTarget, then: tuple[str, ...] = ()) -> list[str]:
     """The suite's command line; `then`: the set it runs once told to (gpuhost-kernels --then)."""
-    command = [str(binary), "--device", str(options.device)]
+    command = [str(binary), "--device", str(target.ordinal)]
     if options.quick:
         command.append("--quick")
     if options.benchmarks:
@@ -187,14 +211,6 @@ def suite_command(binary: Path, options: SmokeOptions, then: tuple[str, ...] = (
     if options.delay_streams_ms is not None:
         command += ["--delay-streams", f"{options.delay_streams_ms:g}"]
     return command
-
-
-def _suite_environment() -> dict[str, str]:
-    environment = dict(os.environ)
-    # CUDA numbers GPUs fastest-first by default, NVML by PCI bus: make them agree so that
-    # the NVML checks and the measurements talk about the same GPU.
-    environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    return environment
 
 
 def _check_exit(returncode: int, stderr: str) -> None:
@@ -215,17 +231,19 @@ def _document(stdout: str, stderr: str) -> dict[str, Any]:
     return document
 
 
-def run_suite(binary: Path, options: SmokeOptions, stop: StopCheck | None = None) -> dict[str, Any]:
+def run_suite(
+    binary: Path, options: SmokeOptions, target: SuiteTarget, stop: StopCheck | None = None
+) -> dict[str, Any]:
     try:
         returncode, stdout, stderr = run_bounded(
-            suite_command(binary, options), _suite_environment(), SUITE_TIMEOUT_S, stop
+            suite_command(binary, options, target), target.environment(), SUITE_TIMEOUT_S, stop
         )
     except subprocess.TimeoutExpired as error:
         raise SuiteCrashed(f"the kernel suite ran past {SUITE_TIMEOUT_S} s and was stopped") from error
     except SuiteStopped as stopped:
         raise SuiteCrashed(f"the kernel suite was stopped: {stopped}") from stopped
     _check_exit(returncode, stderr)
-    return _document(stdout, stderr)
+    return target.read(_document(stdout, stderr))
 
 
 class SuiteInTwo:
@@ -235,17 +253,20 @@ class SuiteInTwo:
     start. The bounds and failures are run_suite's: each set within SUITE_TIMEOUT_S, `stop` asked
     every STOP_POLL_S, no process left behind."""
 
-    def __init__(self, binary: Path, options: SmokeOptions, then: tuple[str, ...], stop: StopCheck | None) -> None:
+    def __init__(
+        self, binary: Path, options: SmokeOptions, target: SuiteTarget, then: tuple[str, ...], stop: StopCheck | None
+    ) -> None:
         self._stop = stop
+        self._target = target
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stderr: list[str] = []
         self._process = subprocess.Popen(
-            suite_command(binary, options, then),
+            suite_command(binary, options, target, then),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_suite_environment(),
+            env=target.environment(),
         )
         # Both pipes read by threads, so that neither fills while the suite waits or runs.
         self._readers = [
@@ -290,7 +311,7 @@ class SuiteInTwo:
                 _check_exit(returncode, stderr)
                 raise SuiteCrashed(f"the kernel suite ended before its document: {stderr.strip()[-400:]}")
             if line.strip():
-                return _document(line, "".join(self._stderr))
+                return self._target.read(_document(line, "".join(self._stderr)))
 
     def first(self) -> dict[str, Any]:
         return self._next_document()
@@ -331,12 +352,12 @@ class SuiteInTwo:
 
 
 def run_suite_explained(
-    binary: Path, options: SmokeOptions, environment: Environment, stop: StopCheck | None = None
+    binary: Path, options: SmokeOptions, target: SuiteTarget, environment: Environment, stop: StopCheck | None = None
 ) -> dict[str, Any]:
     """run_suite; when it cannot use the GPU and NVML said a GPU's NVSwitch fabric is not ready, the
     error names that (its problem code and Fabric Manager): CUDA error 802 alone does not say why."""
     with explained(environment):
-        return run_suite(binary, options, stop)
+        return run_suite(binary, options, target, stop)
 
 
 @contextlib.contextmanager
@@ -414,10 +435,11 @@ def merge_remeasured(document: dict[str, Any], again: dict[str, Any], metrics: s
     return {**document, "results": results, "errors": errors}
 
 
-def _processes(nvml: Any, count: int, phase: Phase) -> tuple[tuple[GpuProcess, ...], bool]:
+def processes_on(nvml: Any, gpus: Iterable[int], phase: Phase) -> tuple[tuple[GpuProcess, ...], bool]:
+    """The processes NVML lists on `gpus` (NVML indices), and whether it could list them all."""
     found: list[GpuProcess] = []
     try:
-        for index in range(count):
+        for index in gpus:
             found.extend(read_processes(nvml, nvml.nvmlDeviceGetHandleByIndex(index), index, phase))
     except nvml.NVMLError:
         return tuple(found), False
@@ -445,16 +467,22 @@ def _utilization(nvml: Any, count: int) -> tuple[int | None, ...]:
 
 
 def _remeasured(
-    binary: Path, options: SmokeOptions, environment: Environment, stop: StopCheck | None, model: GpuModel | None
+    binary: Path,
+    options: SmokeOptions,
+    target: SuiteTarget,
+    environment: Environment,
+    stop: StopCheck | None,
+    model: GpuModel | None,
 ) -> dict[str, Any]:
     """The suite's document for `options`, each result below PASS measured once more and pooled."""
-    document = run_suite_explained(binary, options, environment, stop)
-    return _remeasure_low(binary, options, environment, stop, model, document)
+    document = run_suite_explained(binary, options, target, environment, stop)
+    return _remeasure_low(binary, options, target, environment, stop, model, document)
 
 
 def _remeasure_low(
     binary: Path,
     options: SmokeOptions,
+    target: SuiteTarget,
     environment: Environment,
     stop: StopCheck | None,
     model: GpuModel | None,
@@ -467,7 +495,7 @@ def _remeasure_low(
     if not low:
         return document
     again = run_suite_explained(
-        binary, replace(options, benchmarks=tuple(sorted(set(low.values())))), environment, stop
+        binary, replace(options, benchmarks=tuple(sorted(set(low.values())))), target, environment, stop
     )
     return merge_remeasured(document, again, set(low))
 
@@ -475,6 +503,7 @@ def _remeasure_low(
 def _scheduled(
     binary: Path,
     options: SmokeOptions,
+    target: SuiteTarget,
     environment: Environment,
     stop: StopCheck | None,
     model: GpuModel | None,
@@ -485,27 +514,31 @@ def _scheduled(
     link turn the link benchmarks, and the re-measurements. P2P is the node's (NODE_JUDGED_BENCHMARKS)."""
     local, link = split_benchmarks(options)
     link = tuple(b for b in link if b not in NODE_JUDGED_BENCHMARKS)
+    gpu = target.gpu.index
     if not local or not link:  # one set only: one plain run, local now or in the link turn
         document: dict[str, Any] | None = None
         try:
             if local:
-                document = run_suite_explained(binary, replace(options, benchmarks=local), environment, stop)
+                document = run_suite_explained(binary, replace(options, benchmarks=local), target, environment, stop)
         finally:
-            schedule.local_done(options.device)
-        with schedule.link_turn(options.device):
+            schedule.local_done(gpu)
+        with schedule.link_turn(gpu):
             if link:
-                document = run_suite_explained(binary, replace(options, benchmarks=link), environment, stop)
+                document = run_suite_explained(binary, replace(options, benchmarks=link), target, environment, stop)
             if document is None:  # --only names at least one benchmark
                 raise InputError("no benchmark to run")
-            return _remeasure_low(binary, options, environment, stop, model, document)
-    with explained(environment), SuiteInTwo(binary, replace(options, benchmarks=local), link, stop) as suite:
+            return _remeasure_low(binary, options, target, environment, stop, model, document)
+    with (
+        explained(environment),
+        SuiteInTwo(binary, replace(options, benchmarks=local), target, link, stop) as suite,
+    ):
         try:
             document = suite.first()
         finally:
-            schedule.local_done(options.device)
-        with schedule.link_turn(options.device):
+            schedule.local_done(gpu)
+        with schedule.link_turn(gpu):
             document = combined_documents(document, suite.second())
-            return _remeasure_low(binary, options, environment, stop, model, document)
+            return _remeasure_low(binary, options, target, environment, stop, model, document)
 
 
 def smoke_test(
@@ -528,9 +561,14 @@ def smoke_test(
         environment = read_environment(nvml, count)
         if on_environment is not None:
             on_environment(environment)
-        if not 0 <= options.device < count:
-            raise InputError(f"--device {options.device}: this guest has {count} GPU(s), numbered from 0")
-        gpu = environment.gpus[options.device]
+        visibility = visibility_of(environment, os.environ)
+        chosen = visibility.select(options.device)
+        gpu = environment.gpus[chosen.index]
+        # Under --all (a schedule) P2P is the node's: the process sees its GPU alone. Alone too where
+        # no P2P is measured; else its visible peers too, all in NVML's order (the pairs' numbering).
+        with_peers = schedule is None and "p2p" in (options.benchmarks or SUITE_BENCHMARKS)
+        devices = tuple(g for g in sorted(visibility.visible, key=lambda g: g.index) if with_peers or g == chosen)
+        target = SuiteTarget(chosen, devices)
         sources = find_kernel_sources()
         toolchain = detect_toolchain()
         built: BuiltSuite = build_suite(
@@ -541,7 +579,8 @@ def smoke_test(
             force=options.rebuild,
         )
         # Contention: who else holds the GPUs before, during (the sampler) and after the run.
-        before, readable_before = _processes(nvml, count, "before")
+        used = {g.index for g in devices}
+        before, readable_before = processes_on(nvml, sorted(used), "before")
         utilization = _utilization(nvml, count)
         log_before = read_kernel_log()
         replays_before = _replays(nvml, count)
@@ -550,13 +589,13 @@ def smoke_test(
             # The sampler reads once as it starts, so even a very short run has a sample.
             model = table.lookup(gpu.pci_device_id)
             if schedule is None:
-                document = _remeasured(built.binary, options, environment, stop, model)
+                document = _remeasured(built.binary, options, target, environment, stop, model)
             else:
-                document = _scheduled(built.binary, options, environment, stop, model, schedule)
+                document = _scheduled(built.binary, options, target, environment, stop, model, schedule)
         samples = sampler.results()
         suite_s = time.monotonic() - suite_started
         during, readable_during = sampler.processes()
-        after, readable_after = _processes(nvml, count, "after")
+        after, readable_after = processes_on(nvml, sorted(used), "after")
         log_after = read_kernel_log() if log_before is not None else None
         health = Health(
             parse_xid_lines(lines_since(log_before, log_after)) if log_before is not None and log_after else (),
@@ -564,17 +603,20 @@ def smoke_test(
             replays_before,
             _replays(nvml, count),
         )
+        # Only the GPUs this run uses: a process on a GPU the scheduler gave someone else is not contention.
         contention = Contention(
-            merge((*before, *during, *after)), utilization, readable_before and readable_during and readable_after
+            tuple(p for p in merge((*before, *during, *after)) if p.gpu in used),
+            utilization,
+            readable_before and readable_during and readable_after,
         )
     finally:
         nvml.nvmlShutdown()
     run = parse_suite_document(document)
     models: dict[int, GpuModel | None] = {g.index: table.lookup(g.pci_device_id) for g in environment.gpus}
-    checks = [*judge_environment(environment, samples, models), *judge_health(health)]
+    checks = [*judge_environment(environment, samples, models, only=used), *judge_health(health)]
     verdict = judge(
         run,
-        model=models[options.device],
+        model=models[chosen.index],
         checks=checks,
         baseline=baseline,
         complete=not options.benchmarks,
@@ -595,6 +637,7 @@ def smoke_test(
         baseline is not None,
         contention,
         health,
+        chosen,
     )
 
 

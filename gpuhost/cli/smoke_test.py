@@ -8,6 +8,7 @@ Runs with the standard library, nvidia-ml-py and the CUDA toolkit; matplotlib on
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from gpuhost.metrics import check_textfile_path, smoke_test_failure_metrics, smo
 from gpuhost.output import check_outputs, write_output
 
 if TYPE_CHECKING:
+    from gpuhost.bench.environment import Environment, GpuEnvironment
     from gpuhost.bench.runner import SmokeOptions
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
@@ -69,11 +71,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="use this GPU model table instead of the packaged one (same JSON format)",
     )
-    parser.add_argument("--device", type=int, default=0, help="index of the GPU to measure (NVML/PCI order)")
+    parser.add_argument(
+        "--device",
+        metavar="GPU",
+        help="the GPU to measure: NVML's index (nvidia-smi's), a UUID (or its unique prefix) or a PCI address; "
+        "it must be visible under CUDA_VISIBLE_DEVICES (default: CUDA's device 0, the first visible GPU)",
+    )
     parser.add_argument(
         "--all",
         action="store_true",
-        help="every visible GPU (each one's local benchmarks at once, its host copies one GPU after the other), "
+        help="every GPU CUDA_VISIBLE_DEVICES leaves visible (each one's local benchmarks at once, its host copies "
+        "one GPU after the other; the GPUs it hides are named, not judged), "
         "then the node: the full P2P matrix (every ordered pair: no per-GPU p2p), host copies to and from "
         "every GPU at once, NCCL collectives, NVLinks; one verdict per GPU and one for the node",
     )
@@ -178,10 +186,21 @@ def _run_all(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if outcome.status is Status.FAIL else EXIT_OK
 
 
+def _failed_gpu(found: list[Environment], device: str | None) -> GpuEnvironment | None:
+    """The GPU a run that could not finish was for, as NVML showed it (None: unknown)."""
+    from gpuhost.bench.identity import visibility_of
+
+    if not found:
+        return None
+    try:
+        return found[-1].gpus[visibility_of(found[-1], os.environ).select(device).index]
+    except GpuhostError:
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     # Imported here so that `gpuhost --help` stays fast and import errors surface as errors.
     from gpuhost.bench import jsonout, report
-    from gpuhost.bench.environment import Environment
     from gpuhost.bench.rules import Status
     from gpuhost.bench.runner import replay, smoke_test
 
@@ -191,6 +210,13 @@ def run(args: argparse.Namespace) -> int:
         [("--json", args.json), ("--prometheus", args.prometheus), ("--plot", args.plot)],
         [("--replay", args.replay), ("--baseline", args.baseline), ("--gpu-table", args.gpu_table)],
     )
+    if args.all and args.device is not None:
+        from gpuhost.errors import InputError
+
+        raise InputError(
+            f"--all judges every visible GPU and --device {args.device} one: give one of them "
+            "(to judge some GPUs together, set CUDA_VISIBLE_DEVICES for --all)"
+        )
     if args.all or (args.replay is not None and _is_node_replay(args.replay)):
         return _run_all(args)
     options = _options(args)
@@ -205,8 +231,7 @@ def run(args: argparse.Namespace) -> int:
             )
             write_output(args.json, jsonout.dumps(failure), "--json")
         if args.prometheus is not None:
-            environment = found[-1] if found else None
-            write_textfile(args.prometheus, smoke_test_failure_metrics(environment, args.device, time.time()))
+            write_textfile(args.prometheus, smoke_test_failure_metrics(_failed_gpu(found, args.device), time.time()))
         raise
     text = report.render(
         outcome.verdict,
@@ -229,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
             build=outcome.build,
             contention=outcome.contention,
             health=outcome.health,
+            gpu=outcome.gpu,
         )
         write_output(args.json, jsonout.dumps(document), "--json")
         print(f"JSON written to {printable(args.json)}")

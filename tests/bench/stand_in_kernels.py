@@ -2,7 +2,10 @@
 
 Prints, as the suite does, one JSON document a line: the results of the named benchmarks from a
 real run (tests/fixtures/h200x4-node/wall/old-1.json, this GPU's), then waits for "go" on stdin
-before the --then set. Each set's start and end go to $STAND_IN_LOG ("DEVICE SET start|end TIME").
+before the --then set. As the real suite, it measures CUDA's device --device among the GPUs
+$CUDA_VISIBLE_DEVICES names (stand_in_uuid's UUIDs: the GPU's index is the UUID's last digits),
+and reports that ordinal as its device index. Each set's start and end go to $STAND_IN_LOG
+("DEVICE SET start|end TIME").
 The local sets meet: each waits until $STAND_IN_GPUS local sets started (they run at once, or
 this times out and exits 4). $STAND_IN_FAIL says how one GPU fails: "2:local" exits 2 (no GPU) on
 device 2 before any document, "0:then" exits 139 (a crash) on device 0 after "go";
@@ -16,6 +19,9 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from gpuhost.bench.identity import GpuIdentity, pci_address
+from gpuhost.bench.runner import SuiteTarget
 
 WALL = Path(__file__).resolve().parents[1] / "fixtures" / "h200x4-node" / "wall"
 
@@ -35,16 +41,23 @@ def log(line: str) -> None:
         out.write(line + "\n")
 
 
+def stand_in_uuid(gpu: int) -> str:
+    """A UUID in NVML's form that names recorded GPU `gpu` for this stand-in."""
+    return f"GPU-00000000-0000-0000-0000-{gpu:012d}"
+
+
 def main(argv: list[str]) -> int:
     args = dict(zip(argv[1::2], argv[2::2], strict=False))
-    device = int(args["--device"])
+    ordinal = int(args["--device"])
+    device = int(os.environ["CUDA_VISIBLE_DEVICES"].split(",")[ordinal].rsplit("-", 1)[1])
     first, then = args["--bench"].split(","), args.get("--then", "").split(",") if "--then" in args else []
     failing = dict(item.split(":") for item in os.environ.get("STAND_IN_FAIL", "").split() if item)
     if failing.get(str(device)) == "local":
         print("gpuhost-kernels: no usable CUDA device: stand-in", file=sys.stderr)
         return 2
     run = json.loads((WALL / "old-1.json").read_text())
-    document = next(g["suite"] for g in run["gpus"] if g["suite"]["device"]["index"] == device)
+    recorded = next(g["suite"] for g in run["gpus"] if g["suite"]["device"]["index"] == device)
+    document = {**recorded, "device": {**recorded["device"], "index": ordinal}}
     started = time.monotonic()
     log(f"{device} first start {time.time():.6f}")
     if then:  # a local set: wait for the other GPUs' local sets to start too
@@ -74,3 +87,9 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
+
+
+def stand_in_target(gpu: int, pci_bus_id: str) -> SuiteTarget:
+    """The SuiteTarget of one recorded GPU for a stand-in suite: the GPU alone, named by stand_in_uuid."""
+    identity = GpuIdentity(gpu, stand_in_uuid(gpu), pci_address(pci_bus_id), 0)
+    return SuiteTarget(identity, (identity,))

@@ -180,6 +180,8 @@ def fake_nvml(init_error: int | None = None, count: int = 1, link_gen: int = 5) 
         nvmlDeviceGetEnforcedPowerLimit=lambda h: 700000,
         nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0),
         nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
+        # tests/fixtures/h100x2/nvidia-smi-q.txt: GPU 00000000:00:06.0's UUID
+        nvmlDeviceGetUUID=lambda h: "GPU-5930f09b-3326-f105-f670-1da97dfe39ee",
         nvmlDeviceGetCurrPcieLinkGeneration=lambda h: link_gen,
         nvmlDeviceGetCurrPcieLinkWidth=lambda h: 16,
         nvmlDeviceGetMaxPcieLinkGeneration=lambda h: 5,

@@ -27,6 +27,7 @@ from gpuhost.bench.rules import Status
 from gpuhost.bench.runner import SmokeOptions, run_suite_explained
 from gpuhost.errors import InputError
 from gpuhost.problems import Severity
+from tests.bench.stand_in_kernels import stand_in_target
 from tests.helpers import FIXTURES
 
 CAPTURE = FIXTURES / "nvml-fabric" / "h100-single-580.159.04.txt"
@@ -143,7 +144,7 @@ def test_a_suite_that_cannot_start_names_the_fabric_when_nvml_saw_it_not_ready(t
     )
     assert [problem.code for problem in fabric_problems(not_ready)] == [FABRIC]
     with pytest.raises(GpuUnavailable, match=r"(?s)CUDA error 802.*\[smoke\.fabric\] fabric \(GPU 0\): attached to"):
-        run_suite_explained(failing_suite(tmp_path), SmokeOptions(), not_ready)
+        run_suite_explained(failing_suite(tmp_path), SmokeOptions(), stand_in_target(0, "0000:00:06.0"), not_ready)
 
 
 def test_a_suite_that_cannot_start_on_a_gpu_without_fabric_says_only_its_own_error(tmp_path: Path) -> None:
@@ -153,7 +154,7 @@ def test_a_suite_that_cannot_start_on_a_gpu_without_fabric_says_only_its_own_err
     )
     assert fabric_problems(alone) == ()
     with pytest.raises(GpuUnavailable) as raised:
-        run_suite_explained(failing_suite(tmp_path), SmokeOptions(), alone)
+        run_suite_explained(failing_suite(tmp_path), SmokeOptions(), stand_in_target(0, "0000:00:06.0"), alone)
     assert "smoke.fabric" not in str(raised.value)
 
 

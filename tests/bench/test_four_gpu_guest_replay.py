@@ -68,7 +68,7 @@ def test_a_busy_gpu_is_named_and_only_its_figures_left_unjudged(
     assert code == 2 and again["outcome"] == "NOT REPRESENTATIVE"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS", "PASS", "NOT REPRESENTATIVE", "PASS"]
     out = capsys.readouterr().out
-    assert "VERDICT GPU 2: NOT REPRESENTATIVE (another process used GPU 2" in out
+    assert "VERDICT GPU 2 (0000:00:08.0): NOT REPRESENTATIVE (another process used GPU 2" in out
     assert "contention, GPU 2    pid 3361 python3" in out
     figures = {f["metric"]: f for f in again["node"]["figures"]}
     assert figures["p2p_pair_0_to_1"]["status"] == "PASS"
@@ -169,9 +169,9 @@ def test_a_gpu_whose_run_stops_is_a_finding_and_the_others_are_kept(
     by_gpu = {o.run.device.index: o for o in healthy.gpus}
 
     def one_gpu(options: SmokeOptions, stop: object = None, schedule: object = None) -> object:
-        if options.device == 1:
+        if int(options.device) == 1:
             raise GpuUnavailable("the kernel suite could not use the GPU: cudaErrorDevicesUnavailable")
-        return by_gpu[options.device]
+        return by_gpu[int(options.device)]
 
     class Nvml:
         def nvmlShutdown(self) -> None:
@@ -181,13 +181,17 @@ def test_a_gpu_whose_run_stops_is_a_finding_and_the_others_are_kept(
     monkeypatch.setattr(node, "open_nvml", lambda nvml: 4)
     monkeypatch.setattr(node, "read_environment", lambda nvml, count: healthy.gpus[0].environment)
     monkeypatch.setattr(node, "smoke_test", one_gpu)
-    monkeypatch.setattr(node, "measure_node", lambda options, environment, watch: healthy.record)
+    monkeypatch.setattr(node, "measure_node", lambda options, environment, judged, watch: healthy.record)
     capsys.readouterr()
     out_json = tmp_path / "all.json"
     assert main(["smoke-test", "--all", "--json", str(out_json)]) == 1
     out = capsys.readouterr().out
-    assert "VERDICT GPU 1: FAIL (cannot run: the kernel suite could not use the GPU" in out
-    assert "VERDICT GPU 0: PASS" in out and "VERDICT GPU 3: PASS" in out and "VERDICT node: PASS" in out
+    assert "VERDICT GPU 1 (0000:00:07.0): FAIL (cannot run: the kernel suite could not use the GPU" in out
+    assert (
+        "VERDICT GPU 0 (0000:00:06.0): PASS" in out
+        and "VERDICT GPU 3 (0000:00:09.0): PASS" in out
+        and "VERDICT node: PASS" in out
+    )
     document = json.loads(out_json.read_text())
     assert [(v["gpu"], v["outcome"]) for v in document["verdicts"]] == [
         (0, "PASS"),

@@ -29,6 +29,7 @@ from gpuhost.bench.runner import (
     split_benchmarks,
 )
 from gpuhost.bench.verdict import judge
+from tests.bench.stand_in_kernels import stand_in_target
 from tests.bench.test_node_xid import InjectingNvml
 from tests.helpers import FIXTURES
 
@@ -113,7 +114,8 @@ def _run_gpus(binary: Path, gpus: int, monkeypatch: pytest.MonkeyPatch) -> dict[
 
     def one(gpu: int) -> None:
         try:
-            documents[gpu] = runner._scheduled(binary, SmokeOptions(device=gpu), environment, None, None, schedule)
+            target = stand_in_target(gpu, environment.gpus[gpu].pci_bus_id)
+            documents[gpu] = runner._scheduled(binary, SmokeOptions(), target, environment, None, None, schedule)
         except (GpuUnavailable, SuiteCrashed) as error:
             documents[gpu] = error
         finally:
@@ -181,8 +183,9 @@ def test_a_stop_while_the_second_set_runs_ends_the_suite_with_the_reason(
     monkeypatch.setenv("STAND_IN_GPUS", "1")
     monkeypatch.setenv("STAND_IN_THEN_SECONDS", "30")
     reason: list[str] = []
-    local = SmokeOptions(device=0, benchmarks=("memory",))
-    with runner.SuiteInTwo(stand_in, local, ("transfer",), lambda: reason[0] if reason else None) as suite:
+    local = SmokeOptions(benchmarks=("memory",))
+    target = stand_in_target(0, "0000:00:06.0")
+    with runner.SuiteInTwo(stand_in, local, target, ("transfer",), lambda: reason[0] if reason else None) as suite:
         assert {r["benchmark"] for r in suite.first()["results"]} == {"memory"}
         reason.append("NVML reported Xid 79 (GPU has fallen off the bus) on GPU 0")
         started = time.monotonic()

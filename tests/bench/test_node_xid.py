@@ -28,6 +28,7 @@ from gpuhost.bench.node_judge import NODE_PHASE
 from gpuhost.bench.rules import Status
 from gpuhost.bench.runner import SmokeOptions, SuiteCrashed, run_suite
 from gpuhost.cli.main import main
+from tests.bench.stand_in_kernels import stand_in_target
 from tests.helpers import FIXTURES, replay_smoke_test
 
 CAPTURE = FIXTURES / "h100x4"
@@ -96,14 +97,14 @@ def _all_with(
 
     def one_gpu(options: SmokeOptions, stop: object = None, schedule: object = None) -> object:
         if during_gpu_run is not None:
-            during_gpu_run(options.device)
-        outcome = by_gpu[options.device]
-        if kernel_log and options.device in kernel_log and outcome.health is not None:
-            logged = parse_xid_lines(kernel_log[options.device])
+            during_gpu_run(int(options.device))
+        outcome = by_gpu[int(options.device)]
+        if kernel_log and int(options.device) in kernel_log and outcome.health is not None:
+            logged = parse_xid_lines(kernel_log[int(options.device)])
             return dataclasses.replace(outcome, health=dataclasses.replace(outcome.health, xid_events=logged))
         return outcome
 
-    def node_measurements(options: SmokeOptions, environment: object, watch: XidWatch | None) -> object:
+    def node_measurements(options: SmokeOptions, environment: object, judged: object, watch: XidWatch | None) -> object:
         if during_node is not None:
             during_node(watch)
         return healthy.record
@@ -132,11 +133,12 @@ def test_a_gpu_that_falls_off_the_bus_mid_run_is_named_and_the_others_are_kept(
     out = capsys.readouterr().out
     assert nvml.registered == [0, 1, 2, 3] and nvml.freed
     assert (
-        "VERDICT GPU 2: FAIL (cannot run: the kernel suite could not use the GPU: cudaErrorDevicesUnavailable; "
+        "VERDICT GPU 2 (0000:00:08.0): FAIL (cannot run: the kernel suite could not use the GPU: "
+        "cudaErrorDevicesUnavailable; "
         "NVML reported Xid 79 (GPU has fallen off the bus) on GPU 2 during GPU 2's run)" in out
     )
     for gpu in (0, 1, 3):
-        assert f"VERDICT GPU {gpu}: PASS" in out
+        assert f"VERDICT GPU {gpu} (0000:00:{6 + gpu:02x}.0): PASS" in out
     document = json.loads(out_json.read_text())
     assert document["node"]["record"]["xids"] == [{"gpu": 2, "code": 79, "phase": "GPU 2's run"}]
     assert document["node"]["record"]["xids_watched"] is True
@@ -158,8 +160,8 @@ def test_an_uncorrectable_ecc_xid_in_a_run_that_finishes_fails_that_gpu_not_pass
     out_json = tmp_path / "all.json"
     assert main(["smoke-test", "--all", "--json", str(out_json)]) == 1
     out = capsys.readouterr().out
-    assert "VERDICT GPU 1: FAIL" in out and "VERDICT node: PASS" in out
-    assert all(f"VERDICT GPU {gpu}: PASS" in out for gpu in (0, 2, 3))
+    assert "VERDICT GPU 1 (0000:00:07.0): FAIL" in out and "VERDICT node: PASS" in out
+    assert all(f"VERDICT GPU {gpu} (0000:00:{6 + gpu:02x}.0): PASS" in out for gpu in (0, 2, 3))
     document = json.loads(out_json.read_text())
     gpu1 = document["gpus"][1]
     row = next(c for c in gpu1["checks"] if c["check"] == "xid 48")
@@ -177,8 +179,8 @@ def test_an_xid_during_the_node_measurements_is_on_that_gpu_and_the_node_and_rep
     prom = tmp_path / "all.prom"
     assert main(["smoke-test", "--all", "--json", str(out_json), "--prometheus", str(prom)]) == 1
     out = capsys.readouterr().out
-    assert "VERDICT GPU 3: FAIL" in out and "VERDICT node: FAIL" in out
-    assert all(f"VERDICT GPU {gpu}: PASS" in out for gpu in (0, 1, 2))
+    assert "VERDICT GPU 3 (0000:00:09.0): FAIL" in out and "VERDICT node: FAIL" in out
+    assert all(f"VERDICT GPU {gpu} (0000:00:{6 + gpu:02x}.0): PASS" in out for gpu in (0, 1, 2))
     assert "FAIL Xid 79, GPU 3: NVML reported Xid 79 (GPU has fallen off the bus) on GPU 3 during the node" in out
     document = json.loads(out_json.read_text())
     finding = next(f for f in document["node"]["findings"] if f["check"] == "Xid 79, GPU 3")
@@ -211,6 +213,7 @@ def test_a_fatal_xid_stops_a_running_node_measurement_within_a_second_not_at_its
     document, error = node._suite(
         Path(sys.executable),
         ["-c", "import time; time.sleep(1.2); print('{}')"],
+        (stand_in_target(0, "0000:00:06.0").gpu,),
         {},
         60,
         node.fatal_xid(watch, NODE_PHASE),
@@ -218,7 +221,12 @@ def test_a_fatal_xid_stops_a_running_node_measurement_within_a_second_not_at_its
     assert document == {} and error is None
     nvml.inject(2, 79)  # the GPU fell off the bus: a hung NCCL would wait its 180 s
     document, error = node._suite(
-        Path(sys.executable), ["-c", "import time; time.sleep(60)"], {}, 180, node.fatal_xid(watch, NODE_PHASE)
+        Path(sys.executable),
+        ["-c", "import time; time.sleep(60)"],
+        (stand_in_target(0, "0000:00:06.0").gpu,),
+        {},
+        180,
+        node.fatal_xid(watch, NODE_PHASE),
     )
     assert time.monotonic() - started < 1.2 + 5
     assert document is None and error == (
@@ -253,9 +261,10 @@ def test_an_xid_of_another_gpu_in_the_kernel_log_of_a_gpus_run_is_that_other_gpu
     out_json = tmp_path / "all.json"
     assert main(["smoke-test", "--all", "--json", str(out_json)]) == 1
     out = capsys.readouterr().out
-    assert "VERDICT GPU 0: PASS" in out  # measured fine: not blamed for GPU 2's Xid
+    assert "VERDICT GPU 0 (0000:00:06.0): PASS" in out  # measured fine: not blamed for GPU 2's Xid
     assert (
-        "VERDICT GPU 2: FAIL (cannot run: the kernel suite could not use the GPU: cudaErrorDevicesUnavailable; "
+        "VERDICT GPU 2 (0000:00:08.0): FAIL (cannot run: the kernel suite could not use the GPU: "
+        "cudaErrorDevicesUnavailable; "
         "the kernel log showed Xid 79 (GPU has fallen off the bus) at PCI 0000:00:08)" in out
     )
     document = json.loads(out_json.read_text())
@@ -275,8 +284,8 @@ def test_a_gpus_own_kernel_log_xid_stays_on_it_and_an_unknown_address_stays_with
     out_json = tmp_path / "all.json"
     assert main(["smoke-test", "--all", "--json", str(out_json)]) == 1
     out = capsys.readouterr().out
-    assert "VERDICT GPU 1: FAIL" in out and "VERDICT GPU 3: WARN" in out
-    assert "VERDICT GPU 0: PASS" in out and "VERDICT GPU 2: PASS" in out
+    assert "VERDICT GPU 1 (0000:00:07.0): FAIL" in out and "VERDICT GPU 3 (0000:00:09.0): WARN" in out
+    assert "VERDICT GPU 0 (0000:00:06.0): PASS" in out and "VERDICT GPU 2 (0000:00:08.0): PASS" in out
     document = json.loads(out_json.read_text())
     assert [c["check"] for c in document["gpus"][1]["checks"] if c["check"].startswith("xid")] == ["xid 94"]
     assert [c["check"] for c in document["gpus"][3]["checks"] if c["check"].startswith("xid")] == ["xid 13"]
@@ -298,11 +307,14 @@ def test_a_fatal_xid_on_the_gpu_being_measured_stops_its_run_and_one_on_another_
     watch = XidWatch(nvml, 4)
     stop = node.fatal_xid(watch, "GPU 0's run", (0,))
     nvml.inject(1, 79)  # another GPU fell off the bus: GPU 0's run goes on (GPU 1's own run will say it)
-    assert run_suite(_suite_binary(tmp_path, "finishes", 1.2), SmokeOptions(device=0), stop) == {}
+    assert (
+        run_suite(_suite_binary(tmp_path, "finishes", 1.2), SmokeOptions(), stand_in_target(0, "0000:00:06.0"), stop)
+        == {}
+    )
     nvml.inject(0, 79)
     started = time.monotonic()
     with pytest.raises(SuiteCrashed) as stopped:
-        run_suite(_suite_binary(tmp_path, "hangs", 60), SmokeOptions(device=0), stop)
+        run_suite(_suite_binary(tmp_path, "hangs", 60), SmokeOptions(), stand_in_target(0, "0000:00:06.0"), stop)
     assert time.monotonic() - started < 5  # not the suite's 600 s timeout
     assert str(stopped.value) == (
         "the kernel suite was stopped: NVML reported Xid 79 (GPU has fallen off the bus) on GPU 0 during GPU 0's run"

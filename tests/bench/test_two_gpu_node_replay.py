@@ -104,7 +104,7 @@ def test_a_busy_gpu_1_is_named_and_every_node_figure_left_unjudged(
     assert code == 2 and again["outcome"] == "NOT REPRESENTATIVE"
     assert [v["outcome"] for v in again["verdicts"]] == ["PASS", "NOT REPRESENTATIVE"]
     out = capsys.readouterr().out
-    assert "VERDICT GPU 1: NOT REPRESENTATIVE (another process used GPU 1" in out
+    assert "VERDICT GPU 1 (0000:00:07.0): NOT REPRESENTATIVE (another process used GPU 1" in out
     assert "contention, GPU 1    pid 1707 python3" in out
     figures = again["node"]["figures"]
     assert len(figures) == 9
