@@ -17,7 +17,7 @@ from gpuhost.inventory.spec import HostPolicy, parse_vm
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.verify import verify_host
 from gpuhost.render.domain import RenderRefused, plan_domain
-from gpuhost.render.xml import render_domain
+from gpuhost.render.xml import METADATA_NS, render_domain
 from gpuhost.selection import GpuSelector, NvSwitchModel, select_gpus
 from tests.helpers import snapshot_facts
 from tests.hgx_host import hgx_h100_host
@@ -116,7 +116,7 @@ def test_render_gives_one_vm_every_gpu_and_nvswitch():
     assert len(sources) == 12 and sources[-4:] == list(NVSWITCHES)
     metadata = domain.find("./metadata")
     assert metadata is not None
-    namespace = "{https://github.com/gpuhost/gpuhost/vm/1}"
+    namespace = f"{{{METADATA_NS}}}"
     assert len(metadata.findall(f".//{namespace}gpu")) == 8
     assert [n.get("address") for n in metadata.findall(f".//{namespace}nvswitch")] == list(NVSWITCHES)
 

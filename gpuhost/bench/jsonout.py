@@ -278,6 +278,7 @@ class Recorded:
     build: BuildInfo
     contention: Contention | None  # None: recorded before issue 14
     health: Health | None  # likewise
+    gpu: GpuIdentity | None = None  # None: recorded before identities were kept
 
 
 def _health(raw: Any) -> Health | None:
@@ -402,6 +403,7 @@ def read_recorded(document: Any) -> Recorded:
         build=BuildInfo(**_fields(BuildInfo, document.get("build"), "build")),
         contention=_contention(document.get("contention")),
         health=_health(document.get("health")),
+        gpu=None if document.get("gpu") is None else GpuIdentity(**_fields(GpuIdentity, document["gpu"], "gpu")),
     )
 
 

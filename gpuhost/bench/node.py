@@ -628,6 +628,7 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
                 with_baseline=False,
                 contention=recorded.contention,
                 health=recorded.health,
+                gpu=recorded.gpu,
             )
         )
     judged = tuple(record.gpus) or tuple(

@@ -675,4 +675,5 @@ def replay(recorded_path: Path, options: SmokeOptions) -> Outcome:
         baseline is not None,
         recorded.contention,
         recorded.health,
+        recorded.gpu,
     )

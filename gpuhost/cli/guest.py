@@ -135,6 +135,9 @@ def _up(args: argparse.Namespace, target: Target, spec: VmSpec, policy: HostPoli
     print(result.smoke.output, end="" if result.smoke.output.endswith("\n") else "\n")
     smoke = result.smoke
     print(f"{spec.name} on {target.name} at {result.address}: smoke-test {smoke.verdict} (exit {smoke.exit_status})")
+    for gpu in result.gpus or ():  # every GPU of the VM, by the host slot it came from
+        judged = f"GPU {gpu.index} {gpu.verdict or 'not judged'}" if gpu.seen else "NOT SEEN in the guest"
+        print(f"  {printable(gpu.describe())}: {printable(judged)}")
     print(f"report: {result.report_dir}")
     total = sum(step.seconds for step in result.steps)
     print("steps: " + ", ".join(f"{s.step} {s.seconds:.1f} s" for s in result.steps) + f"; total {total:.1f} s")

@@ -27,7 +27,7 @@ from typing import Any
 from gpuhost.audit import audit_target, open_transport
 from gpuhost.errors import GpuhostError, InputError
 from gpuhost.facts.model import NCCL_CONF, Firmware
-from gpuhost.guest import libvirt_host, nouveau, provision
+from gpuhost.guest import libvirt_host, nouveau, provision, slots
 from gpuhost.guest.errors import GuestStepError
 from gpuhost.guest.keys import generate_ed25519
 from gpuhost.guest.seed import GUEST_USER, SeedConfig, build_seed_iso
@@ -123,6 +123,9 @@ class GuestUpResult:
     steps: tuple[StepTime, ...]
     smoke: provision.SmokeTestRun
     report_dir: Path
+    # Each GPU the domain passes, by host slot, with what the guest's report said of it; None when
+    # the report lists no GPU (the smoke-test could not start).
+    gpus: tuple[slots.GuestGpu, ...] | None = ()
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,7 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
         "seed", timeouts.seed, lambda: libvirt_host.upload_volume(conn, pool, seed_name, build_seed_iso(seed_config))
     )
     xml = render_plan(dataclasses.replace(plan, disk_path=disk, seed_path=seed))
+    passed = slots.passed_gpus(plan)
 
     def define() -> Any:
         if validator_available():
@@ -359,7 +363,9 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
         smoke = steps.run(
             "smoke-test",
             timeouts.smoke_test,
-            lambda: provision.run_smoke_test(guest, log=log, timeout=timeouts.smoke_test, quick=options.quick),
+            lambda: provision.run_smoke_test(
+                guest, log=log, timeout=timeouts.smoke_test, quick=options.quick, gpus=len(passed)
+            ),
             lambda run: f"exit {run.exit_status}, {run.verdict}",
         )
     finally:
@@ -367,11 +373,23 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
         for transport in host_transport:
             transport.close()
         conn.close()
+    gpus = slots.match_report(passed, smoke.report_json) if passed else ()
     report_dir = steps.run(
-        "report", timeouts.report, lambda: _write_report(state, host, vm, address, smoke, steps.times)
+        "report", timeouts.report, lambda: _write_report(state, host, vm, address, smoke, gpus, steps.times)
     )
     state.update_info(last_report=str(report_dir), last_verdict=smoke.verdict)
-    return GuestUpResult(host, vm, uri, address, disk, seed, tuple(steps.times), smoke, report_dir)
+    missing = [gpu for gpu in gpus or () if not gpu.seen]
+    if missing:
+        raise GuestStepError(
+            "gpus",
+            vm,
+            host,
+            f"the guest shows {len(passed) - len(missing)} of the {len(passed)} GPUs the domain passes; not seen: "
+            + ", ".join(gpu.describe() for gpu in missing)
+            + f" (the guest's report: {report_dir}; check `dmesg` in the guest for the device and the host's "
+            "`gpuhost audit` for its binding)",
+        )
+    return GuestUpResult(host, vm, uri, address, disk, seed, tuple(steps.times), smoke, report_dir, gpus)
 
 
 def _copy_package_repo(
@@ -472,7 +490,13 @@ def _guest_transport(
 
 
 def _write_report(
-    state: GuestDir, host: str, vm: str, address: str, smoke: provision.SmokeTestRun, steps: list[StepTime]
+    state: GuestDir,
+    host: str,
+    vm: str,
+    address: str,
+    smoke: provision.SmokeTestRun,
+    gpus: tuple[slots.GuestGpu, ...] | None,
+    steps: list[StepTime],
 ) -> Path:
     directory = state.report_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -491,6 +515,10 @@ def _write_report(
             "json": "smoke-test.json" if smoke.report_json is not None else None,
             "output": "smoke-test.out",
         },
+        # Each GPU the domain passes: its host slot, the guest address it was passed to, and what
+        # the guest's smoke-test said of it (seen, NVML index and UUID, verdict); null: the report
+        # lists no GPU.
+        "gpus": None if gpus is None else [dataclasses.asdict(gpu) for gpu in gpus],
         "steps": [{"step": s.step, "seconds": round(s.seconds, 1), "detail": s.detail} for s in steps],
     }
     (directory / "guest-report.json").write_text(json.dumps(summary, indent=2) + "\n")

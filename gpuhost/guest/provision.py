@@ -493,9 +493,13 @@ def install_nccl_topology(transport: Transport, topology_xml: str, *, log: Log, 
     return NCCL_GUEST_TOPOLOGY
 
 
-def run_smoke_test(transport: Transport, *, log: Log, timeout: float, quick: bool) -> SmokeTestRun:
+def run_smoke_test(transport: Transport, *, log: Log, timeout: float, quick: bool, gpus: int) -> SmokeTestRun:
+    """The smoke-test in the guest: `--all` where the domain passes several GPUs (every GPU and the
+    node they make), else the one GPU's run; its --json report fetched back."""
     run_checked(transport, ["rm", "-f", REPORT_JSON], log=log, timeout=60)
     argv = ["env", f"PATH={GUEST_PATH}", f"{VENV}/bin/gpuhost", "smoke-test", "--json", REPORT_JSON]
+    if gpus > 1:
+        argv.append("--all")
     if quick:
         argv.append("--quick")
     result = transport.run(argv, timeout=timeout)
@@ -514,7 +518,9 @@ def _status(report: bytes) -> str | None:
     import json
 
     try:
-        status = json.loads(report)["verdict"]["status"]
+        document = json.loads(report)
+        # --all's document has the whole run's status at its top; one GPU's has it in its verdict.
+        status = document["status"] if "status" in document else document["verdict"]["status"]
     except (ValueError, KeyError, TypeError):
         return None
     return str(status).upper()

@@ -61,7 +61,16 @@ from gpuhost.render.devices import (
     passthrough_nvswitches,
     resolve_gpus,
 )
-from gpuhost.render.layout import MAX_CELLS, Cell, ExpanderBus, PortKind, RootPort, pci_layout
+from gpuhost.render.layout import (
+    MAX_CELLS,
+    Cell,
+    ExpanderBus,
+    GuestFunction,
+    PortKind,
+    RootPort,
+    guest_bus_numbers,
+    pci_layout,
+)
 from gpuhost.render.memory import KIB_PER_MIB, check_declared_pages, check_memory, use_hugepages
 from gpuhost.selection import card_numa_node
 
@@ -147,6 +156,15 @@ class DomainPlan:
     @property
     def nvswitch_ports(self) -> tuple[RootPort, ...]:
         return tuple(port for port in self.passthrough_ports if port.kind is PortKind.NVSWITCH)
+
+    @property
+    def guest_buses(self) -> dict[int, int]:
+        """Port controller index -> the guest bus number of what sits behind it (layout.guest_bus_numbers)."""
+        return guest_bus_numbers(self.expanders, self.ports)
+
+    def guest_address(self, port: RootPort, function: GuestFunction) -> str:
+        """Where the guest sees a passed function: the PCI address its own lspci and NVML show."""
+        return f"0000:{self.guest_buses[port.index]:02x}:00.{function.guest_function:x}"
 
     def port(self, kind: PortKind | str) -> RootPort | None:
         """The root port of `kind` (the template names it by its value: plan.port('disk'))."""

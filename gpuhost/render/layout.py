@@ -218,3 +218,30 @@ def pci_layout(
             index += 1
             chassis += 1
     return tuple(expanders), tuple(ports)
+
+
+def guest_bus_numbers(expanders: Sequence[ExpanderBus], ports: Sequence[RootPort]) -> dict[int, int]:
+    """Port controller index -> the guest bus number of what sits behind it.
+
+    The guest's firmware (SeaBIOS, OVMF) numbers buses depth first in slot order: pcie.0's root
+    ports get buses 1, 2, ... and a pcie-expander-bus with bus_nr N gives its root ports N+1, N+2, ...
+    A root port with a device behind it takes one bus; one with a guest switch behind it takes one
+    for the switch's upstream port, whose downstream ports then take one each, in slot order,
+    before the next root port.
+    """
+    numbers: dict[int, int] = {}
+    below: dict[int, list[RootPort]] = {}
+    for port in ports:
+        below.setdefault(port.bus, []).append(port)
+
+    def number(parent: int, first: int) -> int:
+        """Numbers the ports below `parent` from `first`; returns the next free bus number."""
+        for port in sorted(below.get(parent, ()), key=lambda port: port.slot):
+            numbers[port.index] = first
+            first = number(port.index, first + 1)
+        return first
+
+    number(0, 1)
+    for expander in expanders:
+        number(expander.index, expander.bus_nr + 1)
+    return numbers

@@ -36,7 +36,7 @@ from gpuhost.facts.parsers import parse_cpulist
 from gpuhost.facts.pci import PciFunction
 from gpuhost.render.devices import host_switch_of
 from gpuhost.render.domain import DomainPlan
-from gpuhost.render.layout import ExpanderBus, PortModel, RootPort
+from gpuhost.render.layout import PortModel
 
 TOPOLOGY_XML_VERSION = 1  # NCCL_TOPO_XML_VERSION: NCCL refuses a file of another version
 TOPOLOGY_SUFFIX = ".nccl-topo.xml"  # beside the domain XML: train-1.xml -> train-1.nccl-topo.xml
@@ -109,38 +109,10 @@ def cpumap(cpus: Iterable[int]) -> str:
     return ",".join(f"{(mask >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
 
 
-def guest_bus_numbers(expanders: Sequence[ExpanderBus], ports: Sequence[RootPort]) -> dict[int, int]:
-    """Port controller index -> the guest bus number of what sits behind it.
-
-    The guest's firmware (SeaBIOS, OVMF) numbers buses depth first in slot order: pcie.0's root
-    ports get buses 1, 2, ... and a pcie-expander-bus with bus_nr N gives its root ports N+1, N+2, ...
-    A root port with a device behind it takes one bus; one with a guest switch behind it takes one
-    for the switch's upstream port, whose downstream ports then take one each, in slot order,
-    before the next root port.
-    """
-    numbers: dict[int, int] = {}
-    below: dict[int, list[RootPort]] = {}
-    for port in ports:
-        below.setdefault(port.bus, []).append(port)
-
-    def number(parent: int, first: int) -> int:
-        """Numbers the ports below `parent` from `first`; returns the next free bus number."""
-        for port in sorted(below.get(parent, ()), key=lambda port: port.slot):
-            numbers[port.index] = first
-            first = number(port.index, first + 1)
-        return first
-
-    number(0, 1)
-    for expander in expanders:
-        number(expander.index, expander.bus_nr + 1)
-    return numbers
-
-
 def topology_for_plan(facts: HostFacts, plan: DomainPlan) -> NcclTopology:
     """The topology of a rendered VM: each GPU function at its guest address, on its guest NUMA cell
     (the cell bound to the GPU's host node), below its guest switch where it has one, with the
     host's link and the host CPU's identity (the domain passes the CPU through: `host-passthrough`)."""
-    buses = guest_bus_numbers(plan.expanders, plan.ports)
     cell_of_expander = {expander.index: expander.cell for expander in plan.expanders}
     by_index = {port.index: port for port in plan.ports}
     by_cell: dict[int, list[TopologyGpu]] = {}
@@ -152,7 +124,7 @@ def topology_for_plan(facts: HostFacts, plan: DomainPlan) -> NcclTopology:
         for function in port.functions:
             if not function.host.is_gpu:
                 continue  # the card's audio function, or what shares its group
-            busid = f"0000:{buses[port.index]:02x}:00.{function.guest_function:x}"
+            busid = plan.guest_address(port, function)
             gpu = _gpu(function.host, busid, host_address=function.host.address)
             if upstream is None:
                 by_cell.setdefault(cell, []).append(gpu)
@@ -164,7 +136,7 @@ def topology_for_plan(facts: HostFacts, plan: DomainPlan) -> NcclTopology:
         upstream = by_index[index]
         cell = cell_of_expander.get(by_index[upstream.bus].bus, 0)
         # The upstream port sits on its root port's bus, at slot 0.
-        busid = f"0000:{buses[upstream.bus]:02x}:00.0"
+        busid = f"0000:{plan.guest_buses[upstream.bus]:02x}:00.0"
         host_switch = upstream.host_switch
         assert host_switch is not None  # a guest upstream port always mirrors a host switch
         switches_of.setdefault(cell, []).append(_switch(facts.function(host_switch), busid, host_switch, gpus))

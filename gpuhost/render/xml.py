@@ -10,11 +10,14 @@ from gpuhost.render.domain import DomainPlan, plan_domain
 from gpuhost.templates import render_template
 
 DOMAIN_TEMPLATE = "domain.xml.j2"  # an XML template: gpuhost.templates escapes every value
+# The namespace of gpuhost's <metadata> in a domain: the host, and each passed GPU's (and NVSwitch's)
+# host address with the guest address the guest sees it at.
+METADATA_NS = "https://github.com/gpuhost/gpuhost/vm/1"
 
 
 def render_plan(plan: DomainPlan) -> str:
     """The domain XML of a plan (templates/domain.xml.j2; every value XML-escaped)."""
-    return render_template(DOMAIN_TEMPLATE, plan=plan, hex=_hex)
+    return render_template(DOMAIN_TEMPLATE, plan=plan, hex=_hex, metadata_ns=METADATA_NS)
 
 
 def _hex(value: int, width: int = 2) -> str:

@@ -21,13 +21,14 @@ prefetchable BAR. In order:
    to assign"). It showed once that test 4's assertions can fail; it is not repeated in CI, where
    its time is over budget (issue 26). Test 4 itself guards the window: a domain rendered
    without it gives exactly that guest, whose "no space" lines fail test 4.
-6. a PCIe switch (issue 30, item 3): node 1 also has a switch with two stand-in GPUs and a NIC
+6. a PCIe switch: node 1 also has a switch with two stand-in GPUs and a NIC
    behind it (the second GPU's function 1, in its IOMMU group). The audit's facts see the switch
    (test 1); a VM of both switch GPUs renders with a guest switch, and its nested guest's PCI tree
    (what `lspci -t` draws: each device under the bridge whose secondary bus it is on, from the
    kernel's "PCI bridge to [bus ..]" lines, as the busybox guest has no lspci -t) keeps the GPUs and
    the NIC under one switch; the NCCL topology file render wrote names the guest's upstream port as
-   the switch and the guest's GPU addresses under it.
+   the switch and the guest's GPU addresses under it; the domain's metadata pairs each GPU's host
+   address with the guest address the nested guest lists it at.
 The nested guests boot SeaBIOS and the busybox guest of Molecule's passthrough proof, directly
 (two levels of TCG). Their kernels log without `quiet`, so the PCI lines reach the console.
 """
@@ -62,6 +63,7 @@ from gpuhost.lab.topology import (
     TOPOLOGIES,
 )
 from gpuhost.render.devices import host_switch_of
+from gpuhost.render.xml import METADATA_NS
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
 from .conftest import BOOT_TIMEOUT, LabHost, _timing
@@ -247,6 +249,11 @@ def test_the_switch_stays_a_switch_in_the_nested_guest_and_the_topology_file_mat
     root = parent[upstream]
     assert root is not None and listing[root][0] == ROOT_PORT_ID and parent[root] is None, parent
     assert parent[gpus[0]] != parent[gpus[1]] and parent[nic] == parent[gpus[1]], parent
+    # The domain's metadata names each GPU's host address and the address its guest lists it at:
+    # the second host GPU is the guest GPU beside the NIC (`guest up` maps its report back by these).
+    recorded = {gpu.get("address"): gpu.get("guest-address") for gpu in domain.iter(f"{{{METADATA_NS}}}gpu")}
+    (beside_nic,) = (g for g in gpus if parent[g] == parent[nic])
+    assert recorded == {SWITCH_GPUS[1]: beside_nic, SWITCH_GPUS[0]: next(g for g in gpus if g != beside_nic)}, recorded
     # The topology file render wrote beside the XML: the switch at the guest's upstream port, the
     # guest's GPUs under it.
     system = ET.parse(host.paths.root / "switch.nccl-topo.xml").getroot()

@@ -11,10 +11,9 @@ from gpuhost.facts.nccl import parse_nccl_topology
 from gpuhost.guest.provision import NCCL_CONF_SET_TOPOLOGY
 from gpuhost.inventory.spec import parse_vm
 from gpuhost.render.domain import plan_domain
-from gpuhost.render.layout import ExpanderBus, PortKind, RootPort
+from gpuhost.render.layout import ExpanderBus, PortKind, RootPort, guest_bus_numbers
 from gpuhost.render.nccl_topology import (
     cpumap,
-    guest_bus_numbers,
     topology_for_guest,
     topology_for_plan,
     topology_path_for,

@@ -14,8 +14,8 @@ from gpuhost.facts.nccl import parse_nccl_topology
 from gpuhost.inventory.spec import HostPolicy, parse_vm
 from gpuhost.render.devices import host_switch_of
 from gpuhost.render.domain import DomainPlan, plan_domain
-from gpuhost.render.layout import ExpanderBus, PortKind, PortModel, RootPort
-from gpuhost.render.nccl_topology import guest_bus_numbers, topology_for_guest, topology_for_plan, topology_xml
+from gpuhost.render.layout import ExpanderBus, PortKind, PortModel, RootPort, guest_bus_numbers
+from gpuhost.render.nccl_topology import topology_for_guest, topology_for_plan, topology_xml
 from gpuhost.render.validate import validate_domain_xml
 from gpuhost.render.xml import render_plan
 from gpuhost.selection import GpuSelector
