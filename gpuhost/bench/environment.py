@@ -11,12 +11,12 @@ import ctypes
 import enum
 import importlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
-from gpuhost.bench.contention import GpuProcess, merge, read_processes
+from gpuhost.bench.contention import GpuProcess, Phase, merge, read_processes
 from gpuhost.errors import GpuhostError, MissingDependencyError
 
 T = TypeVar("T")
@@ -389,3 +389,65 @@ class NvmlSampler:
             )
             for index, acc in self._data.items()
         )
+
+
+# ---------------------------------------------------------------------------------- more reads
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS on Hopper and Blackwell
+
+
+@dataclass(frozen=True)
+class NvlinkReading:
+    gpu: int
+    active: int | None  # None: NVML could not say
+    queried: int  # links NVML answered for
+
+
+def read_nvlinks(nvml: Any, gpus: Iterable[int]) -> tuple[NvlinkReading, ...]:
+    readings = []
+    for gpu in gpus:
+        active, queried = 0, 0
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(gpu)
+        except nvml.NVMLError:
+            readings.append(NvlinkReading(gpu, None, 0))
+            continue
+        for link in range(NVLINK_MAX_LINKS):
+            try:
+                state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except nvml.NVMLError:  # a link the GPU does not have, or no NVLink at all
+                continue
+            queried += 1
+            active += int(state == 1)
+        readings.append(NvlinkReading(gpu, active if queried else 0, queried))
+    return tuple(readings)
+
+
+def processes_on(nvml: Any, gpus: Iterable[int], phase: Phase) -> tuple[tuple[GpuProcess, ...], bool]:
+    """The processes NVML lists on `gpus` (NVML indices), and whether it could list them all."""
+    found: list[GpuProcess] = []
+    try:
+        for index in gpus:
+            found.extend(read_processes(nvml, nvml.nvmlDeviceGetHandleByIndex(index), index, phase))
+    except nvml.NVMLError:
+        return tuple(found), False
+    return tuple(found), True
+
+
+def read_replay_counters(nvml: Any, count: int) -> tuple[int | None, ...]:
+    counters: list[int | None] = []
+    for index in range(count):
+        try:
+            counters.append(int(nvml.nvmlDeviceGetPcieReplayCounter(nvml.nvmlDeviceGetHandleByIndex(index))))
+        except nvml.NVMLError:
+            counters.append(None)
+    return tuple(counters)
+
+
+def read_utilization(nvml: Any, count: int) -> tuple[int | None, ...]:
+    readings: list[int | None] = []
+    for index in range(count):
+        try:
+            readings.append(int(nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(index)).gpu))
+        except nvml.NVMLError:
+            readings.append(None)
+    return tuple(readings)

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import os
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -28,42 +26,33 @@ from typing import Any
 
 from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sources, toolkit_root
 from gpuhost.bench.contention import GpuProcess
-from gpuhost.bench.environment import Environment, GpuEnvironment, load_pynvml, open_nvml, read_environment
+from gpuhost.bench.environment import (
+    Environment,
+    GpuEnvironment,
+    NvlinkReading,
+    load_pynvml,
+    open_nvml,
+    processes_on,
+    read_environment,
+    read_nvlinks,
+)
 from gpuhost.bench.health import GpuXid, XidEvent, XidWatch, same_pci_device
 from gpuhost.bench.identity import (
     GpuIdentity,
-    GpuMismatch,
-    in_machine_numbering,
     pci_address,
     renumbered,
-    suite_environment,
     visibility_of,
 )
 from gpuhost.bench.jsonout import CANNOT_RUN, NODE_SCHEMA, SCHEMA, build_document, read_recorded
 from gpuhost.bench.models import load_model_table
 from gpuhost.bench.node_judge import NODE_PHASE, judge_node, logged_xids, rejudged
-from gpuhost.bench.node_model import (
-    BaselineComparison,
-    GpuStopped,
-    NodeBaseline,
-    NodeFigure,
-    NodeOutcome,
-    NodeRecord,
-    NvlinkReading,
-)
+from gpuhost.bench.node_model import BaselineComparison, GpuStopped, NodeBaseline, NodeFigure, NodeOutcome, NodeRecord
+from gpuhost.bench.outcome import Outcome
 from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.rules import Status
-from gpuhost.bench.runner import (
-    NodeSchedule,
-    Outcome,
-    SmokeOptions,
-    StopCheck,
-    SuiteStopped,
-    processes_on,
-    run_bounded,
-    smoke_test,
-)
+from gpuhost.bench.runner import NodeSchedule, smoke_test
 from gpuhost.bench.strictjson import read_json_file
+from gpuhost.bench.suite import SmokeOptions, StopCheck, run_node_suite
 from gpuhost.bench.verdict import judge
 from gpuhost.errors import GpuhostError, InputError
 
@@ -73,8 +62,6 @@ NCCL_TIMEOUT_S = 180
 
 NODE_TIMEOUT_S = 300
 
-
-NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS on Hopper and Blackwell
 
 NODE_BENCHMARKS = ("p2p_matrix", "host_all")
 
@@ -109,42 +96,6 @@ def find_nccl(nvcc: Path | None, environ: dict[str, str] | None = None) -> Path 
     return None
 
 
-def _suite(
-    binary: Path,
-    arguments: list[str],
-    gpus: tuple[GpuIdentity, ...],
-    environ: dict[str, str],
-    timeout: float,
-    stop: Callable[[], str | None] | None = None,
-) -> tuple[dict[str, Any] | None, str | None]:
-    """A node run of the suite on `gpus` (its CUDA devices, in NVML's order): its document in NVML's
-    numbering, or why there is none (never an exception: the other measurements and the GPUs'
-    verdicts are kept). `stop` is asked while it runs: a reason from it (a fatal Xid) stops the run
-    there, as the timeout does a hang."""
-    try:
-        env = {**suite_environment(gpus, os.environ), **environ}
-    except GpuMismatch as error:
-        return None, str(error)
-    try:
-        returncode, stdout, stderr = run_bounded([str(binary), *arguments], env, timeout, stop)
-    except OSError as error:
-        return None, f"could not start: {error}"
-    except subprocess.TimeoutExpired:
-        return None, f"did not finish within {timeout:g} s and was stopped (a hang)"
-    except SuiteStopped as stopped:
-        return None, f"stopped: {stopped}"
-    try:
-        document = json.loads(stdout)
-    except json.JSONDecodeError:
-        return None, f"exited with status {returncode} and no results: {stderr.strip()[-500:]}"
-    if not isinstance(document, dict):
-        return None, "printed JSON that is not an object"
-    try:
-        return in_machine_numbering(document, gpus), None
-    except GpuMismatch as error:
-        return None, str(error)
-
-
 def fatal_xid(watch: XidWatch, phase: str | Callable[[int], str], gpus: Iterable[int] | None = None) -> StopCheck:
     """A `stop` for a running suite: the first Xid of FAIL severity NVML reports, from now on, on one
     of `gpus` (None: any GPU, as the node measurements use them all), described. It drains the watch
@@ -170,26 +121,6 @@ def fatal_xid(watch: XidWatch, phase: str | Callable[[int], str], gpus: Iterable
 def gpu_phase(gpu: int) -> str:
     """The phase of an --all run in which a GPU's own benchmarks run (health.GpuXid.phase)."""
     return f"GPU {gpu}'s run" if gpu >= 0 else "the GPUs' own runs"
-
-
-def read_nvlinks(nvml: Any, gpus: Iterable[int]) -> tuple[NvlinkReading, ...]:
-    readings = []
-    for gpu in gpus:
-        active, queried = 0, 0
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(gpu)
-        except nvml.NVMLError:
-            readings.append(NvlinkReading(gpu, None, 0))
-            continue
-        for link in range(NVLINK_MAX_LINKS):
-            try:
-                state = nvml.nvmlDeviceGetNvLinkState(handle, link)
-            except nvml.NVMLError:  # a link the GPU does not have, or no NVLink at all
-                continue
-            queried += 1
-            active += int(state == 1)
-        readings.append(NvlinkReading(gpu, active if queried else 0, queried))
-    return tuple(readings)
 
 
 def _with_xids(reason: str, gpu: int, xids: Iterable[GpuXid], logged: Iterable[XidEvent], pci_bus_id: str) -> str:
@@ -335,7 +266,7 @@ def measure_node(
     try:
         before, _ = processes_on(nvml, indices, "before")
         stop = None if watch is None else fatal_xid(watch, NODE_PHASE)
-        suite, suite_error = _suite(
+        suite, suite_error = run_node_suite(
             built.binary, ["--bench", ",".join(NODE_BENCHMARKS), *quick, *seed], judged, {}, NODE_TIMEOUT_S, stop
         )
         library = find_nccl(toolchain.nvcc)
@@ -343,7 +274,7 @@ def measure_node(
         if library is not None:
             with tempfile.TemporaryDirectory(prefix="gpuhost-nccl-") as work:
                 dump = Path(work) / "topology.xml"
-                nccl, nccl_error = _suite(
+                nccl, nccl_error = run_node_suite(
                     built.binary,
                     ["--bench", "nccl", *quick, *seed],
                     judged,
@@ -599,7 +530,7 @@ def load_node_baseline(path: Path, judged: tuple[GpuIdentity, ...], pci_device_i
 
 def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
     """Judge a recorded `--all --json` document again, with today's rules and table: no GPU."""
-    from gpuhost.bench.runner import Outcome as GpuOutcome
+    from gpuhost.bench.outcome import Outcome as GpuOutcome
 
     table = load_model_table(options.gpu_table)
     raw_gpus = document.get("gpus")

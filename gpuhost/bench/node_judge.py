@@ -21,9 +21,9 @@ from gpuhost.bench.health import (
 )
 from gpuhost.bench.models import GpuModel, ModelTable
 from gpuhost.bench.node_model import BaselineComparison, NodeBaseline, NodeFigure, NodeFinding, NodeRecord, NodeVerdict
+from gpuhost.bench.outcome import Outcome
 from gpuhost.bench.results import Measurement, parse_suite_document
 from gpuhost.bench.rules import BASELINE_WHY, CheckOutcome, Status, found, worst
-from gpuhost.bench.runner import Outcome
 from gpuhost.bench.verdict import judge
 from gpuhost.problems import Problem, Severity, Stage, register
 

@@ -6,23 +6,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost.bench.contention import GpuProcess
+from gpuhost.bench.environment import NvlinkReading
 from gpuhost.bench.health import GpuXid
 from gpuhost.bench.identity import GpuIdentity
+from gpuhost.bench.outcome import Outcome
 from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.rules import Status, worst
-from gpuhost.bench.runner import Outcome
 from gpuhost.bench.verdict import NOT_REPRESENTATIVE
 from gpuhost.problems import Problem
 
 
 # ---------------------------------------------------------------------------------- facts
-@dataclass(frozen=True)
-class NvlinkReading:
-    gpu: int
-    active: int | None  # None: NVML could not say
-    queried: int  # links NVML answered for
-
-
 @dataclass(frozen=True)
 class NodeFinding:
     """One row of the node table: a check that passed (problem None) or what it found."""

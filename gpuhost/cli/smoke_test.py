@@ -21,7 +21,7 @@ from gpuhost.output import check_outputs, write_output
 
 if TYPE_CHECKING:
     from gpuhost.bench.environment import Environment, GpuEnvironment
-    from gpuhost.bench.runner import SmokeOptions
+    from gpuhost.bench.suite import SmokeOptions
 
 BENCHMARKS = ("memory", "roofline", "reduction", "sgemm", "cublas", "softmax", "transfer", "launch", "p2p")
 
@@ -122,7 +122,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace) -> SmokeOptions:
-    from gpuhost.bench.runner import SmokeOptions
+    from gpuhost.bench.suite import SmokeOptions
 
     return SmokeOptions(
         quick=args.quick,

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from gpuhost.bench.identity import GpuIdentity, pci_address
-from gpuhost.bench.runner import SuiteTarget
+from gpuhost.bench.suite import SuiteTarget
 
 WALL = Path(__file__).resolve().parents[1] / "fixtures" / "h200x4-node" / "wall"
 

@@ -24,7 +24,7 @@ from gpuhost.bench.environment import Environment, FabricReading, FabricState, G
 from gpuhost.bench.environment_judge import FABRIC, fabric_problems, judge_fabric, judge_gpu
 from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.rules import Status
-from gpuhost.bench.runner import SmokeOptions, run_suite_explained
+from gpuhost.bench.suite import SmokeOptions, run_suite_explained
 from gpuhost.errors import InputError
 from gpuhost.problems import Severity
 from tests.bench.stand_in_kernels import stand_in_target

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuhost.bench.environment import NvlinkReading
 from gpuhost.bench.models import load_model_table
 from gpuhost.bench.node import _record
 from gpuhost.bench.node_judge import HOST_SLOW_GPU, NCCL_SLOW, NODE_BENCHMARK_FAILED, NVLINK_LINKS, judge_node
-from gpuhost.bench.node_model import NvlinkReading
 from gpuhost.bench.rules import Status
 from gpuhost.cli.main import main
 from tests.helpers import FIXTURES, replay_smoke_test
@@ -163,7 +163,7 @@ def test_a_gpu_whose_run_stops_is_a_finding_and_the_others_are_kept(
     GPU 1 is a FAIL with the reason, in the report, the JSON and its replay."""
     from gpuhost.bench import node
     from gpuhost.bench.environment import GpuUnavailable
-    from gpuhost.bench.runner import SmokeOptions
+    from gpuhost.bench.suite import SmokeOptions
 
     healthy = node.replay_all(json.loads((CAPTURE / "quick-1.json").read_text()), SmokeOptions())
     by_gpu = {o.run.device.index: o for o in healthy.gpus}

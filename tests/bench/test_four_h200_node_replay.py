@@ -169,7 +169,7 @@ def test_the_baseline_lines_sit_below_what_the_healthy_node_did_run_to_run() -> 
 @pytest.mark.parametrize("baseline", [*HEALTHY, "against-all-1"])
 def test_every_healthy_run_passes_against_every_other_as_its_baseline(baseline: str) -> None:
     from gpuhost.bench import node
-    from gpuhost.bench.runner import SmokeOptions
+    from gpuhost.bench.suite import SmokeOptions
 
     for name in [*HEALTHY, "against-all-1"]:
         if name == baseline:
@@ -219,7 +219,7 @@ def test_a_gpu_shared_with_a_matmul_loop_still_falls_below_the_wider_gemm_line()
     """busy-gpu2 against all-1: GPU 2's tensor-core GEMMs, shared with the loop, FAIL against the
     baseline at 48-67%; the other GPUs PASS."""
     from gpuhost.bench import node
-    from gpuhost.bench.runner import SmokeOptions
+    from gpuhost.bench.suite import SmokeOptions
 
     outcome = node.replay_all(capture_json(CAPTURE, "busy-gpu2"), SmokeOptions(baseline=CAPTURE / "all-1.json"))
     statuses = {(o.run.device.index, m.metric): m for o in outcome.gpus for m in o.verdict.metrics}

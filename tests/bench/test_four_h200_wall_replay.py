@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.bench.runner import LINK_BENCHMARKS
+from gpuhost.bench.suite import LINK_BENCHMARKS
 from tests.helpers import FIXTURES, capture_json, capture_wall_times, replay_smoke_test
 
 CAPTURE = FIXTURES / "h200x4-node" / "wall"

@@ -16,18 +16,13 @@ from typing import Any
 
 import pytest
 
-from gpuhost.bench import node, runner
+from gpuhost.bench import node, runner, suite
 from gpuhost.bench.environment import GpuUnavailable
 from gpuhost.bench.health import XidWatch
 from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.results import parse_suite_document
-from gpuhost.bench.runner import (
-    NodeSchedule,
-    SmokeOptions,
-    SuiteCrashed,
-    combined_documents,
-    split_benchmarks,
-)
+from gpuhost.bench.runner import NodeSchedule
+from gpuhost.bench.suite import SmokeOptions, SuiteCrashed, combined_documents, split_benchmarks
 from gpuhost.bench.verdict import judge
 from tests.bench.stand_in_kernels import stand_in_target
 from tests.bench.test_node_xid import InjectingNvml
@@ -68,7 +63,7 @@ def test_the_host_copies_and_p2p_are_the_link_benchmarks_and_the_rest_local() ->
     assert split_benchmarks(SmokeOptions(benchmarks=("p2p", "sgemm"))) == (("sgemm",), ("p2p",))
     assert split_benchmarks(SmokeOptions(benchmarks=("memory",))) == (("memory",), ())
     # Every benchmark the suite runs on one GPU is on exactly one side.
-    assert set(local) | set(link) == set(runner.SUITE_BENCHMARKS) and not set(local) & set(link)
+    assert set(local) | set(link) == set(suite.SUITE_BENCHMARKS) and not set(local) & set(link)
 
 
 def test_the_two_halves_make_the_document_of_one_run() -> None:
@@ -185,12 +180,12 @@ def test_a_stop_while_the_second_set_runs_ends_the_suite_with_the_reason(
     reason: list[str] = []
     local = SmokeOptions(benchmarks=("memory",))
     target = stand_in_target(0, "0000:00:06.0")
-    with runner.SuiteInTwo(stand_in, local, target, ("transfer",), lambda: reason[0] if reason else None) as suite:
-        assert {r["benchmark"] for r in suite.first()["results"]} == {"memory"}
+    with suite.SuiteInTwo(stand_in, local, target, ("transfer",), lambda: reason[0] if reason else None) as running:
+        assert {r["benchmark"] for r in running.first()["results"]} == {"memory"}
         reason.append("NVML reported Xid 79 (GPU has fallen off the bus) on GPU 0")
         started = time.monotonic()
         with pytest.raises(SuiteCrashed, match=r"the kernel suite was stopped: NVML reported Xid 79"):
-            suite.second()
+            running.second()
         assert time.monotonic() - started < 10
     assert "0 then start" in (stand_in.parent / "suite.log").read_text()
     assert "0 then end" not in (stand_in.parent / "suite.log").read_text()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuhost.bench import node
-from gpuhost.bench.runner import SmokeOptions
+from gpuhost.bench.suite import SmokeOptions
 from tests.helpers import FIXTURES, capture_json, capture_wall_times, replay_smoke_test
 
 

@@ -26,7 +26,7 @@ from gpuhost.bench.environment import GpuUnavailable
 from gpuhost.bench.health import GpuXid, Health, XidWatch, judge_gpu_xids, parse_xid_lines
 from gpuhost.bench.node_judge import NODE_PHASE
 from gpuhost.bench.rules import Status
-from gpuhost.bench.runner import SmokeOptions, SuiteCrashed, run_suite
+from gpuhost.bench.suite import SmokeOptions, SuiteCrashed, run_node_suite, run_suite
 from gpuhost.cli.main import main
 from tests.bench.stand_in_kernels import stand_in_target
 from tests.helpers import FIXTURES, replay_smoke_test
@@ -210,7 +210,7 @@ def test_a_fatal_xid_stops_a_running_node_measurement_within_a_second_not_at_its
     watch = XidWatch(nvml, 4)
     nvml.inject(0, 13)  # an application's fault (WARN): the measurement goes on
     started = time.monotonic()
-    document, error = node._suite(
+    document, error = run_node_suite(
         Path(sys.executable),
         ["-c", "import time; time.sleep(1.2); print('{}')"],
         (stand_in_target(0, "0000:00:06.0").gpu,),
@@ -220,7 +220,7 @@ def test_a_fatal_xid_stops_a_running_node_measurement_within_a_second_not_at_its
     )
     assert document == {} and error is None
     nvml.inject(2, 79)  # the GPU fell off the bus: a hung NCCL would wait its 180 s
-    document, error = node._suite(
+    document, error = run_node_suite(
         Path(sys.executable),
         ["-c", "import time; time.sleep(60)"],
         (stand_in_target(0, "0000:00:06.0").gpu,),

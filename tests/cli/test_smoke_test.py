@@ -136,7 +136,7 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_delay_streams_reaches_the_suite_and_bad_values_are_refused() -> None:
     from gpuhost.bench.identity import GpuIdentity
-    from gpuhost.bench.runner import SmokeOptions, SuiteTarget, suite_command
+    from gpuhost.bench.suite import SmokeOptions, SuiteTarget, suite_command
 
     gpu = GpuIdentity(0, "GPU-5930f09b-3326-f105-f670-1da97dfe39ee", "0000:00:06.0", 0)
     command = suite_command(

@@ -1,0 +1,30 @@
+"""What one GPU's smoke-test comes to: its verdict with everything it was judged on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpuhost.bench.contention import Contention
+from gpuhost.bench.environment import Environment, RunSamples
+from gpuhost.bench.health import Health
+from gpuhost.bench.identity import GpuIdentity
+from gpuhost.bench.jsonout import BuildInfo, Timings
+from gpuhost.bench.results import SuiteRun
+from gpuhost.bench.verdict import Verdict
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: Verdict
+    run: SuiteRun
+    suite_document: dict[str, Any]
+    environment: Environment
+    samples: tuple[RunSamples, ...]
+    model_table: str
+    timings: Timings
+    build: BuildInfo
+    with_baseline: bool
+    contention: Contention | None = None  # None: a recorded run from before issue 14
+    health: Health | None = None  # likewise
+    gpu: GpuIdentity | None = None  # the GPU measured; None in a replay of a run recorded without it
