@@ -13,7 +13,6 @@ re-implemented), and NVML's active NVLinks per GPU. Each is judged against the m
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import tempfile
@@ -25,11 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sources, toolkit_root
-from gpuhost.bench.contention import GpuProcess
 from gpuhost.bench.environment import (
     Environment,
-    GpuEnvironment,
-    NvlinkReading,
     load_pynvml,
     open_nvml,
     processes_on,
@@ -39,19 +35,16 @@ from gpuhost.bench.environment import (
 from gpuhost.bench.health import GpuXid, XidEvent, XidWatch, same_pci_device
 from gpuhost.bench.identity import (
     GpuIdentity,
-    pci_address,
-    renumbered,
     visibility_of,
 )
-from gpuhost.bench.jsonout import CANNOT_RUN, NODE_SCHEMA, SCHEMA, build_document, read_recorded
+from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.models import load_model_table
+from gpuhost.bench.node_json import load_node_baseline, read_record, recorded_identities
 from gpuhost.bench.node_judge import NODE_PHASE, judge_node, logged_xids, rejudged
-from gpuhost.bench.node_model import BaselineComparison, GpuStopped, NodeBaseline, NodeFigure, NodeOutcome, NodeRecord
+from gpuhost.bench.node_model import GpuStopped, NodeOutcome, NodeRecord
 from gpuhost.bench.outcome import Outcome
-from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.rules import Status
 from gpuhost.bench.runner import NodeSchedule, smoke_test
-from gpuhost.bench.strictjson import read_json_file
 from gpuhost.bench.suite import SmokeOptions, StopCheck, run_node_suite
 from gpuhost.bench.verdict import judge
 from gpuhost.errors import GpuhostError, InputError
@@ -305,229 +298,6 @@ def measure_node(
     )
 
 
-# ---------------------------------------------------------------------------------- JSON
-def _figure(f: NodeFigure) -> dict[str, Any]:
-    return {**dataclasses.asdict(f), "status": f.status.value, "gpus": list(f.gpus)}
-
-
-def _comparison(c: BaselineComparison) -> dict[str, Any]:
-    return {**dataclasses.asdict(c), "status": c.status.value, "gpus": list(c.gpus)}
-
-
-def build_node_document(outcome: NodeOutcome, per_gpu: list[dict[str, Any]]) -> dict[str, Any]:
-    verdict = outcome.verdict
-    record = outcome.record
-    return {
-        "schema": NODE_SCHEMA,
-        "outcome": outcome.outcome,
-        "status": outcome.status.value,
-        "seconds": outcome.seconds,
-        "verdicts": sorted(
-            [
-                *(
-                    {
-                        "gpu": o.run.device.index,
-                        **_named_by(outcome, o.run.device.index),
-                        "status": o.verdict.status.value,
-                        "outcome": o.verdict.outcome,
-                    }
-                    for o in outcome.gpus
-                ),
-                *(
-                    {
-                        "gpu": s.gpu,
-                        **_named_by(outcome, s.gpu),
-                        "status": "FAIL",
-                        "outcome": CANNOT_RUN,
-                        "reason": s.reason,
-                    }
-                    for s in outcome.stopped
-                ),
-            ],
-            key=lambda entry: int(entry["gpu"]),
-        ),
-        "stopped": [dataclasses.asdict(s) for s in outcome.stopped],
-        # The GPUs CUDA_VISIBLE_DEVICES left out of the run, and why; null: none.
-        "left_out": outcome.left_out,
-        "node": {
-            "status": verdict.status.value,
-            "outcome": verdict.outcome,
-            "reasons": list(verdict.reasons),
-            "figures": [_figure(f) for f in verdict.figures],
-            "findings": [
-                {
-                    "check": f.check,
-                    "detail": f.detail,
-                    "status": f.status.value,
-                    "gpus": list(f.gpus),
-                    "code": None if f.problem is None else f.problem.code,
-                }
-                for f in verdict.findings
-            ],
-            "record": {**dataclasses.asdict(record), "pci_device_ids": list(record.pci_device_ids)},
-            # null: judged without --baseline; each GPU's comparison is in its own document's metrics.
-            "baseline": None
-            if outcome.baseline is None
-            else {"file": outcome.baseline, "comparisons": [_comparison(c) for c in verdict.baseline]},
-        },
-        "gpus": per_gpu,
-    }
-
-
-def identities(outcome: NodeOutcome) -> dict[int, GpuIdentity]:
-    """Each judged GPU's identity by NVML index: the record's, else (a run recorded before
-    identities were kept) the PCI address each GPU's own run reported."""
-    known = {g.index: g for g in outcome.record.gpus}
-    for o in outcome.gpus:
-        index = o.run.device.index
-        if index not in known:
-            uuid = next((g.uuid for g in o.environment.gpus if g.index == index), "")
-            known[index] = GpuIdentity(index, uuid, pci_address(o.run.device.pci_bus_id))
-    for o in outcome.gpus:  # a stopped GPU has no run: NVML's listing names it
-        for g in o.environment.gpus:
-            known.setdefault(g.index, GpuIdentity(g.index, g.uuid, pci_address(g.pci_bus_id)))
-    return known
-
-
-def _named_by(outcome: NodeOutcome, gpu: int) -> dict[str, Any]:
-    identity = identities(outcome).get(gpu)
-    return {} if identity is None else {"pci_bus_id": identity.pci_bus_id, "uuid": identity.uuid}
-
-
-def describe_gpu(outcome: NodeOutcome, gpu: int) -> str:
-    """'GPU 2 (0000:00:08.0)': NVML's index and the PCI address, as every line of the node report names a GPU."""
-    identity = identities(outcome).get(gpu)
-    return f"GPU {gpu}" if identity is None else identity.describe()
-
-
-def gpu_document(outcome: Outcome) -> dict[str, Any]:
-    return build_document(
-        verdict=outcome.verdict,
-        suite_document=outcome.suite_document,
-        environment=outcome.environment,
-        samples=outcome.samples,
-        model_table=outcome.model_table,
-        timings=outcome.timings,
-        build=outcome.build,
-        contention=outcome.contention,
-        health=outcome.health,
-        gpu=outcome.gpu,
-    )
-
-
-def is_node_document(document: Any) -> bool:
-    return isinstance(document, dict) and document.get("schema") == NODE_SCHEMA
-
-
-def _record(raw: Any) -> NodeRecord:
-    if not isinstance(raw, dict):
-        raise InputError("recorded node run: node.record must be an object")
-    try:
-        return NodeRecord(
-            gpu_count=int(raw["gpu_count"]),
-            pci_device_ids=tuple(int(i) for i in raw["pci_device_ids"]),
-            suite=raw.get("suite"),
-            suite_error=raw.get("suite_error"),
-            nccl=raw.get("nccl"),
-            nccl_library=raw.get("nccl_library"),
-            nccl_error=raw.get("nccl_error"),
-            nccl_topology=raw.get("nccl_topology"),
-            nvlinks=tuple(NvlinkReading(int(r["gpu"]), r["active"], int(r["queried"])) for r in raw.get("nvlinks", [])),
-            contention=tuple(GpuProcess(**{**p, "seen": tuple(p["seen"])}) for p in raw.get("contention", [])),
-            seconds=float(raw.get("seconds", 0.0)),
-            xids=tuple(GpuXid(int(x["gpu"]), int(x["code"]), str(x["phase"])) for x in raw.get("xids") or []),
-            xids_watched=None if raw.get("xids_watched") is None else bool(raw["xids_watched"]),
-            xid_unwatched=None if raw.get("xid_unwatched") is None else str(raw["xid_unwatched"]),
-            gpus=tuple(
-                GpuIdentity(int(g["index"]), str(g["uuid"]), str(g["pci_bus_id"]), g.get("cuda_ordinal"))
-                for g in raw.get("gpus") or []
-            ),
-        )
-    except (KeyError, TypeError, ValueError) as error:
-        raise InputError(f"recorded node run: node.record is not what --all writes ({error})") from error
-
-
-def _ids(ids: tuple[int, ...]) -> str:
-    counts: dict[int, int] = {}
-    for i in ids:
-        counts[i] = counts.get(i, 0) + 1
-    return ", ".join(f"{n} x 10de:{i:04x}" for i, n in counts.items()) or "no GPU"
-
-
-def _baseline_identities(
-    record: NodeRecord, gpus: dict[int, SuiteRun], listed: Iterable[GpuEnvironment]
-) -> list[GpuIdentity]:
-    """The GPUs a recorded node run judged: its record's; or (recorded before identities were kept)
-    each GPU run's own device, and each GPU NVML listed (a GPU whose run stopped has none)."""
-    if record.gpus:
-        return list(record.gpus)
-    known: dict[int, GpuIdentity] = {}
-    uuids = {g.index: g.uuid for g in listed}
-    for index, run in sorted(gpus.items()):
-        known[index] = GpuIdentity(index, uuids.get(index, ""), pci_address(run.device.pci_bus_id))
-    for g in listed:
-        known.setdefault(g.index, GpuIdentity(g.index, g.uuid, pci_address(g.pci_bus_id)))
-    return [known[i] for i in sorted(known)]
-
-
-def load_node_baseline(path: Path, judged: tuple[GpuIdentity, ...], pci_device_ids: tuple[int, ...]) -> NodeBaseline:
-    """An earlier `smoke-test --all --json` run to compare this node with: one of the same GPUs, matched
-    by UUID (which travels from bare metal into a guest), else by PCI address, never by position; its
-    figures renumbered into this node's numbering. Anything else is an InputError naming the file
-    and the fix: a one-GPU run, another count or model, other GPUs, a run that could not start."""
-    document = read_json_file(path, "the baseline")
-    if not is_node_document(document):
-        if isinstance(document, dict) and (document.get("schema") == SCHEMA or "results" in document):
-            raise InputError(
-                f"the baseline {path} is one GPU's run (smoke-test --device N --json, or the suite's own output): "
-                "--all compares a node with a node; record the baseline with `gpuhost smoke-test --all --json FILE` "
-                "(e.g. on bare metal), or compare one GPU with `--device N --baseline FILE`"
-            )
-        raise InputError(
-            f"the baseline {path} is not a `smoke-test --all --json` document (schema {NODE_SCHEMA}): "
-            "record one with `gpuhost smoke-test --all --json FILE`"
-        )
-    try:
-        node = document.get("node")
-        record = _record(node.get("record") if isinstance(node, dict) else None)
-        gpus: dict[int, SuiteRun] = {}
-        listed: list[GpuEnvironment] = []
-        for raw in document.get("gpus") or []:
-            recorded = read_recorded(raw)
-            gpus[recorded.run.device.index] = recorded.run
-            listed.extend(recorded.environment.gpus)
-    except InputError as error:
-        raise InputError(f"the baseline {path}: {error}") from error
-    if record.pci_device_ids != pci_device_ids:
-        raise InputError(
-            f"the baseline {path} was recorded on {record.gpu_count} GPU(s) ({_ids(record.pci_device_ids)}), this "
-            f"node has {len(pci_device_ids)} ({_ids(pci_device_ids)}): a node is compared only with a run of the same "
-            "GPUs; record the baseline with `smoke-test --all --json` on a node of this count and model (or "
-            "compare one GPU with `--device N --baseline FILE`)"
-        )
-    theirs = _baseline_identities(record, gpus, listed)
-    number: dict[int, int] = {}
-    for mine in judged:
-        match = [g for g in theirs if g.same_gpu(mine)]
-        if len(match) != 1:
-            raise InputError(
-                f"the baseline {path} holds no run of {mine.describe()} {mine.uuid}".rstrip()
-                + f" (it measured {', '.join(f'{g.describe()} {g.uuid}'.rstrip() for g in theirs) or 'no GPU'}): "
-                "GPUs are matched by UUID, else by PCI address, never by position; record the baseline on these "
-                "GPUs with `gpuhost smoke-test --all --json FILE` under the same CUDA_VISIBLE_DEVICES"
-            )
-        number[match[0].index] = mine.index
-    renamed = replace(
-        record,
-        suite=None if record.suite is None else renumbered(record.suite, number),
-        nccl=None if record.nccl is None else renumbered(record.nccl, number),
-        nvlinks=tuple(replace(r, gpu=number.get(r.gpu, r.gpu)) for r in record.nvlinks),
-        contention=tuple(replace(p, gpu=number.get(p.gpu, p.gpu)) for p in record.contention),
-        gpus=tuple(replace(g, index=number.get(g.index, g.index)) for g in theirs),
-    )
-    return NodeBaseline(str(path), {number[i]: run for i, run in gpus.items() if i in number}, renamed)
-
-
 def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
     """Judge a recorded `--all --json` document again, with today's rules and table: no GPU."""
     from gpuhost.bench.outcome import Outcome as GpuOutcome
@@ -542,7 +312,7 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
     if not isinstance(raw_gpus, list) or not (raw_gpus or stopped):
         raise InputError("recorded node run: 'gpus' names no GPU's run")
     node = document.get("node")
-    record = _record(node.get("record") if isinstance(node, dict) else None)
+    record = read_record(node.get("record") if isinstance(node, dict) else None)
     recorded_runs = []
     for raw in raw_gpus:
         recorded = read_recorded(raw)
@@ -564,7 +334,7 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
         )
     judged = tuple(record.gpus) or tuple(
         g
-        for g in _baseline_identities(
+        for g in recorded_identities(
             record,
             {o.run.device.index: o.run for o in recorded_runs},
             [g for o in recorded_runs for g in o.environment.gpus],
@@ -596,118 +366,3 @@ def replay_all(document: dict[str, Any], options: SmokeOptions) -> NodeOutcome:
         None if baseline is None else baseline.origin,
         None if document.get("left_out") is None else str(document["left_out"]),
     )
-
-
-# ---------------------------------------------------------------------------------- text
-def _cell(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _size_cell(size_bytes: int | None, prefix: str = "") -> str:
-    if size_bytes is None:
-        return "" if prefix else "-"
-    return prefix + (f"{size_bytes / 2**30:g} GiB" if size_bytes >= 2**30 else f"{size_bytes / 2**20:g} MiB")
-
-
-def render_node(outcome: NodeOutcome, *, verbose: bool = False) -> str:
-    """The node's part of the --all report: the matrix, the host copies, the collectives, the
-    findings, one verdict per GPU and the node's."""
-    from gpuhost.bench.report import _table
-
-    verdict, record = outcome.verdict, outcome.record
-    n = record.gpu_count
-    gpus = record.indices
-    lines = [f"Node: {n} GPU(s): " + ", ".join(describe_gpu(outcome, g) for g in gpus)]
-    if outcome.left_out is not None:
-        lines.append(f"Not judged: {outcome.left_out}")
-    figures = {f.metric: f for f in verdict.figures}
-    if n >= 2 and any(name.startswith("p2p_pair_") for name in figures):
-        lines.append("P2P matrix, one direction, GB/s (row: source, column: destination)")
-        rows = [
-            [
-                f"GPU {a}",
-                *("-" if a == b else _cell(getattr(figures.get(f"p2p_pair_{a}_to_{b}"), "value", None)) for b in gpus),
-            ]
-            for a in gpus
-        ]
-        lines.extend(_table(["", *(f"GPU {b}" for b in gpus)], rows, set(range(1, n + 1))))
-    rows = [
-        [
-            f.status.value,
-            f.label,
-            _cell(f.value),
-            "-" if f.percent_of_reference is None else f"{f.percent_of_reference:.0f}%",
-            "-" if f.reference is None else f"{f.reference:.0f} GB/s ({f.reference_kind})",
-        ]
-        for f in verdict.figures
-        if not f.metric.startswith("p2p_pair_")
-    ]
-    if rows:
-        lines.append("Node measurements")
-        lines.extend(_table(["status", "measurement", "GB/s", "% link", "link"], rows, {2, 3}))
-    for f in verdict.figures:
-        points = f.extra.get("points") if f.metric.startswith("nccl_") else None
-        if points:
-            sizes = ", ".join(f"{p['bytes'] / 2**20:.0f} MiB {p['busbw_GBps']:.1f}" for p in points)
-            lines.append(f"  {f.label} by size (GB/s): {sizes}")
-        shares = f.extra.get("per_gpu")
-        if shares:
-            lines.append(
-                f"  {f.label}, each GPU's share (GB/s): " + ", ".join(f"GPU {p['gpu']} {p['GBps']:.1f}" for p in shares)
-            )
-    if outcome.baseline is not None:
-        lines.append(f"Against the baseline {outcome.baseline}")
-        lines.extend(
-            _table(
-                ["status", "measurement", "size", "GB/s", "baseline", "% baseline"],
-                [
-                    [
-                        c.status.value,
-                        c.label,
-                        _size_cell(c.size_bytes),
-                        _cell(c.value),
-                        _cell(c.baseline),
-                        "-" if c.percent_of_baseline is None else f"{c.percent_of_baseline:.0f}%",
-                    ]
-                    for c in verdict.baseline
-                ],
-                {2, 3, 4, 5},
-            )
-        )
-    if verbose:
-        lines.append("Why each threshold")
-        lines.extend(f"  {f.metric}: {f.reason}" for f in verdict.figures)
-        lines.extend(
-            f"  {c.metric}{_size_cell(c.size_bytes, ' ')} against the baseline: {c.reason}" for c in verdict.baseline
-        )
-    checks = [[f.status.value, f.check, f.detail] for f in verdict.findings]
-    if checks:
-        lines.append("Node checks")
-        lines.extend(_table(["status", "check", "detail"], checks, set()))
-    if record.nccl_library is not None:
-        lines.append(f"NCCL: {record.nccl_library}")
-    if verdict.reasons:
-        lines.append("Node findings:")
-        lines.extend(f"  - {reason}" for reason in verdict.reasons)
-    lines.append("")
-    per_gpu: list[tuple[int, str]] = [
-        (s.gpu, f"VERDICT {describe_gpu(outcome, s.gpu)}: FAIL (cannot run: {s.reason})") for s in outcome.stopped
-    ]
-    for gpu in outcome.gpus:
-        index = gpu.run.device.index
-        per_gpu.append(
-            (
-                index,
-                f"VERDICT {describe_gpu(outcome, index)}: {gpu.verdict.outcome}"
-                + (
-                    ""
-                    if gpu.verdict.representative
-                    else f" (another process used GPU {index}; {gpu.verdict.status.value} as measured)"
-                ),
-            )
-        )
-    lines.extend(line for _, line in sorted(per_gpu))
-    node = verdict.outcome if n >= 2 else "no node measurements (one GPU)"
-    lines.append(f"VERDICT node: {node}")
-    lines.append(f"VERDICT: {outcome.outcome} ({n} GPU(s), {outcome.seconds:.1f} s)")
-    return "\n".join(lines) + "\n"

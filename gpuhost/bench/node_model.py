@@ -8,7 +8,7 @@ from typing import Any
 from gpuhost.bench.contention import GpuProcess
 from gpuhost.bench.environment import NvlinkReading
 from gpuhost.bench.health import GpuXid
-from gpuhost.bench.identity import GpuIdentity
+from gpuhost.bench.identity import GpuIdentity, pci_address
 from gpuhost.bench.outcome import Outcome
 from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.rules import Status, worst
@@ -143,6 +143,27 @@ class NodeOutcome:
     @property
     def representative(self) -> bool:
         return self.verdict.representative and all(o.verdict.representative for o in self.gpus)
+
+    @property
+    def identities(self) -> dict[int, GpuIdentity]:
+        """Each judged GPU's identity by NVML index: the record's, else (a run recorded before
+        identities were kept) the PCI address each GPU's own run reported, and for a GPU whose run
+        stopped, NVML's listing."""
+        known = {g.index: g for g in self.record.gpus}
+        for o in self.gpus:
+            index = o.run.device.index
+            if index not in known:
+                uuid = next((g.uuid for g in o.environment.gpus if g.index == index), "")
+                known[index] = GpuIdentity(index, uuid, pci_address(o.run.device.pci_bus_id))
+        for o in self.gpus:
+            for g in o.environment.gpus:
+                known.setdefault(g.index, GpuIdentity(g.index, g.uuid, pci_address(g.pci_bus_id)))
+        return known
+
+    def describe_gpu(self, gpu: int) -> str:
+        """'GPU 2 (0000:00:08.0)': NVML's index and the PCI address, as every line of the node report names a GPU."""
+        identity = self.identities.get(gpu)
+        return f"GPU {gpu}" if identity is None else identity.describe()
 
     @property
     def outcome(self) -> str:

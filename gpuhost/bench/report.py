@@ -9,7 +9,7 @@ from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.verdict import Verdict
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):
@@ -59,7 +59,7 @@ def render(
     lines.append("")
     lines.append("Environment (NVML)")
     lines.extend(
-        _table(
+        table(
             ["status", "check", "detail"],
             [
                 [c.status.value, c.check + (f" [GPU {c.gpu}]" if c.gpu is not None else ""), c.detail]
@@ -100,7 +100,7 @@ def render(
                 f"{spread.stability_pct:.1f}%" + (" ~" if spread.unstable else ""),
             ]
         rows.append(row)
-    lines.extend(_table(headers, rows, set(range(2, len(headers)))))
+    lines.extend(table(headers, rows, set(range(2, len(headers)))))
     if any(not m.verified for m in verdict.metrics):
         lines.append("  ! = the result did not match its reference")
     lines.append("  stability = 10th-90th percentile width over the median; ~ = unstable (see below)")

@@ -138,7 +138,7 @@ def _options(args: argparse.Namespace) -> SmokeOptions:
 
 
 def _is_node_replay(path: Path) -> bool:
-    from gpuhost.bench.node import is_node_document
+    from gpuhost.bench.node_json import is_node_document
     from gpuhost.bench.strictjson import read_json_file
 
     return is_node_document(read_json_file(path, "the recorded run"))
@@ -147,7 +147,9 @@ def _is_node_replay(path: Path) -> bool:
 def _run_all(args: argparse.Namespace) -> int:
     """--all (or --replay of an --all document): every GPU's report, then the node's."""
     from gpuhost.bench import jsonout, report
-    from gpuhost.bench.node import build_node_document, gpu_document, render_node, replay_all, run_all
+    from gpuhost.bench.node import replay_all, run_all
+    from gpuhost.bench.node_json import build_node_document, gpu_document
+    from gpuhost.bench.node_report import render_node
     from gpuhost.bench.rules import Status
     from gpuhost.bench.strictjson import read_json_file
     from gpuhost.metrics import smoke_node_metrics

@@ -13,7 +13,7 @@ import pytest
 
 from gpuhost.bench.environment import NvlinkReading
 from gpuhost.bench.models import load_model_table
-from gpuhost.bench.node import _record
+from gpuhost.bench.node_json import read_record
 from gpuhost.bench.node_judge import HOST_SLOW_GPU, NCCL_SLOW, NODE_BENCHMARK_FAILED, NVLINK_LINKS, judge_node
 from gpuhost.bench.rules import Status
 from gpuhost.cli.main import main
@@ -24,7 +24,7 @@ HEALTHY = [CAPTURE / f"all-{i}.json" for i in (1, 2, 3)] + [CAPTURE / f"quick-{i
 
 
 def _record_of(name: str):
-    return _record(json.loads((CAPTURE / name).read_text())["node"]["record"])
+    return read_record(json.loads((CAPTURE / name).read_text())["node"]["record"])
 
 
 H100 = load_model_table().lookup(0x2330)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuhost.bench.models import load_model_table
-from gpuhost.bench.node import _record
+from gpuhost.bench.node_json import read_record
 from gpuhost.bench.node_judge import NCCL_PASS, judge_node, nccl_pass_fraction
 from gpuhost.bench.rules import Status
 from gpuhost.cli.main import main
@@ -43,7 +43,7 @@ NODE_WARNINGS: dict[str, set[str]] = {
 
 
 def _record_of(name: str):
-    return _record(json.loads((CAPTURE / name).read_text())["node"]["record"])
+    return read_record(json.loads((CAPTURE / name).read_text())["node"]["record"])
 
 
 @pytest.mark.parametrize("name", list(NODE_WARNINGS))
