@@ -40,8 +40,9 @@ from gpuhost.bench.identity import (
 from gpuhost.bench.jsonout import read_recorded
 from gpuhost.bench.models import load_model_table
 from gpuhost.bench.node_json import load_node_baseline, read_record, recorded_identities
-from gpuhost.bench.node_judge import NODE_PHASE, judge_node, logged_xids, rejudged
+from gpuhost.bench.node_judge import NODE_PHASE, judge_node
 from gpuhost.bench.node_model import GpuStopped, NodeOutcome, NodeRecord
+from gpuhost.bench.node_rejudge import logged_xids, rejudged
 from gpuhost.bench.outcome import Outcome
 from gpuhost.bench.rules import Status
 from gpuhost.bench.runner import NodeSchedule, smoke_test

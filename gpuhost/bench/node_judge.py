@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
-from gpuhost.bench.contention import Contention
-from gpuhost.bench.environment_judge import judge_environment
 from gpuhost.bench.health import (
     XID_EVENT,
-    GpuXid,
-    Health,
-    XidEvent,
-    judge_gpu_xids,
-    judge_health,
-    same_pci_device,
 )
-from gpuhost.bench.models import GpuModel, ModelTable
+from gpuhost.bench.models import GpuModel
+from gpuhost.bench.node_baseline import NODE_BELOW_BASELINE, baseline_findings, compare_with_baseline
 from gpuhost.bench.node_model import BaselineComparison, NodeBaseline, NodeFigure, NodeFinding, NodeRecord, NodeVerdict
-from gpuhost.bench.outcome import Outcome
 from gpuhost.bench.results import Measurement, parse_suite_document
-from gpuhost.bench.rules import BASELINE_WHY, CheckOutcome, Status, found, worst
-from gpuhost.bench.verdict import judge
-from gpuhost.problems import Problem, Severity, Stage, register
+from gpuhost.bench.rules import Status, graded, node_problem, worst
+from gpuhost.problems import Severity, Stage, register
 
 P2P_NO_ACCESS = register(
     "smoke.node.p2p.no-access",
@@ -73,20 +63,6 @@ NCCL_SLOW = register(
 
 NODE_BENCHMARK_FAILED = register(
     "smoke.node.benchmark.failed", Stage.SMOKE_TEST, Severity.ERROR, "a node measurement did not complete"
-)
-
-NODE_BELOW_BASELINE = register(
-    "smoke.node.baseline.below",
-    Stage.SMOKE_TEST,
-    None,
-    "a node figure below the baseline node run's (warning) or far below it (error)",
-)
-
-BASELINE_MISSING_GPU = register(
-    "smoke.baseline.missing-gpu",
-    Stage.SMOKE_TEST,
-    Severity.WARNING,
-    "the node baseline holds no finished run of this GPU: its figures are not compared",
 )
 
 XID_UNWATCHED = register(
@@ -152,129 +128,6 @@ def nccl_pass_fraction(collective: str, ranks: int) -> float:
     return NCCL_PASS
 
 
-# Against a baseline node run (--all --baseline, e.g. the same node on bare metal), fraction of the
-# baseline's figure: PASS at or above the first, FAIL below the second. Each line sits below what one
-# healthy node did run to run, across the 13 runs of each capture (tests/fixtures/h100x4,
-# tests/fixtures/h200x2-node), and above the loss it is there to catch:
-# - P2P pairs, both at once, all to all: the one-GPU suite's baseline line (rules.BASELINE_WHY); the
-#   worst ratio between two healthy runs was 0.965 (all to all, quick against full).
-BASELINE_P2P_PASS, BASELINE_P2P_FAIL = 0.95, 0.90
-# - collectives from 128 MiB up: 0.941 at worst between two healthy runs (every ordered pair of the
-#   11 full runs of the four-H200 guest, tests/fixtures/h200x4-node), 0.958 on the four H100s;
-#   guests without their topology reach 56-74% of bare metal (nccl-tests#380: 180 vs 320 GB/s;
-#   #256: 260 vs 350), which the FAIL line catches.
-BASELINE_NCCL_PASS, BASELINE_NCCL_FAIL = 0.90, 0.75
-# - collectives below 128 MiB, where latency dominates: the four H200s moved 0.794 at worst at 8 MiB
-#   (reduce_scatter) and 0.899 at 32 MiB, so the 0.90 line WARNed 31 of their 660 comparisons;
-#   a path through the host loses more than half at these sizes as at the large ones.
-BASELINE_NCCL_SMALL_BYTES = 128 << 20
-BASELINE_NCCL_SMALL_PASS, BASELINE_NCCL_SMALL_FAIL = 0.75, 0.50
-# - host to every GPU at once, and back: the host's memory is shared with everything else on it and
-#   moved 148-196 GB/s over 13 healthy runs of the four-H100 guest (0.758 at worst); a GPU behind the
-#   far NUMA node or a halved uplink drops a share by half, which the FAIL line catches.
-BASELINE_HOST_PASS, BASELINE_HOST_FAIL = 0.75, 0.50
-
-
-def _baseline_lines(metric: str, size_bytes: int | None) -> tuple[float, float, str]:
-    if metric.startswith("nccl_") and size_bytes is not None and size_bytes < BASELINE_NCCL_SMALL_BYTES:
-        return (
-            BASELINE_NCCL_SMALL_PASS,
-            BASELINE_NCCL_SMALL_FAIL,
-            "below 128 MiB latency dominates and a collective moves up to 21% run to run; a path through "
-            "the host costs more than half",
-        )
-    if metric.startswith("nccl_"):
-        return (
-            BASELINE_NCCL_PASS,
-            BASELINE_NCCL_FAIL,
-            "a collective varies <= 7% run to run; guests without their topology reach 56-74% of bare metal",
-        )
-    if metric in ("h2d_all", "d2h_all"):
-        return (
-            BASELINE_HOST_PASS,
-            BASELINE_HOST_FAIL,
-            "the host's shared memory moves the aggregate by up to 24% run to run; a far NUMA node or a "
-            "halved uplink costs half",
-        )
-    return BASELINE_P2P_PASS, BASELINE_P2P_FAIL, BASELINE_WHY
-
-
-def _figure_points(figure: NodeFigure) -> dict[int | None, float | None]:
-    """A figure's values by size: a collective's bus bandwidth at each size it was measured at, or
-    the figure's one value under None."""
-    points = figure.extra.get("points") if figure.metric.startswith("nccl_") else None
-    if not points:
-        return {None: figure.value}
-    return {int(p["bytes"]): p.get("busbw_GBps") for p in points if isinstance(p, dict) and "bytes" in p}
-
-
-def compare_with_baseline(
-    figures: Sequence[NodeFigure], baseline_figures: Sequence[NodeFigure]
-) -> list[BaselineComparison]:
-    """Each node figure (each collective at each size) against the same one of the baseline run.
-    A figure or size the baseline did not measure (a --quick baseline has other sizes) is listed as
-    not compared; one the baseline measured as nothing is a WARN, never skipped in silence."""
-    theirs = {f.metric: _figure_points(f) for f in baseline_figures}
-    comparisons = []
-    for figure in figures:
-        for size, value in _figure_points(figure).items():
-            pass_at, fail_below, why = _baseline_lines(figure.metric, size)
-            baseline_points = theirs.get(figure.metric)
-            baseline = None if baseline_points is None else baseline_points.get(size)
-            percent = None
-            if baseline_points is None or size not in baseline_points:
-                status, reason = Status.INFO, "the baseline did not measure it: not compared"
-            elif value is None:
-                status, reason = Status.INFO, "not measured in this run (judged above): not compared"
-            elif baseline is None or baseline <= 0:
-                status, reason = Status.WARN, "the baseline's figure is null: not compared (is it a finished run?)"
-            else:
-                fraction = value / baseline
-                percent = 100 * fraction
-                status = _graded(fraction, pass_at, fail_below)
-                reason = f"{percent:.0f}% of the baseline (PASS needs >= {pass_at:.0%}): {why}"
-            comparisons.append(
-                BaselineComparison(
-                    figure.metric, figure.label, size, value, baseline, percent, status, reason, figure.gpus
-                )
-            )
-    return comparisons
-
-
-def _size(size_bytes: int | None) -> str:
-    if size_bytes is None:
-        return ""
-    return f" at {size_bytes / 2**30:g} GiB" if size_bytes >= 2**30 else f" at {size_bytes / 2**20:g} MiB"
-
-
-def baseline_findings(comparisons: Iterable[BaselineComparison], origin: str) -> list[NodeFinding]:
-    findings = []
-    for c in comparisons:
-        if c.status not in (Status.WARN, Status.FAIL):
-            continue
-        what = f"{c.label}{_size(c.size_bytes)} against the baseline"
-        shown = "-" if c.value is None else f"{c.value:.1f} GB/s"
-        against = "" if c.baseline is None else f" against {c.baseline:.1f} GB/s"
-        detail = f"{shown}{against}: {c.reason}"
-        findings.append(
-            NodeFinding(
-                what,
-                detail,
-                c.status,
-                _problem(
-                    NODE_BELOW_BASELINE,
-                    c.status,
-                    what,
-                    f"{what} ({origin}): {detail}",
-                    "compare the guest's topology with the baseline host's: NCCL_TOPO_FILE, the PCI tree, "
-                    "the GPUs' NUMA nodes, peer access",
-                ),
-                c.gpus,
-            )
-        )
-    return findings
-
-
 HOST_SHARE_REMEDY = (
     "a shared or narrower uplink, or pinned memory on the far NUMA node: check the GPU's PCIe link and NUMA node"
 )
@@ -283,19 +136,6 @@ COLLECTIVES = ("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter")
 
 
 # ---------------------------------------------------------------------------------- judging
-def _problem(code: str, status: Status, subject: str, message: str, remedy: str = "") -> Problem:
-    severity = {Status.FAIL: Severity.ERROR, Status.WARN: Severity.WARNING}.get(status, Severity.INFO)
-    return Problem(code, severity, subject, message, remedy)
-
-
-def _graded(fraction: float | None, pass_at: float, fail_below: float) -> Status:
-    if fraction is None:
-        return Status.INFO
-    if fraction >= pass_at:
-        return Status.PASS
-    return Status.FAIL if fraction < fail_below else Status.WARN
-
-
 def _link(model: GpuModel | None, on_nvlink: bool) -> tuple[str | None, float | None]:
     if model is None:
         return None, None
@@ -332,7 +172,7 @@ def judge_node(
     ) -> NodeFigure:
         value = None if m is None else m.value
         fraction = None if value is None or reference is None else value / reference
-        status = _graded(fraction, pass_at, fail_below)
+        status = graded(fraction, pass_at, fail_below)
         reason = why
         if m is not None and not m.verified:
             status, reason = Status.FAIL, f"wrong result: {m.check}"
@@ -360,7 +200,7 @@ def judge_node(
                     label,
                     f"{shown}{of}: {reason}",
                     status,
-                    _problem(
+                    node_problem(
                         code,
                         status,
                         label,
@@ -382,7 +222,7 @@ def judge_node(
                     label,
                     "NVML could not read the links' states",
                     Status.INFO,
-                    _problem(NVLINK_LINKS, Status.INFO, label, f"{label}: unreadable"),
+                    node_problem(NVLINK_LINKS, Status.INFO, label, f"{label}: unreadable"),
                     (reading.gpu,),
                 )
             )
@@ -399,7 +239,7 @@ def judge_node(
                     label,
                     detail,
                     Status.FAIL,
-                    _problem(
+                    node_problem(
                         NVLINK_LINKS,
                         Status.FAIL,
                         label,
@@ -421,7 +261,7 @@ def judge_node(
                 "node measurements",
                 record.suite_error,
                 Status.FAIL,
-                _problem(
+                node_problem(
                     NODE_BENCHMARK_FAILED,
                     Status.FAIL,
                     "node measurements",
@@ -438,7 +278,7 @@ def judge_node(
                     f"benchmark {error.benchmark}",
                     error.message,
                     Status.FAIL,
-                    _problem(
+                    node_problem(
                         NODE_BENCHMARK_FAILED,
                         Status.FAIL,
                         error.benchmark,
@@ -459,7 +299,7 @@ def judge_node(
                         label,
                         "no peer access: the copy went through host memory",
                         status,
-                        _problem(
+                        node_problem(
                             P2P_NO_ACCESS,
                             status,
                             label,
@@ -500,7 +340,7 @@ def judge_node(
                             label,
                             detail,
                             Status.WARN,
-                            _problem(
+                            node_problem(
                                 P2P_BELOW_MEDIAN,
                                 Status.WARN,
                                 label,
@@ -579,7 +419,7 @@ def judge_node(
                                 what,
                                 detail,
                                 Status.WARN,
-                                _problem(
+                                node_problem(
                                     HOST_SLOW_GPU,
                                     Status.WARN,
                                     what,
@@ -597,7 +437,7 @@ def judge_node(
                 "NCCL",
                 "no libnccl.so found: the collectives are unmeasured",
                 Status.WARN,
-                _problem(
+                node_problem(
                     NCCL_MISSING,
                     Status.WARN,
                     "NCCL",
@@ -612,7 +452,7 @@ def judge_node(
                 "NCCL",
                 record.nccl_error,
                 Status.FAIL,
-                _problem(
+                node_problem(
                     NCCL_FAILED,
                     Status.FAIL,
                     "NCCL",
@@ -629,7 +469,7 @@ def judge_node(
                     "NCCL",
                     error.message,
                     Status.FAIL,
-                    _problem(
+                    node_problem(
                         NCCL_FAILED,
                         Status.FAIL,
                         "NCCL",
@@ -663,7 +503,7 @@ def judge_node(
                     f"contention, GPU {gpu}",
                     described,
                     Status.WARN,
-                    _problem(
+                    node_problem(
                         NODE_CONTENTION,
                         Status.WARN,
                         f"GPU {gpu}",
@@ -685,7 +525,7 @@ def judge_node(
                 what,
                 f"{xid.describe()}. Check: {xid.meaning.check}",
                 xid.meaning.status,
-                _problem(XID_EVENT, xid.meaning.status, what, xid.describe(), xid.meaning.check),
+                node_problem(XID_EVENT, xid.meaning.status, what, xid.describe(), xid.meaning.check),
                 (xid.gpu,) if xid.gpu >= 0 else (),
             )
         )
@@ -695,7 +535,7 @@ def judge_node(
                 "Xid watch",
                 f"{record.xid_unwatched}: Xids during --all show only in the kernel log",
                 Status.INFO,
-                _problem(XID_UNWATCHED, Status.INFO, "Xid watch", f"Xid watch: {record.xid_unwatched}"),
+                node_problem(XID_UNWATCHED, Status.INFO, "Xid watch", f"Xid watch: {record.xid_unwatched}"),
             )
         )
     comparisons: list[BaselineComparison] = []
@@ -722,82 +562,6 @@ def judge_node(
 
 
 # ---------------------------------------------------------------------------------- running
-def _only_gpu(contention: Contention | None, gpu: int) -> Contention | None:
-    """The processes of others on this GPU only: a busy neighbour does not make this GPU's figures
-    unrepresentative."""
-    if contention is None:
-        return None
-    return Contention(
-        tuple(p for p in contention.processes if p.gpu == gpu), contention.utilization_before_pct, contention.readable
-    )
-
-
-def logged_xids(outcomes: Iterable[Outcome]) -> tuple[XidEvent, ...]:
-    """Every kernel-log Xid logged during any GPU's run of --all."""
-    return tuple(event for o in outcomes if o.health is not None for event in o.health.xid_events)
-
-
-def attributed_health(outcome: Outcome, gpu: int, logged: tuple[XidEvent, ...]) -> Health | None:
-    """This GPU's health with the kernel-log Xids that are its own: the kernel log is the guest's, so
-    during GPU 0's run it also shows an Xid of GPU 2, which belongs to GPU 2's verdict, not GPU 0's.
-    An Xid whose address names no GPU of the guest stays with the run it was logged in."""
-    health = outcome.health
-    if health is None:
-        return None
-    bus_ids = [g.pci_bus_id for g in outcome.environment.gpus]
-    mine = next((g.pci_bus_id for g in outcome.environment.gpus if g.index == gpu), "")
-    events = [e for e in logged if same_pci_device(e.address, mine)]
-    events += [e for e in health.xid_events if not any(same_pci_device(e.address, b) for b in bus_ids)]
-    return replace(health, xid_events=tuple(dict.fromkeys(events)))
-
-
-def rejudged(
-    outcome: Outcome,
-    table: ModelTable,
-    gpu: int,
-    complete: bool,
-    baseline: NodeBaseline | None = None,
-    xids: tuple[GpuXid, ...] = (),
-    logged: tuple[XidEvent, ...] | None = None,
-    judged: Collection[int] | None = None,
-) -> Outcome:
-    """One GPU's run of --all judged as its own; with a node baseline, against that GPU's run in it
-    (the one-GPU comparison, verdict.judge's); every Xid NVML reported on this GPU during --all, in
-    whichever phase, is a row of its verdict, and so is every kernel-log Xid of it in `logged` (those of
-    every GPU's run: attributed_health)."""
-    contention = _only_gpu(outcome.contention, gpu)
-    health = outcome.health if logged is None else attributed_health(outcome, gpu, logged)
-    models = {g.index: table.lookup(g.pci_device_id) for g in outcome.environment.gpus}
-    bus_ids = {g.index: g.pci_bus_id for g in outcome.environment.gpus}
-    checks: list[CheckOutcome] = [
-        *judge_environment(outcome.environment, outcome.samples, models, only=judged),
-        *(judge_health(health) if health is not None else []),
-        *judge_gpu_xids(tuple(x for x in xids if x.gpu == gpu), health, bus_ids.get(gpu, "")),
-    ]
-    theirs = None if baseline is None else baseline.gpus.get(gpu)
-    if baseline is not None and theirs is None:
-        checks.append(
-            found(
-                BASELINE_MISSING_GPU,
-                Status.WARN,
-                "baseline",
-                f"the baseline {baseline.origin} holds no finished run of GPU {gpu}: not compared",
-                gpu,
-                "record the baseline again with every GPU finishing (smoke-test --all --json)",
-            )
-        )
-    verdict = judge(
-        outcome.run,
-        model=models.get(gpu),
-        checks=checks,
-        complete=complete,
-        contention=contention,
-        baseline=theirs,
-        in_node=True,
-    )
-    return replace(outcome, verdict=verdict, contention=contention, health=health, with_baseline=theirs is not None)
-
-
 _Judged = TypeVar("_Judged", NodeFigure, BaselineComparison)
 
 

@@ -329,3 +329,23 @@ def absolute_status(value: float, rule: Rule) -> Status:
             return Status.PASS
         return Status.FAIL if rule.fail_below is not None and value > rule.fail_below else Status.WARN
     return threshold_status(value, rule)
+
+
+def graded(fraction: float | None, pass_at: float, fail_below: float) -> Status:
+    """A fraction of a reference against its two lines: PASS at or above `pass_at`, FAIL below
+    `fail_below`, WARN between; INFO where there is nothing to grade."""
+    if fraction is None:
+        return Status.INFO
+    if fraction >= pass_at:
+        return Status.PASS
+    return Status.FAIL if fraction < fail_below else Status.WARN
+
+
+def severity_of(status: Status) -> Severity:
+    """The Problem severity of a judged status (a PASS is never a problem; INFO for it where asked)."""
+    return _SEVERITY_OF.get(status, Severity.INFO)
+
+
+def node_problem(code: str, status: Status, subject: str, message: str, remedy: str = "") -> Problem:
+    """A node finding's Problem, its severity from its status."""
+    return Problem(code, severity_of(status), subject, message, remedy)
