@@ -14,7 +14,7 @@ from gpuhost.bench.models import GpuModel
 from gpuhost.bench.node_baseline import NODE_BELOW_BASELINE, baseline_findings, compare_with_baseline
 from gpuhost.bench.node_model import BaselineComparison, NodeBaseline, NodeFigure, NodeFinding, NodeRecord, NodeVerdict
 from gpuhost.bench.results import Measurement, parse_suite_document
-from gpuhost.bench.rules import Status, graded, node_problem, worst
+from gpuhost.bench.rules import P2P_RULE, Status, graded, node_problem, worst
 from gpuhost.problems import Severity, Stage, register
 
 P2P_NO_ACCESS = register(
@@ -83,10 +83,11 @@ NODE_CONTENTION = register(
 )
 
 # Thresholds, each with its reason.
-# One direction of a peer copy: as the one-GPU suite's P2P rule (rules.P2P_RULE): a direct path
-# runs near link speed (88% of 450 GB/s on the H100 and H200 guests), staged through host memory
-# far below it.
-P2P_PASS, P2P_FAIL = 0.70, 0.30
+# One direction of a peer copy: the one-GPU suite's P2P rule (rules.P2P_RULE), one line for both: a
+# direct path runs near link speed (88% of 450 GB/s on the H100 and H200 guests), staged through
+# host memory far below it.
+assert P2P_RULE.pass_at is not None and P2P_RULE.fail_below is not None
+P2P_PASS, P2P_FAIL = P2P_RULE.pass_at, P2P_RULE.fail_below
 
 # Both directions at once against twice the link: full duplex adds the copy engines' and the
 # fabric's limits; half of the doubled link is still far above a path through the host.
