@@ -217,16 +217,22 @@ def smoke_node_metrics(outcome: NodeOutcome, now: float) -> bytes:
     )
     bandwidth = out.gauge(
         "gpuhost_smoke_node_bandwidth_bytes_per_second",
-        "A node figure (P2P pair, all-to-all, host copies at once, NCCL bus bandwidth), bytes/s.",
-        ("metric",),
+        "A node figure (P2P pair, all-to-all, host copies at once, NCCL bus bandwidth), bytes/s; gpus: the "
+        "PCI addresses of the GPUs it involves (a pair: source, destination), in the metric's order.",
+        ("metric", "gpus"),
     )
     status = out.gauge(
-        "gpuhost_smoke_node_status", "1 for the node figure's status, 0 for the others.", ("metric", "status")
+        "gpuhost_smoke_node_status", "1 for the node figure's status, 0 for the others.", ("metric", "gpus", "status")
     )
+    named = outcome.identities
     for figure in verdict.figures:
+        labels = {
+            "metric": figure.metric,
+            "gpus": ",".join(named[g].pci_bus_id if g in named else str(g) for g in figure.gpus),
+        }
         if figure.value is not None:
-            bandwidth.labels(metric=figure.metric).set(figure.value * 1e9)
-        _state_set(status, {"metric": figure.metric}, statuses, figure.status.value)
+            bandwidth.labels(**labels).set(figure.value * 1e9)
+        _state_set(status, labels, statuses, figure.status.value)
     if outcome.baseline is not None:
         ratio = out.gauge(
             "gpuhost_smoke_node_baseline_ratio",
@@ -259,7 +265,7 @@ def smoke_node_metrics(outcome: NodeOutcome, now: float) -> bytes:
 def _smoke_gpus(out: _Exposition, runs: Sequence[tuple[Verdict, SuiteRun]], now: float) -> None:
     from gpuhost.bench.rules import Status
 
-    labels_of = ("gpu", "model")
+    labels_of = ("gpu", "index", "model")
     statuses = tuple(s.value for s in Status)
     families = {
         unit: out.gauge(family.name, family.help, (*labels_of, "metric")) for unit, family in SMOKE_UNITS.items()
@@ -299,7 +305,8 @@ def _smoke_gpus(out: _Exposition, runs: Sequence[tuple[Verdict, SuiteRun]], now:
     )
     stamp = out.gauge("gpuhost_smoke_timestamp_seconds", "When the smoke-test was judged (Unix time).", labels_of)
     for verdict, run in runs:
-        gpu = {"gpu": pci_address(run.device.pci_bus_id), "model": run.device.name}
+        # The GPU by its PCI address and NVML's index (bench.identity), as the text and JSON name it.
+        gpu = {"gpu": pci_address(run.device.pci_bus_id), "index": str(run.device.index), "model": run.device.name}
         up.labels(**gpu).set(1)
         for metric in verdict.metrics:
             labels = {**gpu, "metric": metric.metric}
@@ -322,7 +329,11 @@ def smoke_test_failure_metrics(seen: GpuEnvironment | None, now: float) -> bytes
     last run's PASS does not stay on the dashboard as if it were current. The GPU's labels are
     what NVML showed of it before it stopped ('' when nothing)."""
     out = _Exposition(Verb.SMOKE_TEST)
-    gpu = {"gpu": pci_address(seen.pci_bus_id) if seen else "", "model": seen.name if seen else ""}
+    gpu = {
+        "gpu": pci_address(seen.pci_bus_id) if seen else "",
+        "index": str(seen.index) if seen else "",
+        "model": seen.name if seen else "",
+    }
     _smoke_up(out, gpu, 0)
     _smoke_timestamp(out, gpu, now)
     return out.text()

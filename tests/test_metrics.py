@@ -233,7 +233,7 @@ def test_smoke_test_metrics_are_the_verdict(
     assert f"metrics written to {metrics}" in capsys.readouterr().out
     judged = json.loads(document.read_text())
     found = samples(metrics.read_text())
-    gpu = {"gpu": "0000:00:06.0", "model": judged["suite"]["device"]["name"]}
+    gpu = {"gpu": "0000:00:06.0", "index": "0", "model": judged["suite"]["device"]["name"]}
     assert gpu["model"] in ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
     for entry in judged["metrics"]:
         labels = {**gpu, "metric": entry["metric"]}
@@ -268,7 +268,7 @@ def test_a_copy_bandwidth_below_its_thresholds_shows_as_fail(
     assert main([*argv, "--prometheus", str(metrics)]) == 1
     capsys.readouterr()
     found = samples(metrics.read_text())
-    gpu = {"gpu": "0000:00:06.0", "model": "NVIDIA H100 80GB HBM3", "metric": "copy"}
+    gpu = {"gpu": "0000:00:06.0", "index": "0", "model": "NVIDIA H100 80GB HBM3", "metric": "copy"}
     assert value(found, "gpuhost_smoke_status", **gpu, status="FAIL") == 1
     assert value(found, "gpuhost_smoke_datasheet_ratio", **gpu) == pytest.approx(0.441, abs=0.001)
 
@@ -280,7 +280,7 @@ def test_a_smoke_test_that_cannot_run_writes_up_0(tmp_path: Path) -> None:
     result = run_cli("--quick", "--prometheus", str(metrics))
     assert result.returncode == 2 and "no NVIDIA driver" in result.stderr
     found = samples(metrics.read_text())
-    assert series(found, "gpuhost_smoke_up") == {(("gpu", ""), ("model", "")): 0}
+    assert series(found, "gpuhost_smoke_up") == {(("gpu", ""), ("index", ""), ("model", "")): 0}
     assert not series(found, "gpuhost_smoke_verdict")
 
 
@@ -289,7 +289,10 @@ def test_the_guest_needs_prometheus_client_only_for_the_flag(tmp_path: Path) -> 
     metrics = tmp_path / "smoke.prom"
     result = run_cli("--replay", str(SMOKE / "smoke-quick.json"), "--prometheus", str(metrics), python_prelude=probe)
     assert result.returncode == 0, result.stderr
-    assert value(samples(metrics.read_text()), "gpuhost_smoke_up", gpu="0000:00:06.0", model="NVIDIA H100 80GB HBM3")
+    up = value(
+        samples(metrics.read_text()), "gpuhost_smoke_up", gpu="0000:00:06.0", index="0", model="NVIDIA H100 80GB HBM3"
+    )
+    assert up == 1
     hide = "import sys; sys.modules['prometheus_client'] = None\n"  # as in a guest without gpuhost[metrics]
     result = run_cli("--replay", str(SMOKE / "smoke-quick.json"), "--prometheus", str(metrics), python_prelude=hide)
     assert result.returncode == 2
@@ -369,7 +372,7 @@ def test_node_exporter_serves_the_metrics_of_all_three_verbs(
     }
     assert value(scraped, "gpuhost_audit_ready", host="h100-passthrough-guest") == 1
     assert value(scraped, "gpuhost_apply_status", host="gpu01", status="unreachable") == 1
-    copy = {"gpu": "0000:00:06.0", "model": "NVIDIA H200", "metric": "copy"}
+    copy = {"gpu": "0000:00:06.0", "index": "0", "model": "NVIDIA H200", "metric": "copy"}
     assert value(scraped, "gpuhost_smoke_status", **copy, status="PASS") == 1
     assert {dict(k)["verb"] for k in series(scraped, "gpuhost_info")} == {"audit", "apply", "smoke-test"}
     # A series two files both define is dropped with an error on every scrape: none here.

@@ -152,7 +152,12 @@ def test_prometheus_of_a_node_run_has_every_gpu_and_the_node(tmp_path: Path) -> 
     text = prom.read_text()
     assert text.count("gpuhost_smoke_verdict{gpu=") == 16  # four GPUs x four states
     assert 'gpuhost_smoke_node_verdict{status="PASS"} 1.0' in text
-    assert 'gpuhost_smoke_node_bandwidth_bytes_per_second{metric="nccl_all_reduce"}' in text
+    every = ",".join(f"0000:00:0{6 + i}.0" for i in range(4))
+    assert f'gpuhost_smoke_node_bandwidth_bytes_per_second{{gpus="{every}",metric="nccl_all_reduce"}}' in text
+    # A pair's series names both GPUs by PCI address, source first; each GPU's, its index beside it.
+    pair = 'gpuhost_smoke_node_bandwidth_bytes_per_second{gpus="0000:00:08.0,0000:00:06.0",metric="p2p_pair_2_to_0"}'
+    assert pair in text
+    assert 'gpuhost_smoke_up{gpu="0000:00:08.0",index="2",model="NVIDIA H100 80GB HBM3"} 1.0' in text
 
 
 def test_a_gpu_whose_run_stops_is_a_finding_and_the_others_are_kept(
