@@ -1,7 +1,7 @@
 """Other processes on the GPU before, during and after the run, read through NVML.
 
 A bf16 matmul loop beside the suite took BF16 GEMM to 27% and launch + synchronize to 2455 us on
-the H100 guest, and the report blamed the GPU (issue 14). NVML lists the processes holding a
+the H100 guest, and the report blamed the GPU. NVML lists the processes holding a
 context on each GPU (compute and graphics); any process other than gpuhost and its suite makes
 the run "not representative": the figures measure a shared GPU.
 """
@@ -119,7 +119,7 @@ CONTENTION = register(
 
 
 def judge_contention(contention: Contention | None) -> list[CheckOutcome]:
-    """Other processes on the GPUs around the run (none: a recorded run from before issue 14)."""
+    """Other processes on the GPUs around the run (none: a run recorded before contention was read)."""
     if contention is None:
         return []
     if contention.busy:

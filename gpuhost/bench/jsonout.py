@@ -8,10 +8,10 @@ Schema "gpuhost-smoke-test/1" (an object):
     outcome           "PASS"|"WARN"|"FAIL"|"NOT REPRESENTATIVE" (another process used the GPU)
     gpu               the GPU measured: {"index" (NVML's), "uuid", "pci_bus_id", "cuda_ordinal" (its CUDA
                       device number under the run's CUDA_VISIBLE_DEVICES)}; absent in runs recorded before
-    contention        null (recorded before issue 14) or {"processes": [{"gpu", "pid", "name",
+    contention        null (a run recorded before contention was read) or {"processes": [{"gpu", "pid", "name",
                       "used_memory_bytes", "kind": "compute"|"graphics", "seen": ["before"|"during"|"after"]}],
                       "utilization_before_pct": [int|null per GPU], "readable": bool}
-    health            null (recorded before issue 14) or {"xid_events": [{"address", "code", "detail"}]
+    health            null (a run recorded before health was read) or {"xid_events": [{"address", "code", "detail"}]
                       (NVRM Xid lines logged during the run), "kernel_log_readable", "pcie_replays_before",
                       "pcie_replays_after": [int|null per GPU]}
     verdict           {"status": "PASS"|"WARN"|"FAIL", "outcome" (as above), "reasons": [str, ...],
@@ -22,7 +22,7 @@ Schema "gpuhost-smoke-test/1" (an object):
     model_table       str: the table file the model came from
     environment       {"driver_version", "cuda_driver_version", "gpus": [{every GpuEnvironment field;
                       "link": {current_gen, current_width, max_gen, max_width, gpu_max_gen};
-                      "fabric": null (NVML cannot say; absent in runs recorded before issue 15) or
+                      "fabric": null (NVML cannot say; absent in runs recorded before it was read) or
                       {"state": "not-supported"|"not-started"|"in-progress"|"completed"|"unknown",
                       "status" (NVML's return code of the registration, 0 success), "clique_id",
                       "health_mask" (null from the older NVML call)}}]}
@@ -276,7 +276,7 @@ class Recorded:
     samples: tuple[RunSamples, ...]
     timings: Timings
     build: BuildInfo
-    contention: Contention | None  # None: recorded before issue 14
+    contention: Contention | None  # None: recorded before contention was read
     health: Health | None  # likewise
     gpu: GpuIdentity | None = None  # None: recorded before identities were kept
 

@@ -5,7 +5,7 @@ benchmarks local to a GPU run on every GPU together, then each GPU's host copies
 (runner.NodeSchedule: the host's bandwidth is shared). P2P is the node's alone: its matrix measures
 every ordered pair, where each GPU's own p2p benchmark measured the same neighbouring pairs. The suite
 binaries are this process's children, so no run counts another as contention (four `--device` runs
-started together each saw the others, issue 30). A process of someone else's makes only the GPU it
+started together each saw the others). A process of someone else's makes only the GPU it
 sits on NOT REPRESENTATIVE. Then the node's own measurements (kernels/node.cu): the full P2P matrix,
 host <-> every GPU at once, NCCL's collectives (the guest's NCCL, loaded by the suite; never
 re-implemented), and NVML's active NVLinks per GPU. Each is judged against the model table here.

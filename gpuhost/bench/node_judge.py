@@ -100,7 +100,7 @@ BIDIR_PASS, BIDIR_FAIL = 0.50, 0.20
 ALL_TO_ALL_PASS, ALL_TO_ALL_FAIL = 0.40, 0.15
 
 # A pair is named below the others' median under this fraction: on one fabric every pair runs
-# within a few percent of the others (392.5-393.2 GB/s for the 12 pairs of the 4x H200, issue 30).
+# within a few percent of the others (392.5-393.2 GB/s for the 12 pairs of a 4x H200 guest, tests/fixtures/h200x4-node).
 BELOW_MEDIAN = 0.80
 
 # A GPU's share of the all-at-once host copies: the host's memory and root complexes are shared,

@@ -25,6 +25,6 @@ class Outcome:
     timings: Timings
     build: BuildInfo
     with_baseline: bool
-    contention: Contention | None = None  # None: a recorded run from before issue 14
+    contention: Contention | None = None  # None: a run recorded before contention was read
     health: Health | None = None  # likewise
     gpu: GpuIdentity | None = None  # the GPU measured; None in a replay of a run recorded without it

@@ -7,7 +7,7 @@ The suite's document (format 1):
                 "memory_bytes", "sm_clock_khz", "memory_clock_khz", "memory_bus_bits", "pci_bus_id"},
      "versions": {"cuda_driver", "cuda_runtime", "cublaslt"},
      "benchmarks": [{"name", "seconds"}],
-     "results": [{"name", "benchmark" (since issue 14), "unit", "value", "median_ms", "min_ms", "max_ms", "reps",
+     "results": [{"name", "benchmark" (older suites: none), "unit", "value", "median_ms", "min_ms", "max_ms", "reps",
                   "samples_ms", "verified", "error", "check", "params": {...}, "extra": {...}}],
      "errors": [{"benchmark", "message"}],
      "elapsed_s": float}

@@ -75,7 +75,7 @@ class NodeSchedule:
 
 def below_pass(verdict: Verdict, document: dict[str, Any]) -> dict[str, str]:
     """The verified, timed results judged below PASS, by name, with the benchmark that measures each
-    (a result of a suite older than issue 14 names no benchmark and is not re-measured)."""
+    (a result of an older suite names no benchmark and is not re-measured)."""
     benchmark_of = {
         str(result.get("name")): str(result.get("benchmark"))
         for result in document.get("results", [])

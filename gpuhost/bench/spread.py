@@ -1,6 +1,6 @@
 """The spread of a timed result's repetitions: how fast it can go, and how steady it is.
 
-Capability and stability are judged apart (issue 14). A median lands on the slow half when a run
+Capability and stability are judged apart. A median lands on the slow half when a run
 is fast for four repetitions and slow for six (seen on the H100 guest: d2h 4.87 ms four times, then
 6.3-9.8 ms), which turned a healthy GPU's verdict to WARN in half the runs. So:
 
