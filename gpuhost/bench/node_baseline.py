@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from gpuhost.bench.node_model import BaselineComparison, NodeFigure, NodeFinding
-from gpuhost.bench.rules import BASELINE_WHY, Status, graded, node_problem
+from gpuhost.bench.rules import NCCL_SMALL_BYTES, Rule, Status, graded, node_problem, node_rule
 from gpuhost.problems import Stage, register
 
 NODE_BELOW_BASELINE = register(
@@ -17,51 +17,27 @@ NODE_BELOW_BASELINE = register(
 )
 
 
-# Against a baseline node run (--all --baseline, e.g. the same node on bare metal), fraction of the
-# baseline's figure: PASS at or above the first, FAIL below the second. Each line sits below what one
-# healthy node did run to run, across the 13 runs of each capture (tests/fixtures/h100x4,
-# tests/fixtures/h200x2-node), and above the loss it is there to catch:
-# - P2P pairs, both at once, all to all: the one-GPU suite's baseline line (rules.BASELINE_WHY); the
-#   worst ratio between two healthy runs was 0.965 (all to all, quick against full).
-BASELINE_P2P_PASS, BASELINE_P2P_FAIL = 0.95, 0.90
-# - collectives from 128 MiB up: 0.941 at worst between two healthy runs (every ordered pair of the
-#   11 full runs of the four-H200 guest, tests/fixtures/h200x4-node), 0.958 on the four H100s;
-#   guests without their topology reach 56-74% of bare metal (nccl-tests#380: 180 vs 320 GB/s;
-#   #256: 260 vs 350), which the FAIL line catches.
-BASELINE_NCCL_PASS, BASELINE_NCCL_FAIL = 0.90, 0.75
-# - collectives below 128 MiB, where latency dominates: the four H200s moved 0.794 at worst at 8 MiB
-#   (reduce_scatter) and 0.899 at 32 MiB, so the 0.90 line WARNed 31 of their 660 comparisons;
-#   a path through the host loses more than half at these sizes as at the large ones.
-BASELINE_NCCL_SMALL_BYTES = 128 << 20
-BASELINE_NCCL_SMALL_PASS, BASELINE_NCCL_SMALL_FAIL = 0.75, 0.50
-# - host to every GPU at once, and back: the host's memory is shared with everything else on it and
-#   moved 148-196 GB/s over 13 healthy runs of the four-H100 guest (0.758 at worst); a GPU behind the
-#   far NUMA node or a halved uplink drops a share by half, which the FAIL line catches.
-BASELINE_HOST_PASS, BASELINE_HOST_FAIL = 0.75, 0.50
+# Against a baseline node run (--all --baseline, e.g. the same node on bare metal), a fraction of the
+# baseline's figure: PASS at or above the first line, FAIL below the second; each line, its reason and
+# the evidence are rules.NODE_RULES' (the P2P figures take the one-GPU suite's default line).
+def _baseline_rule(metric: str, size_bytes: int | None) -> Rule:
+    if metric.startswith("nccl_"):
+        return node_rule("nccl_small" if size_bytes is not None and size_bytes < NCCL_SMALL_BYTES else "nccl")
+    if metric in ("h2d_all", "d2h_all"):
+        return node_rule("host_all")
+    return node_rule("p2p_pair")
 
 
 def _baseline_lines(metric: str, size_bytes: int | None) -> tuple[float, float, str]:
-    if metric.startswith("nccl_") and size_bytes is not None and size_bytes < BASELINE_NCCL_SMALL_BYTES:
-        return (
-            BASELINE_NCCL_SMALL_PASS,
-            BASELINE_NCCL_SMALL_FAIL,
-            "below 128 MiB latency dominates and a collective moves up to 21% run to run; a path through "
-            "the host costs more than half",
-        )
-    if metric.startswith("nccl_"):
-        return (
-            BASELINE_NCCL_PASS,
-            BASELINE_NCCL_FAIL,
-            "a collective varies <= 7% run to run; guests without their topology reach 56-74% of bare metal",
-        )
-    if metric in ("h2d_all", "d2h_all"):
-        return (
-            BASELINE_HOST_PASS,
-            BASELINE_HOST_FAIL,
-            "the host's shared memory moves the aggregate by up to 24% run to run; a far NUMA node or a "
-            "halved uplink costs half",
-        )
-    return BASELINE_P2P_PASS, BASELINE_P2P_FAIL, BASELINE_WHY
+    rule = _baseline_rule(metric, size_bytes)
+    return rule.baseline_pass, rule.baseline_fail, rule.baseline_why
+
+
+BASELINE_P2P_PASS, BASELINE_P2P_FAIL, _ = _baseline_lines("p2p_pair_0_to_1", None)
+BASELINE_NCCL_PASS, BASELINE_NCCL_FAIL, _ = _baseline_lines("nccl_all_reduce", None)
+BASELINE_NCCL_SMALL_BYTES = NCCL_SMALL_BYTES
+BASELINE_NCCL_SMALL_PASS, BASELINE_NCCL_SMALL_FAIL, _ = _baseline_lines("nccl_all_reduce", 8 << 20)
+BASELINE_HOST_PASS, BASELINE_HOST_FAIL, _ = _baseline_lines("h2d_all", None)
 
 
 def _figure_points(figure: NodeFigure) -> dict[int | None, float | None]:

@@ -14,7 +14,7 @@ from gpuhost.bench.models import GpuModel
 from gpuhost.bench.node_baseline import NODE_BELOW_BASELINE, baseline_findings, compare_with_baseline
 from gpuhost.bench.node_model import BaselineComparison, NodeBaseline, NodeFigure, NodeFinding, NodeRecord, NodeVerdict
 from gpuhost.bench.results import Measurement, parse_suite_document
-from gpuhost.bench.rules import P2P_RULE, Status, graded, node_problem, worst
+from gpuhost.bench.rules import Status, graded, node_problem, node_rule, worst
 from gpuhost.problems import Severity, Stage, register
 
 P2P_NO_ACCESS = register(
@@ -82,44 +82,22 @@ NODE_CONTENTION = register(
     "another process used a GPU during the node measurements",
 )
 
-# Thresholds, each with its reason.
-# One direction of a peer copy: the one-GPU suite's P2P rule (rules.P2P_RULE), one line for both: a
-# direct path runs near link speed (88% of 450 GB/s on the H100 and H200 guests), staged through
-# host memory far below it.
-assert P2P_RULE.pass_at is not None and P2P_RULE.fail_below is not None
-P2P_PASS, P2P_FAIL = P2P_RULE.pass_at, P2P_RULE.fail_below
 
-# Both directions at once against twice the link: full duplex adds the copy engines' and the
-# fabric's limits; half of the doubled link is still far above a path through the host.
-BIDIR_PASS, BIDIR_FAIL = 0.50, 0.20
+# The node's lines, each with its reason and evidence, are rules.NODE_RULES; their names here for
+# the judging below.
+def _lines(name: str) -> tuple[float, float]:
+    rule = node_rule(name)
+    assert rule.pass_at is not None
+    return rule.pass_at, rule.fail_below if rule.fail_below is not None else 0.0
 
-# All to all against the number of GPUs times the link. The suite's copies (cudaMemcpyPeerAsync, one
-# stream per pair) share each GPU's copy engines: 772 GB/s, 43% of 4 x 450, on the healthy 4x H100
-# (tests/fixtures/h100x4), against 19% with one pair through the host. 40% passes that healthy
-# node; below 15% most pairs run through host memory. An SM-driven all-to-all would reach more.
-ALL_TO_ALL_PASS, ALL_TO_ALL_FAIL = 0.40, 0.15
 
-# A pair is named below the others' median under this fraction: on one fabric every pair runs
-# within a few percent of the others (392.5-393.2 GB/s for the 12 pairs of a 4x H200 guest, tests/fixtures/h200x4-node).
-BELOW_MEDIAN = 0.80
-
-# A GPU's share of the all-at-once host copies: the host's memory and root complexes are shared,
-# so every share drops together; one GPU 25% below the median sits behind a narrower or shared
-# uplink, or its pinned memory on the far NUMA node.
-HOST_SHARE_BELOW_MEDIAN = 0.75
-
-# NCCL bus bandwidth at the largest size (>= 1 GiB) against one direction of the link: nccl-tests
-# on bare-metal HGX H100 without NVLink SHARP reach about 80% of 450 GB/s (355 GB/s measured on the
-# 4x H100 machine here); the VM reports of 25-75% of bare metal (nccl-tests#380, #256) are the
-# loss this catches: below 60% is a flat topology or a slow path, below 25% rings through the host.
-NCCL_PASS, NCCL_FAIL = 0.60, 0.25
-
-# All_gather and reduce_scatter on two ranks: one step each, which nccl-tests' bus bandwidth (a half
-# of the algorithm bandwidth at two ranks) scores lower than at more: 59-62% of 450 GB/s on a healthy
-# two-H200 guest in 13 back-to-back runs (tests/fixtures/h200x2-node, 2026-11-28), against 72% on the
-# four-H100 guest. At 60% that node's verdict flipped between PASS and WARN run after run; at 50% it
-# holds, and a flat or host-routed path (the 25% line) still fails.
-NCCL_TWO_RANK_GATHER_PASS = 0.50
+P2P_PASS, P2P_FAIL = _lines("p2p_pair")
+BIDIR_PASS, BIDIR_FAIL = _lines("p2p_bidir")
+ALL_TO_ALL_PASS, ALL_TO_ALL_FAIL = _lines("p2p_all_to_all")
+BELOW_MEDIAN, _ = _lines("p2p_pair_median")
+HOST_SHARE_BELOW_MEDIAN, _ = _lines("host_share_median")
+NCCL_PASS, NCCL_FAIL = _lines("nccl")
+NCCL_TWO_RANK_GATHER_PASS, _ = _lines("nccl_two_rank_gather")
 
 
 def nccl_pass_fraction(collective: str, ranks: int) -> float:

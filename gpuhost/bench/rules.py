@@ -244,6 +244,130 @@ P2P_RULE = Rule(
     "a direct peer path runs near link speed; staged through host memory it runs far below",
 )
 
+# The node's lines (smoke-test --all), each figure against its reference and against a baseline node
+# run, each with its reason; node_judge and node_baseline read them here, and so does the
+# thresholds page (docs/reference/thresholds.md, generated from this module).
+NODE_RULES: tuple[Rule, ...] = (
+    # One direction of a peer copy: the one-GPU suite's P2P line, one line for both. Against a
+    # baseline: the worst ratio between two healthy runs was 0.965 (all to all, quick against full,
+    # tests/fixtures/h100x4 and h200x2-node).
+    Rule(
+        "p2p_pair",
+        "P2P, one direction (each ordered pair)",
+        "nvlink",
+        P2P_RULE.pass_at,
+        P2P_RULE.fail_below,
+        P2P_RULE.why,
+    ),
+    # Full duplex adds the copy engines' and the fabric's limits; half of the doubled link is still
+    # far above a path through the host.
+    Rule(
+        "p2p_bidir",
+        "P2P, both directions at once (each pair)",
+        "twice the link",
+        0.50,
+        0.20,
+        "full duplex adds the copy engines' and the fabric's limits; half the doubled link is far above a path "
+        "through the host",
+    ),
+    # The suite's copies (cudaMemcpyPeerAsync, one stream per pair) share each GPU's copy engines:
+    # 772 GB/s, 43% of 4 x 450, on a healthy 4x H100 guest (tests/fixtures/h100x4), against 19% with
+    # one pair through the host. An SM-driven all-to-all would reach more.
+    Rule(
+        "p2p_all_to_all",
+        "P2P, all to all at once",
+        "GPUs x the link",
+        0.40,
+        0.15,
+        "the peer copies share each GPU's copy engines (43% on a healthy 4x H100); below 15% most pairs run "
+        "through host memory",
+    ),
+    # On one fabric every pair runs within a few percent of the others (392.5-393.2 GB/s for the 12
+    # pairs of a 4x H200 guest, tests/fixtures/h200x4-node).
+    Rule(
+        "p2p_pair_median",
+        "a P2P pair against the matrix's median",
+        "the median pair",
+        0.80,
+        None,
+        "on one fabric every pair runs within a few percent of the others: a pair 20% below is on another path",
+    ),
+    # The host's memory and root complexes are shared, so every share drops together. Against a
+    # baseline: the aggregates moved 148-196 GB/s over 13 healthy runs of the four-H100 guest
+    # (0.758 at worst).
+    Rule(
+        "host_share_median",
+        "a GPU's share of the host copies at once, against the median share",
+        "the median share",
+        0.75,
+        None,
+        "one GPU 25% below the others sits behind a narrower or shared uplink, or its pinned memory is on the "
+        "far NUMA node",
+    ),
+    Rule(
+        "host_all",
+        "host to every GPU at once, and back",
+        None,
+        None,
+        None,
+        "INFO: the host's memory is shared with everything else on it",
+        baseline_pass=0.75,
+        baseline_fail=0.50,
+        baseline_why="the host's shared memory moves the aggregate by up to 24% run to run; a far NUMA node or a "
+        "halved uplink costs half",
+    ),
+    # nccl-tests on bare-metal HGX H100 without NVLink SHARP reach about 80% of 450 GB/s (355 GB/s on
+    # a 4x H100 machine); VMs report 25-75% of bare metal (nccl-tests#380, #256). Against a baseline,
+    # from 128 MiB up: 0.941 at worst between two healthy runs (every ordered pair of the 11 full runs
+    # of the four-H200 guest, tests/fixtures/h200x4-node), 0.958 on four H100s.
+    Rule(
+        "nccl",
+        "NCCL bus bandwidth at the largest size (>= 1 GiB)",
+        "one direction of the link",
+        0.60,
+        0.25,
+        "bare-metal HGX reaches about 80% of the link; below 60% is a flat topology or a slow path, below 25% "
+        "rings through the host",
+        baseline_pass=0.90,
+        baseline_fail=0.75,
+        baseline_why="a collective varies <= 7% run to run; guests without their topology reach 56-74% of bare metal",
+    ),
+    # All_gather and reduce_scatter on two ranks: one step each, which nccl-tests' bus bandwidth (a
+    # half of the algorithm bandwidth at two ranks) scores lower: 59-62% of 450 GB/s on a healthy
+    # two-H200 guest in 13 back-to-back runs (tests/fixtures/h200x2-node), against 72% on four H100s.
+    # At 60% that node flipped between PASS and WARN run after run; at 50% it holds.
+    Rule(
+        "nccl_two_rank_gather",
+        "NCCL all_gather and reduce_scatter on two GPUs",
+        "one direction of the link",
+        0.50,
+        0.25,
+        "one step each at two ranks, which nccl-tests' bus bandwidth scores lower (59-62% on a healthy pair)",
+    ),
+    # Below 128 MiB latency dominates: the four H200s moved 0.794 at worst at 8 MiB (reduce_scatter)
+    # and 0.899 at 32 MiB, so a 0.90 line WARNed 31 of their 660 comparisons.
+    Rule(
+        "nccl_small",
+        "NCCL bus bandwidth below 128 MiB (against a baseline only)",
+        None,
+        None,
+        None,
+        "listed at every size; judged against a baseline run",
+        baseline_pass=0.75,
+        baseline_fail=0.50,
+        baseline_why="below 128 MiB latency dominates and a collective moves up to 21% run to run; a path through "
+        "the host costs more than half",
+    ),
+)
+# A collective below this size is judged against a baseline by the `nccl_small` lines.
+NCCL_SMALL_BYTES = 128 << 20
+
+
+def node_rule(name: str) -> Rule:
+    """One of the node's lines (NODE_RULES) by name."""
+    return next(rule for rule in NODE_RULES if rule.metric == name)
+
+
 QUICK_METRICS = (
     "copy",
     "triad",

@@ -1,34 +1,16 @@
 """PASS / WARN / FAIL: each measurement against the model's datasheet figure (and a baseline
 run when given), and the NVML environment checks, with the thresholds and their reasons.
 
-Thresholds (fraction of the datasheet figure; PASS at or above `pass_at`, FAIL below
-`fail_below`, WARN between; a rule without `fail_below` never fails):
-
-| metric | compared with | PASS | FAIL below | why |
-| copy, triad | memory bandwidth | 80% | 70% | STREAM-like kernels reach 84-93% on HBM, ~94% on GDDR |
-| dot | memory bandwidth | 75% | 60% | a reduction streams like a copy, plus its barriers |
-| softmax_online | memory bandwidth | 70% | 55% | one read + one write, plus exponentials |
-| roofline (FMA plateau) | FP32 peak | 80% | 60% | pure FMA runs at the clock's FP32 rate; less = clocks held back |
-| sgemm (ours) | FP32 peak | 55% | 40% | a good tiled SGEMM reaches 60-75% |
-| cublas_bf16, cublas_fp16 | dense peak | 70% | 60% | cuBLAS reaches 75-87% of dense peak |
-| cublas_tf32 | dense TF32 peak | 65% | 50% | cuBLAS reaches ~80% |
-| cublas_fp32 | FP32 peak | 65% | 50% | cuBLAS SGEMM reaches ~77% (H100) |
-| h2d/d2h pinned | PCIe per-direction ceiling | 75% | 60% | good links give 80-87%; a cloud's floor is 48 of 63 GB/s |
-| bidir pinned | twice that | 55% | - | full duplex depends on the host's memory system |
-| launch_queued | absolute | <= 10 us | > 50 us | a launch costs 2-5 us; passthrough adds no exits to it |
-| launch_roundtrip | absolute | <= 25 us | > 100 us | 5-11 us with the wait; more: trapped doorbells, busy vCPU |
-| p2p copies | NVLink (or PCIe), one direction | 70% | 30% | a direct path runs near link speed; via host far below |
+The thresholds, each with its reason, are gpuhost.bench.rules' (RULES, P2P_RULE; the node's
+NODE_RULES), and docs/reference/thresholds.md is generated from them.
 
 Each timed result is judged on its capability figure, the 75th percentile of its repetitions
 towards the fast end (gpuhost.bench.spread), not on its median; the spread (slowest, median,
 fastest, stability) is reported beside it, and an unstable one gets its own line.
 
-Against a baseline (an earlier run, e.g. bare metal): PASS at >= 95% of the baseline's figure,
-FAIL below 90%, because well-configured KVM passthrough reaches 98-100% of bare metal. Where one
-healthy node moves more than that run to run, the rule's own line is wider (gpuhost.bench.rules,
-with the captured spread): the tensor-core GEMMs PASS at >= 85% (FAIL < 75%), both directions at
-once >= 85% (< 70%), back-to-back launches within 1.8x (FAIL past 2.9x), launch + sync within 1.33x
-(past 2x).
+Against a baseline (an earlier run, e.g. bare metal): each rule's baseline lines, by default PASS
+at >= 95% of the baseline's figure and FAIL below 90%, because well-configured KVM passthrough
+reaches 98-100% of bare metal; wider where one healthy node moves more than that run to run.
 """
 
 from __future__ import annotations
