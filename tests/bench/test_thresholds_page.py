@@ -18,7 +18,8 @@ Each figure the smoke-test judges, the reference it is compared with, its PASS a
 between; no FAIL line: it never fails), and its lines against a baseline run (`--baseline`: a
 fraction of the same figure in the earlier run). A fraction is of the
 reference; an absolute line is in the figure's own unit (a launch in microseconds: lower is
-better, and against a baseline the fraction is the baseline's time over this run's). This page is generated from `gpuhost.bench.rules` (a test fails when they differ).
+better, and against a baseline the fraction is the baseline's time over this run's). This page is
+generated from `gpuhost.bench.rules` (a test fails when they differ).
 """
 
 
