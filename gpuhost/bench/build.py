@@ -129,33 +129,64 @@ def toolkit_root(nvcc: Path) -> Path:
     return Path("/usr/local/cuda")
 
 
-def _python_cublas_dirs() -> Iterable[tuple[Path, Path]]:
-    # The nvidia-cublas wheel (pip install nvidia-cublas) ships headers and libraries.
+def _wheel_roots(flavours: Sequence[str]) -> Iterable[Path]:
+    """The NVIDIA wheels' roots in this Python (nvidia/cu13, nvidia/nccl, ...: pip's nvidia-* packages,
+    PyTorch's among them), in the order of `flavours`."""
     spec = importlib.util.find_spec("nvidia")
     if spec is None or spec.submodule_search_locations is None:
         return
     for base in spec.submodule_search_locations:
-        for flavour in ("cu13", "cu12", "cublas"):
-            root = Path(base) / flavour
-            yield root / "include", root / "lib"
+        for flavour in flavours:
+            yield Path(base) / flavour
 
 
-def find_cublas(nvcc: Path) -> Cublas | None:
+def _shortest(directory: Path, pattern: str) -> Path | None:
+    """The library in `directory` with the shortest name that matches: libX.so where there is one,
+    else libX.so.13."""
+    found = sorted(directory.glob(pattern), key=lambda p: len(p.name)) if directory.is_dir() else []
+    return found[0] if found else None
+
+
+def _toolkit_dirs(nvcc: Path) -> list[tuple[Path, Path]]:
+    """The toolkit's (include, lib) directory pairs, x86-64 and Arm server layouts."""
     root = toolkit_root(nvcc)
-    pairs: list[tuple[Path, Path]] = [
+    return [
         (root / "include", root / "lib64"),
         (root / "targets" / "x86_64-linux" / "include", root / "targets" / "x86_64-linux" / "lib"),
         (root / "targets" / "sbsa-linux" / "include", root / "targets" / "sbsa-linux" / "lib"),
+    ]
+
+
+def find_cublas(nvcc: Path) -> Cublas | None:
+    """cuBLASLt's headers and library: the toolkit, the system's, then the pip wheels."""
+    pairs: list[tuple[Path, Path]] = [
+        *_toolkit_dirs(nvcc),
         (Path("/usr/include"), Path("/usr/lib/x86_64-linux-gnu")),
-        *_python_cublas_dirs(),
+        *((root / "include", root / "lib") for root in _wheel_roots(("cu13", "cu12", "cublas"))),
     ]
     for include_dir, library_dir in pairs:
-        if not (include_dir / "cublasLt.h").is_file() or not library_dir.is_dir():
+        if not (include_dir / "cublasLt.h").is_file():
             continue
-        # The shortest name: libcublasLt.so where the toolkit has it, else libcublasLt.so.13.
-        found = sorted(library_dir.glob("libcublasLt.so*"), key=lambda p: len(p.name))
-        if found:
-            return Cublas(include_dir, library_dir, (found[0],))
+        found = _shortest(library_dir, "libcublasLt.so*")
+        if found is not None:
+            return Cublas(include_dir, library_dir, (found,))
+    return None
+
+
+def find_nccl(nvcc: Path | None, environ: dict[str, str] | None = None) -> Path | None:
+    """The guest's libnccl.so, looked for as cuBLAS is: $GPUHOST_NCCL, the toolkit, the system's
+    library directories, then the pip wheels. None when there is none."""
+    env = os.environ if environ is None else environ
+    if env.get("GPUHOST_NCCL"):
+        named = Path(env["GPUHOST_NCCL"])
+        return named if named.is_file() else None
+    directories = [library for _, library in _toolkit_dirs(nvcc)] if nvcc is not None else []
+    directories += [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/local/lib")]
+    directories += [root / "lib" for root in _wheel_roots(("nccl", "cu13", "cu12"))]
+    for directory in directories:
+        found = _shortest(directory, "libnccl.so*")
+        if found is not None:
+            return found
     return None
 
 

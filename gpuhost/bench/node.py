@@ -13,7 +13,6 @@ re-implemented), and NVML's active NVLinks per GPU. Each is judged against the m
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 import time
@@ -23,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sources, toolkit_root
+from gpuhost.bench.build import build_suite, detect_toolchain, find_kernel_sources, find_nccl
 from gpuhost.bench.environment import (
     Environment,
     load_pynvml,
@@ -58,36 +57,6 @@ NODE_TIMEOUT_S = 300
 
 
 NODE_BENCHMARKS = ("p2p_matrix", "host_all")
-
-
-# ---------------------------------------------------------------------------------- finding NCCL
-def _python_nccl_dirs() -> Iterable[Path]:
-    # The nvidia-nccl-cu12/cu13 wheels (PyTorch's) install nvidia/nccl/lib or nvidia/cu13/lib.
-    spec = importlib.util.find_spec("nvidia")
-    if spec is None or spec.submodule_search_locations is None:
-        return
-    for base in spec.submodule_search_locations:
-        for flavour in ("nccl", "cu13", "cu12"):
-            yield Path(base) / flavour / "lib"
-
-
-def find_nccl(nvcc: Path | None, environ: dict[str, str] | None = None) -> Path | None:
-    """The guest's libnccl.so, looked for as the suite looks for cuBLAS: $GPUHOST_NCCL, the
-    toolkit, the system's library directories, then the pip wheels. None when there is none."""
-    env = os.environ if environ is None else environ
-    if env.get("GPUHOST_NCCL"):
-        named = Path(env["GPUHOST_NCCL"])
-        return named if named.is_file() else None
-    directories: list[Path] = []
-    if nvcc is not None:
-        root = toolkit_root(nvcc)
-        directories += [root / "lib64", root / "targets" / "x86_64-linux" / "lib"]
-    directories += [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/local/lib"), *_python_nccl_dirs()]
-    for directory in directories:
-        found = sorted(directory.glob("libnccl.so*"), key=lambda p: len(p.name)) if directory.is_dir() else []
-        if found:
-            return found[0]
-    return None
 
 
 def fatal_xid(watch: XidWatch, phase: str | Callable[[int], str], gpus: Iterable[int] | None = None) -> StopCheck:

@@ -242,3 +242,23 @@ def test_sampler_keeps_the_best_link_and_the_union_of_reasons_without_idle() -> 
     assert samples.throttle_reasons == 0x4 and samples.throttle_names == ("sw_power_cap",)
     assert samples.max_power_w == 650.0 and samples.min_sm_clock_mhz == 1980
     assert sampler.processes() == ((), True)  # nothing else on the GPU, and NVML could say so
+
+
+def test_cublas_and_nccl_are_found_in_the_toolkit_the_shortest_name_first(tmp_path: Path) -> None:
+    """One search for the toolkit's libraries (bench/build.py): cuBLASLt with its header, NCCL
+    beside it; libX.so before libX.so.13; $GPUHOST_NCCL names one, or none where it is not a file."""
+    from gpuhost.bench.build import find_cublas, find_nccl
+
+    root = tmp_path / "cuda"
+    for name in ("bin/nvcc", "include/cuda_runtime.h", "include/cublasLt.h"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
+    for name in ("libcublasLt.so.13", "libcublasLt.so", "libnccl.so.2"):
+        (root / "lib64" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "lib64" / name).write_text("")
+    cublas = find_cublas(root / "bin" / "nvcc")
+    assert cublas is not None and cublas.libraries == (root / "lib64" / "libcublasLt.so",)
+    assert find_nccl(root / "bin" / "nvcc", {}) == root / "lib64" / "libnccl.so.2"
+    named = root / "lib64" / "libnccl.so.2"
+    assert find_nccl(None, {"GPUHOST_NCCL": str(named)}) == named
+    assert find_nccl(None, {"GPUHOST_NCCL": str(tmp_path / "absent.so")}) is None
