@@ -135,7 +135,7 @@ def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome
     """What stopped a host, for apply's and rollback's reports: trial reverted, unreachable (also a
     reboot it never came back from, or a host key that changed) or failed, with Ansible's message."""
     # A failed command's stderr can be megabytes: the report and the table quote a bounded part.
-    message = shortened(str(result.get("msg") or result.get("stderr") or "").strip())
+    message = shortened(_result_message(result))
     if message.startswith("trial reverted"):
         return HostOutcome(HostStatus.TRIAL_REVERTED, message)
     if kind == "runner_on_unreachable":
@@ -151,6 +151,22 @@ def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome
     if task.startswith("Reboot") and ("Timed out" in message or "timed out" in message):
         return HostOutcome(HostStatus.UNREACHABLE, f"did not come back from the reboot within the timeout: {message}")
     return HostOutcome(HostStatus.FAILED, f"{task}: {message}")
+
+
+def _result_message(result: Mapping[str, Any]) -> str:
+    """A task result's message. A loop's says only 'All items completed': each item's result holds the
+    cause (rollback's first task loops over files, and a changed host key stops its first item)."""
+    message = str(result.get("msg") or result.get("stderr") or "").strip()
+    items = result.get("results")
+    if isinstance(items, list):
+        stopped = [
+            item
+            for item in items
+            if isinstance(item, Mapping) and (item.get("unreachable") or item.get("failed")) and item.get("msg")
+        ]
+        if stopped:
+            return str(stopped[0]["msg"]).strip()
+    return message
 
 
 class EventTracker:
