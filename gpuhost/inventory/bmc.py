@@ -98,8 +98,8 @@ def parse_bmc(variables: Mapping[str, Any], where: str) -> BmcEndpoint | None:
     user = value.get("user")
     if not isinstance(user, str) or not _USER.fullmatch(user):
         raise InputError(
-            f"{where}.user: {_redacted(user)} is not a BMC user name (letters, digits, '_', '.', '@', '-'; at most 64). "
-            "Fix gpuhost_bmc.user."
+            f"{where}.user: {_redacted(user)} is not a BMC user name (letters, digits, '_', '.', '@', '-'; "
+            "at most 64). Fix gpuhost_bmc.user."
         )
     password_env = value.get("password_env")
     if password_env is not None and (not isinstance(password_env, str) or not _ENV_NAME.fullmatch(password_env)):
@@ -182,10 +182,26 @@ def bmc_password(endpoint: BmcEndpoint, vaulted: object, where: str, environ: Ma
 
 
 def check_password_source(endpoint: BmcEndpoint, where: str, environ: Mapping[str, str] | None = None) -> None:
-    """Before a rollout: the environment variable gpuhost_bmc.password_env names is set (a vaulted
-    password is checked by Ansible, which decrypts it only when the BMC is used)."""
+    """Before a rollout (and its --check), before anything connects: the environment variable
+    gpuhost_bmc.password_env names is set, or, for a vaulted password, a vault password is given to the
+    run. Ansible decrypts it only when the BMC must power-cycle the host, when no one can be asked."""
     if endpoint.password_env is not None:
         bmc_password(endpoint, None, where, environ)
+    elif not _vault_password_given():
+        raise InputError(
+            f"{where}: {PASSWORD_VARIABLE} is vaulted, but no vault password is given to the run: Ansible "
+            "would need it only when the BMC must power-cycle the host, and nothing may ask for it then. Give "
+            "it as ANSIBLE_VAULT_PASSWORD_FILE (or vault_password_file / vault_identity_list in ansible.cfg)."
+        )
+
+
+def _vault_password_given() -> bool:
+    """Whether Ansible's settings (the environment, then ansible.cfg, read now) name a vault password source."""
+    try:
+        from ansible.constants import config
+    except ImportError:
+        return False
+    return any(config.get_config_value(name) for name in ("DEFAULT_VAULT_PASSWORD_FILE", "DEFAULT_VAULT_IDENTITY_LIST"))
 
 
 def _protocol(value: object, where: str) -> BmcProtocol:

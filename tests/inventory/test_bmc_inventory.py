@@ -65,7 +65,7 @@ def test_valid_gpuhost_bmc_is_parsed(variables: dict[str, Any], expected: BmcEnd
         (bmc(password_env="P", user=""), ["gpuhost_bmc.user"]),
         (bmc(password_env="hunter2!"), ["gpuhost_bmc.password_env", "not shown"]),
         # Issue 46.6: a user and password in the address are never echoed, nor called an IPv6 address.
-        (bmc(password_env="P", address="https://admin:hunter2@bmc"), ["<user:password hidden>@bmc", "gpuhost_bmc.user"]),
+        (bmc(password_env="P", address="https://admin:hunter2@bmc"), ["<user:password hidden>@bmc", "put the user"]),
         (bmc(password_env="P", address="admin:hunter2@[fd00::9]:443"), ["<user:password hidden>@[fd00::9]:443"]),
         (bmc(password_env="P", address="http://root:hunter2@10.0.9.11"), ["'http://<user:password hidden>@10.0.9.11'"]),
         (bmc(password_env="P", protocol="ipmi", address="hunter2@10.0.9.12"), ["'<user:password hidden>@10.0.9.12'"]),
@@ -143,3 +143,19 @@ def test_apply_refuses_a_password_env_that_is_not_set_before_any_connection(
     error = capsys.readouterr().err
     assert code == 2 and "gpu01" in error and "GPUHOST_TEST_UNSET_BMC" in error and "not set" in error
     assert not (tmp_path / "report.json").exists()
+
+
+def test_a_vaulted_password_needs_a_vault_password_given_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46.6: Ansible decrypts the password only when the BMC must power-cycle a host (nothing
+    may ask for the vault's password then): apply and apply --check refuse a run that gives none."""
+    for name in ("ANSIBLE_VAULT_PASSWORD_FILE", "ANSIBLE_VAULT_IDENTITY_LIST"):
+        monkeypatch.delenv(name, raising=False)
+    vaulted = BmcEndpoint(BmcProtocol.REDFISH, "10.0.9.11", 443, "power")
+    with pytest.raises(InputError, match="no vault password is given to the run"):
+        check_password_source(vaulted, WHERE, {})
+    password_file = tmp_path / "vault-pass"
+    password_file.write_text("vault-pass-1\n")
+    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(password_file))
+    check_password_source(vaulted, WHERE, {})
