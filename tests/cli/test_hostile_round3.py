@@ -338,3 +338,17 @@ def test_a_closed_terminal_stops_the_run_and_leaves_nothing_running(verb: str, t
         entry = json.loads(report.read_text())["hosts"]["gpu-local"]
         assert entry["status"] == HostStatus.NOT_REPORTED.value, entry
         assert "interrupted during this host's batch" in entry["message"], entry
+
+
+def test_ansible_that_stops_before_its_first_task_is_named(tmp_path: Path) -> None:
+    """Every failure names its cause: ansible-playbook that stopped before it ran anything (here a
+    playbook it cannot parse; under a C locale, its locale) left an empty table and 'failed (rc 1)'."""
+    env, inventory = stand_in_playbooks(tmp_path, NOTE)
+    site = tmp_path / "playbooks/collections/ansible_collections/gpuhost/passthrough/playbooks/site.yml"
+    site.write_text("- hosts: all\n  tasks: [unbalanced\n")
+    report = tmp_path / "report.json"
+    result = gpuhost(env, "apply", "-i", str(inventory), "--check", "--report", str(report))
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "ansible-playbook stopped before it ran anything:" in result.stderr, result.stderr
+    assert "ERROR" in result.stderr and not report.exists(), result.stderr
