@@ -21,6 +21,7 @@ from gpuhost.rollout import engine
 from gpuhost.rollout.report import HostStatus
 from gpuhost.targets import ConnectionDefaults, exact_host_pattern, inventory_targets
 from tests.cli.test_hostile_corpus import Listener, assert_clean, cases, listener, run
+from tests.rollout.test_engine import run_task_on_sshd_host, sshd_inventory
 
 __all__ = ["listener"]  # the loopback listener fixture, shared with the corpus
 
@@ -195,21 +196,6 @@ def test_an_unwritable_home_or_temp_names_the_cause(
 # --- host keys: a real sshd on loopback --------------------------------------------------------------------
 
 
-def _sshd_inventory(sshd_server: Any, known_hosts: Path, tmp_path: Path, **extra: str) -> Path:
-    host = {
-        "ansible_host": "127.0.0.1",
-        "ansible_port": sshd_server.port,
-        "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(sshd_server.client_key),
-        "ansible_python_interpreter": "/usr/bin/python3",
-        "gpuhost_known_hosts_file": str(known_hosts),
-        **extra,
-    }
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu01": host}}}))
-    return inventory
-
-
 @pytest.mark.ssh
 @pytest.mark.parametrize(
     "shell",
@@ -229,15 +215,10 @@ def test_host_key_checking_switched_off_in_the_shell_is_overridden(
     for name, value in shell.items():
         monkeypatch.setenv(name, value)
     known_hosts = sshd_server.write_wrong_known_hosts(tmp_path / "known_hosts")
-    inventory = _sshd_inventory(
-        sshd_server, known_hosts, tmp_path, ansible_ssh_extra_args="-o StrictHostKeyChecking=no"
-    )
-    playbook = tmp_path / "one-task.yml"
-    playbook.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.ping:\n")
-    targets = inventory_targets(inventory, None, ConnectionDefaults())
-    tracker = engine.EventTracker(lambda line: None)
     sessions = sshd_server.sessions()
-    engine.run_playbook(playbook, inventory, [exact_host_pattern("gpu01")], {}, "", targets, tracker)
+    _, tracker = run_task_on_sshd_host(
+        sshd_server, known_hosts, tmp_path, "ansible.builtin.ping", ansible_ssh_extra_args="-o StrictHostKeyChecking=no"
+    )
     outcome = tracker.stopped["gpu01"]
     assert outcome.status is HostStatus.UNREACHABLE, outcome
     assert outcome.message.startswith("its SSH host key is not the one in known_hosts"), outcome.message
@@ -249,7 +230,7 @@ def test_rollback_names_a_changed_host_key(sshd_server: Any, tmp_path: Path) -> 
     """Class 5: the real rollback playbook on a host whose key changed reported 'unreachable' with the
     detail 'All items completed' (its first task loops over files); apply named the host key."""
     known_hosts = sshd_server.write_wrong_known_hosts(tmp_path / "known_hosts")
-    inventory = _sshd_inventory(sshd_server, known_hosts, tmp_path)
+    inventory = sshd_inventory(sshd_server, known_hosts, tmp_path)
     targets = inventory_targets(inventory, None, ConnectionDefaults())
     request = engine.RollbackRequest(inventory=inventory, limit=(exact_host_pattern("gpu01"),), reboot_timeout=60)
     failures = engine.rollback(request, targets, lambda line: None)
