@@ -21,6 +21,7 @@ from gpuhost.rollout import engine
 from gpuhost.rollout.report import HostStatus
 from gpuhost.targets import ConnectionDefaults, exact_host_pattern, inventory_targets
 from tests.cli.test_hostile_corpus import Listener, assert_clean, cases, listener, run
+from tests.cli.test_interrupt import ctrl_c
 from tests.rollout.test_engine import run_task_on_sshd_host, sshd_inventory
 
 __all__ = ["listener"]  # the loopback listener fixture, shared with the corpus
@@ -302,12 +303,7 @@ def test_a_closed_terminal_stops_the_run_and_leaves_nothing_running(verb: str, t
         time.sleep(0.1)
     task = int(pidfile.read_text())
     assert _ansible_playbooks_of(str(inventory)), "the run's ansible-playbook must be running"
-    process.send_signal(signal.SIGHUP)
-    try:
-        out, err = process.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail("gpuhost did not exit after the signal")
+    out, err, _ = ctrl_c(process, signal.SIGHUP)
     assert "Traceback" not in err, err
     assert process.returncode == 130, out + err
     deadline = time.monotonic() + 5  # a killed process is reaped by its parent or init, not at once
