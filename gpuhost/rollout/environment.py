@@ -165,6 +165,7 @@ def rollout_targets(inventory: Path, limit: str | None, defaults: ConnectionDefa
     it does not know, waits at a yes/no prompt that an unattended run never answers: refused, before
     anything is asked or run."""
     selection = inventory_selection(inventory, limit, defaults)
+    check_control_path_dir()
     for target in selection.targets:
         if str(target.variables.get("ansible_connection", "ssh")) == "paramiko":
             raise InputError(
@@ -174,6 +175,33 @@ def rollout_targets(inventory: Path, limit: str | None, defaults: ConnectionDefa
                 "the audit is not affected."
             )
     return selection
+
+
+def check_control_path_dir(environ: Mapping[str, str] | None = None) -> None:
+    """Ansible's ssh keeps its connection sockets in its control_path_dir (~/.ansible/cp): one it
+    cannot create failed every host mid-run, each as if the host were at fault. Said before anything
+    connects, with the cause. (The inventory was read: Ansible is imported, its settings read.)"""
+    environ = os.environ if environ is None else environ
+    try:
+        from ansible.constants import config
+        from ansible.plugins.loader import connection_loader
+    except ImportError:  # no Ansible: the run itself says so
+        return
+    connection_loader.get("ssh", class_only=True)  # loads the ssh plugin's settings
+    value = config.get_config_value("control_path_dir", plugin_type="connection", plugin_name="ssh")
+    directory = Path(str(value)).expanduser()
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        if environ.get("ANSIBLE_SSH_CONTROL_PATH_DIR"):
+            cause, fix = "ANSIBLE_SSH_CONTROL_PATH_DIR names", "Point it at a writable directory, or unset it"
+        else:
+            cause = f"HOME={environ.get('HOME', '')} is not writable: Ansible's control_path_dir"
+            fix = "Set HOME to a writable directory, or ANSIBLE_SSH_CONTROL_PATH_DIR to one"
+        raise InputError(
+            f"Ansible cannot start: {cause} {directory}, where its ssh keeps each host's connection, "
+            f"cannot be created ({error.strerror}). {fix}."
+        ) from error
 
 
 def ansible_limit(selection: InventorySelection, *, controller_play: bool) -> tuple[str, ...]:

@@ -174,6 +174,29 @@ def test_an_unwritable_home_or_temp_names_the_cause(
 ) -> None:
     """Class 4: a HOME that is not writable (containers) or an unwritable ANSIBLE_LOCAL_TEMP ended
     in Ansible's traceback from makedirs_safe. Named, exit 2, before anything connects."""
+    _refused_for_its_directories(shell, names, verb, tmp_path, listener)
+
+
+@pytest.mark.parametrize("verb", ["apply", "rollback"])
+@pytest.mark.parametrize(
+    ("shell", "names"),
+    [
+        ({"HOME": "/proc", "ANSIBLE_LOCAL_TEMP": "TMP/local-temp"}, "HOME=/proc is not writable: Ansible's control"),
+        ({"ANSIBLE_SSH_CONTROL_PATH_DIR": "TMP/a-file/cp"}, "ANSIBLE_SSH_CONTROL_PATH_DIR names TMP/a-file/cp"),
+    ],
+    ids=["home", "control-path-dir"],
+)
+def test_an_unwritable_ssh_control_path_dir_names_the_cause(
+    shell: dict[str, str], names: str, verb: str, tmp_path: Path, listener: Listener
+) -> None:
+    """Class 4: with Ansible's local temporary directory writable but not its ssh's control_path_dir
+    (~/.ansible/cp), every host of apply and rollback 'failed' at its first task, as if at fault."""
+    _refused_for_its_directories(shell, names, verb, tmp_path, listener)
+
+
+def _refused_for_its_directories(
+    shell: dict[str, str], names: str, verb: str, tmp_path: Path, listener: Listener
+) -> None:
     inventory = tmp_path / "inventory.yml"
     host = {"ansible_host": "127.0.0.1", "ansible_port": listener.port}
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu01": host}}}))
