@@ -347,3 +347,30 @@ def test_the_report_filter_says_each_status_with_the_engines_enum(monkeypatch: p
     }
     for status, hostvars in entries.items():
         assert HostStatus.of(report_entry(hostvars)["status"]) is status
+
+
+@pytest.mark.hostile
+def test_an_interrupted_apply_reports_where_each_host_was(
+    inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46.8: a run interrupted (Ctrl-C, SIGTERM, SIGHUP) after it reached hosts writes the report:
+    a host rebooting into its trial is left to its rescue, and the report says so; a host whose batch
+    had not begun changed nothing."""
+    reboot = "Reboot into the new kernel command line (only when /proc/cmdline differs from the plan)"
+    events = [
+        {"event": "runner_on_ok", "event_data": {"host": "gpu02", "task": PLANNER_TASK, "play": PLAN_PLAY, "res": {}}},
+        {"event": "playbook_on_task_start", "event_data": {"task": reboot}},
+        {"event": "runner_on_ok", "event_data": {"host": "gpu01", "task": "x", "play": "Configure for passthrough"}},
+    ]
+
+    def run(**kwargs: Any) -> SimpleNamespace:
+        for event in events:
+            kwargs["event_handler"](event)
+        return SimpleNamespace(stats={}, rc=-1, status="canceled")
+
+    monkeypatch.setattr("ansible_runner.run", run)
+    report_path = tmp_path / "report.json"
+    assert main(["apply", "-i", str(inventory), "--yes", "--report", str(report_path)]) == 130
+    hosts = json.loads(report_path.read_text())["hosts"]
+    assert hosts["gpu01"]["status"] == "not-reported" and "left to its rescue" in hosts["gpu01"]["message"], hosts
+    assert hosts["gpu02"]["status"] == "not reached" and "nothing was changed" in hosts["gpu02"]["message"], hosts
