@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import ansible_printer, print_environment_notes, progress_printer, rollout_console
+from gpuhost.cli.common import ansible_printer, check_ansible_environment, progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.inventory.bmc import check_password_source
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("gpuhost apply asks before changing hosts; pass --yes to run unattended.")
     # The shell's ANSIBLE_* variables, then every host's connection and gpuhost_* values, checked
     # before anything connects; --check refuses what the real run would.
-    print_environment_notes()
+    check_ansible_environment()
     selection = rollout_targets(args.inventory, args.limit, ConnectionDefaults(role=Role.HOST))
     targets = list(selection.targets)
     limit = ansible_limit(selection, controller_play=True)
