@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuhost.errors import InputError, MissingDependencyError, NoHostsSelected
 from gpuhost.facts.snapshot import SnapshotTree
-from gpuhost.inventory.bmc import PASSWORD_NOT_READ, PASSWORD_VARIABLE, parse_bmc
+from gpuhost.inventory.bmc import PASSWORD_VARIABLE, parse_bmc, password_marker
 from gpuhost.inventory.plan_settings import PlanSettings, gpus_variable
 from gpuhost.inventory.policy import ROLES, AuditPolicy, Role
 from gpuhost.inventory.spec import HostPolicy, VmSpec, host_policy, parse_vms, pick_vm, vm_defaults
@@ -327,6 +327,21 @@ def ansible_inventory_settings() -> None:
     os.environ.setdefault("ANSIBLE_HOST_PATTERN_MISMATCH", "ignore")
 
 
+def ansible_settings_error(error: Exception) -> InputError:
+    """Ansible could not start in this process (it reads its settings, and makes its local temporary
+    directory, when first imported): the cause and the fix, not Ansible's traceback."""
+    message = " ".join(str(getattr(error, "message", None) or error).split())
+    if "Unable to create local directories" in message:
+        if os.environ.get("ANSIBLE_LOCAL_TEMP"):
+            where = f"ANSIBLE_LOCAL_TEMP={os.environ['ANSIBLE_LOCAL_TEMP']} names a directory it cannot create"
+            fix = "Point ANSIBLE_LOCAL_TEMP at a writable directory, or unset it"
+        else:
+            where = f"HOME={os.environ.get('HOME', '')} is not writable (Ansible keeps its files in ~/.ansible)"
+            fix = "Set HOME to a writable directory, or ANSIBLE_LOCAL_TEMP to one"
+        return InputError(f"Ansible cannot start: {where}: {message}. {fix}.")
+    return InputError(f"Ansible cannot start: {message}. Check the ANSIBLE_* variables and ansible.cfg it reads.")
+
+
 def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
     """Each selected host's ansible_* and gpuhost_* variables; whether the inventory lists `localhost`."""
     if not path.exists():
@@ -340,6 +355,8 @@ def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict
         from ansible.vars.manager import VariableManager
     except ImportError as error:
         raise MissingDependencyError("ansible-core", "controller", "Reading an Ansible inventory") from error
+    except Exception as error:  # Ansible reads its settings on import: an AnsibleError, said with the cause
+        raise ansible_settings_error(error) from error
     try:
         loader = DataLoader()
         inventory = _parse_inventory(InventoryManager, loader, path)
@@ -356,7 +373,7 @@ def _read_inventory(path: Path, limit: str | None) -> tuple[list[tuple[str, dict
             }
             # Vaulted, and decrypted only by the playbook that uses it: the controller keeps that it is set.
             if variables.get(PASSWORD_VARIABLE) is not None:
-                resolved[PASSWORD_VARIABLE] = PASSWORD_NOT_READ
+                resolved[PASSWORD_VARIABLE] = password_marker(variables[PASSWORD_VARIABLE])
             result.append((host.name, resolved))
         _check_exact_limit(inventory, path, [host.name for host in hosts])
         return result, "localhost" in inventory.hosts
@@ -438,7 +455,8 @@ def select_hosts(inventory: Any, path: Path, limit: str | None) -> list[Any]:
     """The hosts of an Ansible InventoryManager that `limit` (an Ansible pattern) selects: every verb
     selects through here. Ansible reads an empty pattern ('', ',', ':') or an empty regex ('~', what
     '~[' splits into) as no limit, which is every host; here each is an error, and so is a term
-    that matches no host (a typo in a list of hosts to reboot must not go unnoticed)."""
+    that matches no host of the inventory, `localhost` included (a typo in a list of hosts to reboot
+    must not go unnoticed)."""
     from ansible.inventory.manager import split_host_pattern
 
     if limit is not None:
@@ -456,7 +474,9 @@ def select_hosts(inventory: Any, path: Path, limit: str | None) -> list[Any]:
                     f"--limit {limit!r}: {term!r} is not a host pattern gpuhost accepts "
                     "(a host or group name, a glob, or ~REGEX). Name the hosts.",
                 )
-            if not inventory.get_hosts(pattern=bare):
+            # Ansible's implicit localhost (`localhost`, `127.0.0.1` on an inventory that does not list
+            # it) is no host of the inventory: a limit naming it names a host that is not there.
+            if not [host for host in inventory.get_hosts(pattern=bare) if not getattr(host, "implicit", False)]:
                 raise NoHostsSelected(
                     path,
                     limit,

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import ansible_printer, progress_printer, rollout_console
+from gpuhost.cli.common import ansible_printer, check_ansible_environment, progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.inventory.bmc import check_password_source
@@ -85,15 +85,16 @@ def run(args: argparse.Namespace) -> int:
     interactive = not (args.yes or args.check)
     if interactive and not sys.stdin.isatty():
         raise InputError("gpuhost apply asks before changing hosts; pass --yes to run unattended.")
-    # Every host's connection and gpuhost_* values, checked before anything connects.
+    # The shell's ANSIBLE_* variables, then every host's connection and gpuhost_* values, checked
+    # before anything connects; --check refuses what the real run would.
+    check_ansible_environment()
     selection = rollout_targets(args.inventory, args.limit, ConnectionDefaults(role=Role.HOST))
     targets = list(selection.targets)
     limit = ansible_limit(selection, controller_play=True)
-    if not args.check:  # only a real trial can power-cycle a host through its BMC
-        for target in targets:
-            bmc = target.require_config().bmc
-            if bmc is not None:
-                check_password_source(bmc, f"inventory host {target.name}")
+    for target in targets:
+        bmc = target.require_config().bmc
+        if bmc is not None:
+            check_password_source(bmc, f"inventory host {target.name}")
     if interactive:
         declined = _ask(targets, args.serial, console, args.require_rescue)
         if declined is not None:

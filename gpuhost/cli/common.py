@@ -140,6 +140,17 @@ def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, Hos
     return target, config.vm(vm_name, f"inventory host {host}"), config.render
 
 
+def check_ansible_environment() -> None:
+    """apply's and rollback's first step: refuse a shell variable that would weaken host key checking
+    (InputError), and say in one line each which ANSIBLE_* variables of the shell gpuhost overrides."""
+    import sys
+
+    from gpuhost.rollout.environment import rollout_environment
+
+    for note in rollout_environment().notes:
+        print(printable(note), file=sys.stderr)
+
+
 def rollout_console() -> Console:
     return make_console(soft_wrap=True)
 

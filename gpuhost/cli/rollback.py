@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import ansible_printer, progress_printer, rollout_console
+from gpuhost.cli.common import ansible_printer, check_ansible_environment, progress_printer, rollout_console
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.rollout.engine import RollbackRequest
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     console = rollout_console()
     if not 30 <= args.reboot_timeout <= 86400:
         raise InputError("--reboot-timeout must be from 30 to 86400 seconds.")
+    check_ansible_environment()
     selection = rollout_targets(args.inventory, args.limit, ConnectionDefaults())
     targets = list(selection.targets)
     limit = ansible_limit(selection, controller_play=False)

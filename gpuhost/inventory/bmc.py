@@ -32,6 +32,8 @@ PASSWORD_VARIABLE = "gpuhost_bmc_password"  # noqa: S105 (the variable's name, n
 # What the controller keeps of a vaulted gpuhost_bmc_password when it reads the inventory: that it is
 # set. The inventory is read without the vault's secret; the playbook decrypts it when it needs it.
 PASSWORD_NOT_READ = "(set; read only when the BMC is used)"  # noqa: S105 (a placeholder)
+# ... and of one written in clear (neither vaulted nor a template that names a vaulted one): refused.
+PASSWORD_IN_CLEAR = "(set in clear; refused)"  # noqa: S105 (a placeholder)
 _KEYS = frozenset(
     {"protocol", "address", "user", "password_env", "verify_tls", "ca_bundle", "system", "chassis_control"}
 )
@@ -47,9 +49,32 @@ _SYSTEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _FIX = "See docs/bmc.md for gpuhost_bmc's keys."
 
 
+def password_marker(value: object) -> str:
+    """What the controller keeps of the inventory's gpuhost_bmc_password (never the value): vaulted, or a
+    template (`{{ vault_bmc_password }}`) that the playbook resolves, or written in clear."""
+    if isinstance(value, str) and "{{" not in value and not _decrypted_from_vault(value):
+        return PASSWORD_IN_CLEAR
+    return PASSWORD_NOT_READ
+
+
+def _decrypted_from_vault(value: str) -> bool:
+    try:
+        from ansible.parsing.vault import VaultedValue
+    except ImportError:  # an Ansible without data tags: a vaulted value is never a plain str there
+        return False
+    return bool(VaultedValue.is_tagged_on(value))
+
+
 def parse_bmc(variables: Mapping[str, Any], where: str) -> BmcEndpoint | None:
-    """The host's `gpuhost_bmc`, validated (InputError naming `where`, the key, the value and the fix);
+    """The host's `gpuhost_bmc`, validated (InputError naming `where`, the key and the fix; a value that
+    may hold a secret, its address, user or password, is shown redacted, never as it is);
     None when the host has none (a trial that never answers is then reported unreachable)."""
+    if variables.get(PASSWORD_VARIABLE) == PASSWORD_IN_CLEAR:
+        raise InputError(
+            f"{where}: {PASSWORD_VARIABLE} is written in clear in the inventory (its value is not shown). "
+            f"Encrypt it (ansible-vault encrypt_string --name {PASSWORD_VARIABLE}) or name an environment "
+            f"variable in gpuhost_bmc.password_env instead, and change the BMC password if the file was shared."
+        )
     value = variables.get(BMC_VARIABLE)
     if value is None:
         if variables.get(PASSWORD_VARIABLE) is not None:
@@ -59,7 +84,9 @@ def parse_bmc(variables: Mapping[str, Any], where: str) -> BmcEndpoint | None:
         return None
     where = f"{where}: {BMC_VARIABLE}"
     if not isinstance(value, Mapping):
-        raise InputError(f"{where}: a mapping (protocol, address, user, ...) is required, not {_quoted(value)}. {_FIX}")
+        raise InputError(
+            f"{where}: a mapping (protocol, address, user, ...) is required, not {_redacted(value)}. {_FIX}"
+        )
     unknown = sorted(str(key) for key in value if key not in _KEYS)
     if unknown:
         raise InputError(
@@ -71,13 +98,13 @@ def parse_bmc(variables: Mapping[str, Any], where: str) -> BmcEndpoint | None:
     user = value.get("user")
     if not isinstance(user, str) or not _USER.fullmatch(user):
         raise InputError(
-            f"{where}.user: {_quoted(user)} is not a BMC user name (letters, digits, '_', '.', '@', '-'; at most 64). "
-            "Fix gpuhost_bmc.user."
+            f"{where}.user: {_redacted(user)} is not a BMC user name (letters, digits, '_', '.', '@', '-'; "
+            "at most 64). Fix gpuhost_bmc.user."
         )
     password_env = value.get("password_env")
     if password_env is not None and (not isinstance(password_env, str) or not _ENV_NAME.fullmatch(password_env)):
         raise InputError(
-            f"{where}.password_env: {_quoted(password_env)} is not an environment variable name "
+            f"{where}.password_env: {_redacted(password_env)} is not an environment variable name "
             "(letters, digits, '_'; not starting with a digit). Fix gpuhost_bmc.password_env."
         )
     vaulted = variables.get(PASSWORD_VARIABLE) is not None
@@ -155,10 +182,26 @@ def bmc_password(endpoint: BmcEndpoint, vaulted: object, where: str, environ: Ma
 
 
 def check_password_source(endpoint: BmcEndpoint, where: str, environ: Mapping[str, str] | None = None) -> None:
-    """Before a rollout: the environment variable gpuhost_bmc.password_env names is set (a vaulted
-    password is checked by Ansible, which decrypts it only when the BMC is used)."""
+    """Before a rollout (and its --check), before anything connects: the environment variable
+    gpuhost_bmc.password_env names is set, or, for a vaulted password, a vault password is given to the
+    run. Ansible decrypts it only when the BMC must power-cycle the host, when no one can be asked."""
     if endpoint.password_env is not None:
         bmc_password(endpoint, None, where, environ)
+    elif not _vault_password_given():
+        raise InputError(
+            f"{where}: {PASSWORD_VARIABLE} is vaulted, but no vault password is given to the run: Ansible "
+            "would need it only when the BMC must power-cycle the host, and nothing may ask for it then. Give "
+            "it as ANSIBLE_VAULT_PASSWORD_FILE (or vault_password_file / vault_identity_list in ansible.cfg)."
+        )
+
+
+def _vault_password_given() -> bool:
+    """Whether Ansible's settings (the environment, then ansible.cfg, read now) name a vault password source."""
+    try:
+        from ansible.constants import config
+    except ImportError:
+        return False
+    return any(config.get_config_value(name) for name in ("DEFAULT_VAULT_PASSWORD_FILE", "DEFAULT_VAULT_IDENTITY_LIST"))
 
 
 def _protocol(value: object, where: str) -> BmcProtocol:
@@ -177,7 +220,13 @@ def _address(value: object, protocol: BmcProtocol, where: str) -> tuple[str, int
         else "Write host[:port] (e.g. 10.0.9.11 or bmc-gpu01.example:623)."
     )
     if not isinstance(value, str) or not value:
-        raise InputError(f"{where}: {_quoted(value)} is not a BMC address. {fix}")
+        raise InputError(f"{where}: {_redacted(value)} is not a BMC address. {fix}")
+    if "@" in value:  # https://user:password@host: userinfo, which may be the password itself
+        raise InputError(
+            f"{where}: {_redacted_address(value)} holds a user (and perhaps a password) before '@'; the address "
+            f"is never the place for them: put the user in gpuhost_bmc.user and the password in a vaulted "
+            f"{PASSWORD_VARIABLE} or gpuhost_bmc.password_env. {fix}"
+        )
     text = value
     if protocol is BmcProtocol.REDFISH:
         if text.startswith("http://"):
@@ -213,6 +262,20 @@ def _ca_bundle(value: object, where: str) -> str:
     if not Path(value).is_file():
         raise InputError(f"{where}: {value!r} is not a file on the controller. Fix gpuhost_bmc.ca_bundle.")
     return value
+
+
+def _redacted(value: object) -> str:
+    """A value that may be a secret (typed into the wrong key), in a message: its kind and length only."""
+    if isinstance(value, str):
+        return f"(a value of {len(value)} characters, not shown)"
+    return f"(a {type(value).__name__}, not shown)"
+
+
+def _redacted_address(value: str) -> str:
+    """A BMC address with what precedes '@' (user and password) replaced."""
+    scheme, _, rest = value.rpartition("://") if "://" in value else ("", "", value)
+    host = rest.rpartition("@")[2]
+    return _quoted(f"{scheme}{'://' if scheme else ''}<user:password hidden>@{host}")
 
 
 def _quoted(value: object) -> str:

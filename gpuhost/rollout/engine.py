@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuhost.errors import InputError, MissingDependencyError, shortened
+from gpuhost.errors import GpuhostError, InputError, MissingDependencyError, shortened
 from gpuhost.output import write_output
 from gpuhost.plan.model import (
     APT_PIN_PATH,
@@ -77,6 +77,9 @@ REMOVED_FILES = (
 )
 # How often a run checks for Ctrl-C (ansible-runner's pexpect_timeout; its default is 5 s).
 CANCEL_CHECK_SECONDS = 0.5
+# What cancels a run as Ctrl-C does: SIGHUP is the terminal closing under it (an SSH session that
+# dropped), SIGTERM a service manager or kill. Each stops ansible-playbook and all it started.
+CANCEL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # After Ctrl-C, how long ansible-playbook has to stop its workers before its process group is killed.
 CANCEL_GRACE_SECONDS = 3.0
 _SERIAL = re.compile(r"[0-9]{1,4}%?(?:,[0-9]{1,4}%?)*")
@@ -132,7 +135,7 @@ def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome
     """What stopped a host, for apply's and rollback's reports: trial reverted, unreachable (also a
     reboot it never came back from, or a host key that changed) or failed, with Ansible's message."""
     # A failed command's stderr can be megabytes: the report and the table quote a bounded part.
-    message = shortened(str(result.get("msg") or result.get("stderr") or "").strip())
+    message = shortened(_result_message(result))
     if message.startswith("trial reverted"):
         return HostOutcome(HostStatus.TRIAL_REVERTED, message)
     if kind == "runner_on_unreachable":
@@ -148,6 +151,22 @@ def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome
     if task.startswith("Reboot") and ("Timed out" in message or "timed out" in message):
         return HostOutcome(HostStatus.UNREACHABLE, f"did not come back from the reboot within the timeout: {message}")
     return HostOutcome(HostStatus.FAILED, f"{task}: {message}")
+
+
+def _result_message(result: Mapping[str, Any]) -> str:
+    """A task result's message. A loop's says only 'All items completed': each item's result holds the
+    cause (rollback's first task loops over files, and a changed host key stops its first item)."""
+    message = str(result.get("msg") or result.get("stderr") or "").strip()
+    items = result.get("results")
+    if isinstance(items, list):
+        stopped = [
+            item
+            for item in items
+            if isinstance(item, Mapping) and (item.get("unreachable") or item.get("failed")) and item.get("msg")
+        ]
+        if stopped:
+            return str(stopped[0]["msg"]).strip()
+    return message
 
 
 class EventTracker:
@@ -261,6 +280,8 @@ def apply(
         data = json.loads(report.read_text())
     if not data.get("hosts"):
         data["hosts"] = _recap_hosts(stats, tracker.reached)
+    if status == CANCELED:
+        data["hosts"] = _interrupted_hosts(tracker)
     # Hosts that --limit left out: not part of this run, so not part of its report.
     if tracker.in_run:
         data["hosts"] = {host: entry for host, entry in data["hosts"].items() if host in tracker.in_run}
@@ -277,9 +298,31 @@ def apply(
     data["ansible_status"] = status
     data["seconds"] = round(time.monotonic() - tracker.started, 1)
     report.unlink(missing_ok=True)
-    if status != CANCELED:
+    # A canceled run that reached no host changed nothing: the last report stays.
+    if status != CANCELED or data["hosts"]:
         write_output(final_report, json.dumps(data, indent=2) + "\n", "--report")
     return RolloutReport(data)
+
+
+def _interrupted_hosts(tracker: EventTracker) -> dict[str, dict[str, Any]]:
+    """Each host of a canceled run (Ctrl-C, SIGTERM, SIGHUP): what stopped it, else where the run was."""
+    trial = tracker.task.startswith("Reboot")
+    hosts: dict[str, dict[str, Any]] = {}
+    for host in sorted(tracker.in_run - {"localhost"}):
+        if host not in tracker.reached:
+            message = "the run was interrupted before this host's batch: nothing was changed"
+            hosts[host] = {"status": HostStatus.NOT_REACHED.value, "message": message}
+        elif trial:
+            message = (
+                "the run was interrupted while this host rebooted into its trial: it is left to its rescue (the "
+                "trial boots once; an unverified trial reverts at its deadline, or by the watchdog the plan armed). "
+                "Audit it once it is back."
+            )
+            hosts[host] = {"status": HostStatus.NOT_REPORTED.value, "message": message}
+        else:
+            message = f"the run was interrupted during this host's batch (at task {tracker.task!r}); audit it"
+            hosts[host] = {"status": HostStatus.NOT_REPORTED.value, "message": message}
+    return hosts
 
 
 def _recap_hosts(stats: Mapping[str, Any], reached: set[str]) -> dict[str, dict[str, str]]:
@@ -345,10 +388,14 @@ def run_playbook(
         raise MissingDependencyError("ansible-runner", "controller", "Running the playbooks") from error
     if not limit:  # an empty limit is no limit to Ansible: every host
         raise InputError("no hosts selected: nothing to run the playbook on.")
-    with tempfile.TemporaryDirectory(prefix="gpuhost-rollout-") as private, _ctrl_c_cancels(tracker) as cancel:
+    environment = dict(ansible_environment())
+    with _private_directory() as private, _ctrl_c_cancels(tracker) as cancel:
         # A limit file: its lines are read as they are, not split at ',' or ':' as a --limit argument is.
         limit_file = Path(private) / "limit"
         limit_file.write_text("\n".join(limit))
+        wrapper = _stdin_closed(Path(private), environment["PATH"])
+        if wrapper is not None:
+            environment["PATH"] = f"{wrapper}{os.pathsep}{environment['PATH']}"
         runner = ansible_runner.run(
             private_data_dir=private,
             playbook=str(playbook),
@@ -356,7 +403,7 @@ def run_playbook(
             limit=f"@{limit_file}",
             extravars=dict(extravars),
             cmdline=cmdline,
-            envvars=ansible_environment(),
+            envvars=environment,
             event_handler=tracker,
             quiet=True,  # -v: the tracker's echo prints Ansible's output, escaped
             suppress_env_files=True,
@@ -364,8 +411,70 @@ def run_playbook(
             settings={"pexpect_timeout": CANCEL_CHECK_SECONDS},  # how often `cancel` is asked
         )
         stats: dict[str, Any] = runner.stats or {}  # read from the artifacts, before they go
+        if runner.rc not in (0, None) and tracker.playbook_pid is None and not cancel.requested:
+            # ansible-playbook stopped before its first event: its own error line is the only cause.
+            said = _ansible_error(runner)
+            if said:
+                raise GpuhostError(f"ansible-playbook stopped before it ran anything: {said}")
         # ansible-playbook may stop on its own after our SIGTERM, before the runner asks `cancel`.
         return stats, runner.rc, CANCELED if cancel.requested else runner.status
+
+
+@contextmanager
+def _private_directory() -> Iterator[str]:
+    """The run's own directory (ansible-runner's artifacts, the limit file); a temporary directory
+    that cannot be made is said as such, with the fix, not as a traceback."""
+    try:
+        directory = tempfile.TemporaryDirectory(prefix="gpuhost-rollout-")
+    except OSError as error:
+        raise InputError(
+            f"cannot make a temporary directory for the Ansible run ({error}; TMPDIR="
+            f"{os.environ.get('TMPDIR', 'unset')}). Set TMPDIR to a writable directory."
+        ) from error
+    with directory as private:
+        yield private
+
+
+def _stdin_closed(directory: Path, path: str) -> Path | None:
+    """A directory whose `ansible-playbook` runs the real one with its standard input closed
+    (/dev/null): ansible-runner gives it a terminal, at which a prompt (a pause, a vars_prompt)
+    would wait for a person no one is; without one, Ansible goes on without asking. The run's own
+    directory, or (a temporary directory mounted noexec) one under ~/.cache/gpuhost; None where no
+    such directory can run it (Ansible's own prompts stay off: rollout_environment)."""
+    import hashlib
+    import shlex
+    import shutil
+
+    real = shutil.which("ansible-playbook", path=path)
+    if real is None:
+        raise MissingDependencyError("ansible-core", "controller", "Running the playbooks")
+    text = f'#!/bin/sh\nexec {shlex.quote(real)} "$@" </dev/null\n'
+    cache = Path.home() / ".cache/gpuhost/stdin-closed" / hashlib.sha256(text.encode()).hexdigest()[:16]
+    for candidate in (directory / "bin", cache):
+        try:
+            candidate.mkdir(parents=True, exist_ok=True)
+            if os.statvfs(candidate).f_flag & os.ST_NOEXEC:
+                continue
+            staged = candidate / f".ansible-playbook.{os.getpid()}"
+            staged.write_text(text)
+            staged.chmod(0o700)
+            staged.replace(candidate / "ansible-playbook")  # whole, for a run beside this one
+        except OSError:
+            continue
+        return candidate
+    return None
+
+
+def _ansible_error(runner: Any) -> str:
+    """Why ansible-playbook stopped before it ran anything: its ERROR lines (the locale, an unwritable
+    temporary directory, a bad option), else its last line."""
+    try:
+        text = runner.stdout.read()
+    except (OSError, ValueError, AttributeError):
+        return ""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("ERROR", "[ERROR]"))]
+    return shortened(" ".join(errors or lines[-1:]))
 
 
 class _Cancel:
@@ -401,13 +510,13 @@ class _Cancel:
 
 @contextmanager
 def _ctrl_c_cancels(tracker: EventTracker) -> Iterator[_Cancel]:
-    """SIGINT (and SIGTERM) cancel the run instead of raising KeyboardInterrupt in the middle of
+    """SIGINT (and SIGTERM, SIGHUP) cancel the run instead of raising KeyboardInterrupt in the middle of
     ansible-runner, which would leave the playbook running; the handlers are restored afterwards."""
     cancel = _Cancel(tracker)
     if threading.current_thread() is not threading.main_thread():  # only it may set handlers; none to set
         yield cancel
         return
-    previous = {number: signal.signal(number, cancel.request) for number in (signal.SIGINT, signal.SIGTERM)}
+    previous = {number: signal.signal(number, cancel.request) for number in CANCEL_SIGNALS}
     try:
         yield cancel
     finally:

@@ -88,7 +88,8 @@ class RolloutReport:
 
     @property
     def canceled(self) -> bool:
-        """Stopped by Ctrl-C: the report is not written, and the last one stays."""
+        """Stopped by Ctrl-C, SIGTERM or SIGHUP: the report says where each host was (a run that reached
+        no host writes none, and the last one stays); the exit code is 130."""
         return self.data.get("ansible_status") == CANCELED
 
     @property

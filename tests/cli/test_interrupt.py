@@ -60,15 +60,16 @@ def wait_for(condition: object, seconds: float, process: subprocess.Popen[str]) 
         time.sleep(0.1)
 
 
-def ctrl_c(process: subprocess.Popen[str]) -> tuple[str, str, float]:
-    """SIGINT, as a terminal's Ctrl-C sends it; what the process printed and how long it took to exit."""
+def ctrl_c(process: subprocess.Popen[str], number: int = signal.SIGINT) -> tuple[str, str, float]:
+    """SIGINT, as a terminal's Ctrl-C sends it (or signal `number`: SIGHUP, a closed terminal); what
+    the process printed and how long it took to exit."""
     interrupted = time.monotonic()
-    process.send_signal(signal.SIGINT)
+    process.send_signal(number)
     try:
         out, err = process.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         process.kill()
-        pytest.fail("the process did not exit after Ctrl-C")
+        pytest.fail(f"the process did not exit after signal {number}")
     return out, err, time.monotonic() - interrupted
 
 

@@ -61,9 +61,15 @@ def test_valid_gpuhost_bmc_is_parsed(variables: dict[str, Any], expected: BmcEnd
         (bmc(password_env="P", address="$(id)"), ["gpuhost_bmc.address", "'$(id)'"]),
         (bmc(password_env="P", address="10.0.9.11:70000"), ["gpuhost_bmc.address", "port 70000"]),
         (bmc(password_env="P", protocol="ipmi", address="fd00::9"), ["brackets"]),
-        (bmc(password_env="P", user="root\nreboot"), ["gpuhost_bmc.user", "'root\\nreboot'"]),
+        (bmc(password_env="P", user="root\nhunter2"), ["gpuhost_bmc.user", "(a value of 12 characters, not shown)"]),
         (bmc(password_env="P", user=""), ["gpuhost_bmc.user"]),
-        (bmc(password_env="1BAD"), ["gpuhost_bmc.password_env", "'1BAD'"]),
+        (bmc(password_env="hunter2!"), ["gpuhost_bmc.password_env", "not shown"]),
+        # Issue 46.6: a user and password in the address are never echoed, nor called an IPv6 address.
+        (bmc(password_env="P", address="https://admin:hunter2@bmc"), ["<user:password hidden>@bmc", "put the user"]),
+        (bmc(password_env="P", address="admin:hunter2@[fd00::9]:443"), ["<user:password hidden>@[fd00::9]:443"]),
+        (bmc(password_env="P", address="http://root:hunter2@10.0.9.11"), ["'http://<user:password hidden>@10.0.9.11'"]),
+        (bmc(password_env="P", protocol="ipmi", address="hunter2@10.0.9.12"), ["'<user:password hidden>@10.0.9.12'"]),
+        ({"gpuhost_bmc": "https://admin:hunter2@bmc"}, ["a mapping", "(a value of 25 characters, not shown)"]),
         (bmc(), ["no password source", "gpuhost_bmc_password", "password_env"]),
         ({**bmc(password_env="P"), "gpuhost_bmc_password": "x"}, ["both"]),
         (bmc(password_env="P", password="hunter2"), ["unknown key(s) 'password'", "never a key here"]),
@@ -86,6 +92,7 @@ def test_invalid_gpuhost_bmc_names_the_host_the_key_and_the_fix(variables: dict[
     for word in words:
         assert word in message, (word, message)
     assert "hunter2" not in message
+    assert "IPv6" not in message or "hunter2" not in repr(variables), message
 
 
 def test_the_password_comes_from_the_named_environment_variable_or_the_vault() -> None:
@@ -136,3 +143,19 @@ def test_apply_refuses_a_password_env_that_is_not_set_before_any_connection(
     error = capsys.readouterr().err
     assert code == 2 and "gpu01" in error and "GPUHOST_TEST_UNSET_BMC" in error and "not set" in error
     assert not (tmp_path / "report.json").exists()
+
+
+def test_a_vaulted_password_needs_a_vault_password_given_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46.6: Ansible decrypts the password only when the BMC must power-cycle a host (nothing
+    may ask for the vault's password then): apply and apply --check refuse a run that gives none."""
+    for name in ("ANSIBLE_VAULT_PASSWORD_FILE", "ANSIBLE_VAULT_IDENTITY_LIST"):
+        monkeypatch.delenv(name, raising=False)
+    vaulted = BmcEndpoint(BmcProtocol.REDFISH, "10.0.9.11", 443, "power")
+    with pytest.raises(InputError, match="no vault password is given to the run"):
+        check_password_source(vaulted, WHERE, {})
+    password_file = tmp_path / "vault-pass"
+    password_file.write_text("vault-pass-1\n")
+    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(password_file))
+    check_password_source(vaulted, WHERE, {})

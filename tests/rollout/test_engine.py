@@ -195,12 +195,8 @@ def test_interactive_rollback_reads_the_inventory_once_and_names_the_hosts_it_as
     assert code == 2
 
 
-def _run_task_on_sshd_host(sshd_server: Any, known_hosts: Path, tmp_path: Path, module: str) -> tuple[int, Any]:
-    """One play of one task (`module`, no arguments) on gpu01, the real sshd, as apply runs
-    playbooks (ansible-runner, gpuhost's limit file and known_hosts); its return code and tracker."""
-    from gpuhost.rollout import engine
-    from gpuhost.targets import ConnectionDefaults, exact_host_pattern, inventory_targets
-
+def sshd_inventory(sshd_server: Any, known_hosts: Path, tmp_path: Path, **extra: str) -> Path:
+    """An inventory of one host, gpu01, the real sshd, with `known_hosts` as its gpuhost_known_hosts_file."""
     host = {
         "ansible_host": "127.0.0.1",
         "ansible_port": sshd_server.port,
@@ -208,9 +204,23 @@ def _run_task_on_sshd_host(sshd_server: Any, known_hosts: Path, tmp_path: Path, 
         "ansible_ssh_private_key_file": str(sshd_server.client_key),
         "ansible_python_interpreter": "/usr/bin/python3",
         "gpuhost_known_hosts_file": str(known_hosts),
+        **extra,
     }
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu01": host}}}))
+    return inventory
+
+
+def run_task_on_sshd_host(
+    sshd_server: Any, known_hosts: Path, tmp_path: Path, module: str, **extra: str
+) -> tuple[int, Any]:
+    """One play of one task (`module`, no arguments) on gpu01, the real sshd, as apply runs
+    playbooks (ansible-runner, gpuhost's limit file and known_hosts); its return code and tracker.
+    `extra`: more of gpu01's variables."""
+    from gpuhost.rollout import engine
+    from gpuhost.targets import ConnectionDefaults, exact_host_pattern, inventory_targets
+
+    inventory = sshd_inventory(sshd_server, known_hosts, tmp_path, **extra)
     playbook = tmp_path / "one-task.yml"
     playbook.write_text(f"- hosts: all\n  gather_facts: false\n  tasks:\n    - name: One task\n      {module}:\n")
     targets = inventory_targets(inventory, None, ConnectionDefaults())
@@ -229,7 +239,7 @@ def test_ansible_verifies_host_keys_against_gpuhost_known_hosts_file(
     found no key, and reported what reads as a possible interception."""
     write = sshd_server.write_known_hosts if key_matches else sshd_server.write_wrong_known_hosts
     known_hosts = write(tmp_path / "known_hosts")
-    rc, tracker = _run_task_on_sshd_host(sshd_server, known_hosts, tmp_path, "ansible.builtin.ping")
+    rc, tracker = run_task_on_sshd_host(sshd_server, known_hosts, tmp_path, "ansible.builtin.ping")
 
     if key_matches:
         assert rc == 0 and tracker.stopped == {}, tracker.stopped
@@ -246,7 +256,7 @@ def test_a_changed_host_key_makes_the_planners_host_unreachable_not_failed(sshd_
     A host whose key changed after the audit (the fault suite's fault 6, on a lab host) must end
     unreachable, as under any module, not failed with ssh's warning as the planner's message."""
     known_hosts = sshd_server.write_wrong_known_hosts(tmp_path / "known_hosts")
-    _, tracker = _run_task_on_sshd_host(sshd_server, known_hosts, tmp_path, "gpuhost.passthrough.plan")
+    _, tracker = run_task_on_sshd_host(sshd_server, known_hosts, tmp_path, "gpuhost.passthrough.plan")
     outcome = tracker.stopped["gpu01"]
     assert outcome.status is HostStatus.UNREACHABLE, outcome
     assert outcome.message.startswith("its SSH host key is not the one in known_hosts"), outcome.message
@@ -337,3 +347,30 @@ def test_the_report_filter_says_each_status_with_the_engines_enum(monkeypatch: p
     }
     for status, hostvars in entries.items():
         assert HostStatus.of(report_entry(hostvars)["status"]) is status
+
+
+@pytest.mark.hostile
+def test_an_interrupted_apply_reports_where_each_host_was(
+    inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46.8: a run interrupted (Ctrl-C, SIGTERM, SIGHUP) after it reached hosts writes the report:
+    a host rebooting into its trial is left to its rescue, and the report says so; a host whose batch
+    had not begun changed nothing."""
+    reboot = "Reboot into the new kernel command line (only when /proc/cmdline differs from the plan)"
+    events = [
+        {"event": "runner_on_ok", "event_data": {"host": "gpu02", "task": PLANNER_TASK, "play": PLAN_PLAY, "res": {}}},
+        {"event": "playbook_on_task_start", "event_data": {"task": reboot}},
+        {"event": "runner_on_ok", "event_data": {"host": "gpu01", "task": "x", "play": "Configure for passthrough"}},
+    ]
+
+    def run(**kwargs: Any) -> SimpleNamespace:
+        for event in events:
+            kwargs["event_handler"](event)
+        return SimpleNamespace(stats={}, rc=-1, status="canceled")
+
+    monkeypatch.setattr("ansible_runner.run", run)
+    report_path = tmp_path / "report.json"
+    assert main(["apply", "-i", str(inventory), "--yes", "--report", str(report_path)]) == 130
+    hosts = json.loads(report_path.read_text())["hosts"]
+    assert hosts["gpu01"]["status"] == "not-reported" and "left to its rescue" in hosts["gpu01"]["message"], hosts
+    assert hosts["gpu02"]["status"] == "not reached" and "nothing was changed" in hosts["gpu02"]["message"], hosts
