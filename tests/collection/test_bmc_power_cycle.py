@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -290,3 +291,38 @@ def test_without_a_bmc_the_role_reboot_that_times_out_stays_unreachable(tmp_path
     assert outcome.message.startswith("did not come back from the reboot within the timeout: Timed out")
     assert outcome.message.endswith("(no gpuhost_bmc to power-cycle it through)")
     assert not (tmp_path / "rescue.json").exists()
+
+
+def test_a_password_in_clear_is_refused_by_the_action_itself_and_nothing_is_reset(
+    tmp_path: Path, redfish: RedfishEmulator
+) -> None:
+    """The CLI refuses a clear-text gpuhost_bmc_password before anything runs; the collection's action
+    refuses it too, for a playbook run without gpuhost's CLI (AWX, Molecule, ansible-playbook)."""
+    import subprocess
+
+    from gpuhost.rollout.environment import ansible_environment
+
+    variables = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpuhost_test_out": str(tmp_path / "rescue.json"),
+        "gpuhost_bmc": redfish_bmc(redfish),
+        "gpuhost_bmc_password": REDFISH_PASSWORD,
+    }
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu01": variables}}}))
+    playbook = tmp_path / "rescue.yml"
+    playbook.write_text(yaml.safe_dump(PLAYBOOK, sort_keys=False))
+    ran = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook)],
+        env={**os.environ, **ansible_environment()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    out = ran.stdout + ran.stderr
+    assert ran.returncode != 0
+    assert "gpuhost_bmc_password is written in clear in the inventory (its value is not shown)" in out
+    assert REDFISH_PASSWORD not in out
+    assert redfish.resets() == 0

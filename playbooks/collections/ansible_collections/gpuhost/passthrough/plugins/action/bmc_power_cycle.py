@@ -29,7 +29,7 @@ class ActionModule(ActionBase):
         except HostReadError as error:
             return {**result, "failed": True, "msg": str(error)}
         from gpuhost.errors import GpuhostError
-        from gpuhost.inventory.bmc import BMC_VARIABLE, PASSWORD_VARIABLE, bmc_password, parse_bmc
+        from gpuhost.inventory.bmc import BMC_VARIABLE, PASSWORD_VARIABLE, bmc_password, parse_bmc, password_marker
         from gpuhost.transport.bmc import DEFAULT_TIMEOUT_S, BmcError, power_cycle
 
         where = f"inventory host {host}"
@@ -37,7 +37,11 @@ class ActionModule(ActionBase):
         try:
             variables = {
                 BMC_VARIABLE: self._templar.template(task_vars.get(BMC_VARIABLE)),
-                PASSWORD_VARIABLE: task_vars.get(PASSWORD_VARIABLE),  # presence only; decrypted below
+                # Whether it is set, and how (vaulted, or in clear: refused, as the CLI refuses it, also for
+                # a playbook run without gpuhost's CLI); the value itself is decrypted below.
+                PASSWORD_VARIABLE: None
+                if task_vars.get(PASSWORD_VARIABLE) is None
+                else password_marker(task_vars.get(PASSWORD_VARIABLE)),
             }
             endpoint = parse_bmc(variables, where)
             if endpoint is None:
