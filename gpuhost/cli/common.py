@@ -140,6 +140,13 @@ def resolve_vm(args: argparse.Namespace, verb: str) -> tuple[Target, VmSpec, Hos
     return target, config.vm(vm_name, f"inventory host {host}"), config.render
 
 
+def run_command(verb: str, args: argparse.Namespace) -> str:
+    """The run as the hosts' locks name it (gpuhost.rollout.lock): the verb, its inventory and limit."""
+    import shlex
+
+    return shlex.join(["gpuhost", verb, "-i", str(args.inventory), *(["--limit", args.limit] if args.limit else [])])
+
+
 def rollout_console() -> Console:
     return make_console(soft_wrap=True)
 
