@@ -2,8 +2,9 @@
 real files under a temporary directory; and the plan's phases it carries out (gpuhost.plan.files).
 
 Where the module stands in for a builtin (blockinfile for the initramfs module list), the builtin is
-run on the same input and the two files must be equal byte for byte: the rollback role still removes
-the block with blockinfile, and a host's blocks from earlier applies must be found.
+run on the same input and the two files must be equal byte for byte: a host's blocks from earlier
+applies must be found. One difference is wanted: with no block to add or remove, a file whose last
+line has no newline is left as it is (blockinfile adds one), so that rollback's copy is the file.
 """
 
 from __future__ import annotations
@@ -150,6 +151,14 @@ def test_a_block_is_what_blockinfile_leaves(tmp_path: Path, start: str | None, b
         assert ours.read_bytes() == builtin.read_bytes()
     again = run_module(MODULE, tmp_path, {"files": [change(ours, "block", block, marker=INITRAMFS_MODULES_MARKER)]})
     assert not again["changed"]
+
+
+def test_no_block_leaves_a_file_without_a_newline_at_its_end_as_it_is(tmp_path: Path) -> None:
+    """blockinfile (state absent) adds the newline; apply must not, or rollback's copy would differ."""
+    fstab = tmp_path / "fstab"
+    fstab.write_text("/dev/vda1 / ext4 errors=remount-ro 0 1")
+    result = run_module(MODULE, tmp_path, {"files": [change(fstab, "block", "", marker=FSTAB_MARKER)]})
+    assert not result["changed"] and fstab.read_text() == "/dev/vda1 / ext4 errors=remount-ro 0 1"
 
 
 def test_backups_keep_the_first_record_a_copy_or_a_note_that_the_path_was_absent(tmp_path: Path) -> None:

@@ -177,10 +177,10 @@ def _with_block(text, block, marker):
         del lines[first : last + 1]
         at = first
     else:
-        if lines and not lines[-1].endswith("\n"):
-            lines[-1] += "\n"
         at = len(lines)
     if block:
+        if at and not lines[at - 1].endswith("\n"):  # only a block to add ends the host's last line
+            lines[at - 1] += "\n"
         lines[at:at] = [begin + "\n", block if block.endswith("\n") else block + "\n", end + "\n"]
     return "".join(lines)
 
