@@ -34,7 +34,8 @@ class ActionModule(ActionBase):
         if state == "released":
             done = self._low_level_execute_command(lock.release_command(holder, path), sudoable=True)
             released = "released" in (done.get("stdout") or "")
-            return {**result, "changed": released, "msg": "released" if released else "this run held no lock"}
+            # Not a change to the host's configuration: a second apply that changes nothing reports none.
+            return {**result, "changed": False, "msg": "released" if released else "this run held no lock"}
         break_lock = bool(self._templar.template(args.get("break_lock", False)))
         done = self._low_level_execute_command(
             lock.acquire_command(path, break_lock=break_lock), in_data=holder.record() + "\n", sudoable=True
@@ -46,7 +47,7 @@ class ActionModule(ActionBase):
         if not answer.taken:
             alive = None if answer.holder is None else lock.holder_alive(answer.holder)
             return {**result, "failed": True, "msg": lock.held_message(host, answer, alive, path)}
-        result.update(changed=True, msg=f"{host} held by this run ({holder.describe()})")
+        result.update(changed=False, msg=f"{host} held by this run ({holder.describe()})")
         if answer.broken is not None or answer.broken_unreadable:
             broken = answer.broken.describe() if answer.broken else repr(answer.broken_unreadable[:200])
             result["warnings"] = [f"--break-lock: removed the lock of {broken} on {host}"]
