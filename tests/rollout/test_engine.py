@@ -201,14 +201,7 @@ def _run_task_on_sshd_host(sshd_server: Any, known_hosts: Path, tmp_path: Path, 
     from gpuhost.rollout import engine
     from gpuhost.targets import ConnectionDefaults, exact_host_pattern, inventory_targets
 
-    host = {
-        "ansible_host": "127.0.0.1",
-        "ansible_port": sshd_server.port,
-        "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(sshd_server.client_key),
-        "ansible_python_interpreter": "/usr/bin/python3",
-        "gpuhost_known_hosts_file": str(known_hosts),
-    }
+    host = sshd_server.ansible_host(known_hosts)
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu01": host}}}))
     playbook = tmp_path / "one-task.yml"

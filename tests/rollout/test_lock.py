@@ -126,14 +126,7 @@ def test_a_second_run_is_refused_at_once_and_a_killed_runs_lock_is_reported_stal
     sshd_server: Any, tmp_path: Path
 ) -> None:
     known_hosts = sshd_server.write_known_hosts(tmp_path / "known_hosts")
-    host = {
-        "ansible_host": "127.0.0.1",
-        "ansible_port": sshd_server.port,
-        "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(sshd_server.client_key),
-        "ansible_python_interpreter": "/usr/bin/python3",
-        "gpuhost_known_hosts_file": str(known_hosts),
-    }
+    host = sshd_server.ansible_host(known_hosts)
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu01": host}}}))
     playbook = tmp_path / "lock.yml"
