@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible_collections.gpuhost.passthrough.plugins.plugin_utils.host import HostReadError, require_gpuhost
 
@@ -36,7 +37,8 @@ class ActionModule(ActionBase):
             released = "released" in (done.get("stdout") or "")
             # Not a change to the host's configuration: a second apply that changes nothing reports none.
             return {**result, "changed": False, "msg": "released" if released else "this run held no lock"}
-        break_lock = bool(self._templar.template(args.get("break_lock", False)))
+        # Ansible's reading of a boolean: the text "False" (a template rendered as text) is false.
+        break_lock = boolean(args.get("break_lock", False), strict=False)
         done = self._low_level_execute_command(
             lock.acquire_command(path, break_lock=break_lock), in_data=holder.record() + "\n", sudoable=True
         )
