@@ -219,7 +219,8 @@ MANIFEST_SCRIPT = (
     '  find "$root" -xdev -path /boot/grub/grubenv -prune -o -type f -print0 | xargs -0 -r sha256sum'
     " | sed 's/^/H\\t/'\n"
     "done\n"
-    "printf 'C\\t%s\\n' \"$(cat /proc/cmdline)\"\n"
+    # A '\r' the host's own GRUB line may carry (fault 5) shown as \r: the output is read with universal newlines.
+    "printf 'C\\t'; sed 's/\\r/\\\\r/g' /proc/cmdline\n"
 )
 Manifest = dict[str, str]
 
