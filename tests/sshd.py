@@ -117,6 +117,17 @@ class Sshd:
         path.write_text(known_hosts_line(port or self.port, self.host_public_key, self.address))
         return path
 
+    def ansible_host(self, known_hosts: Path) -> dict[str, object]:
+        """An Ansible inventory host for this server as root, its key checked against `known_hosts`."""
+        return {
+            "ansible_host": self.address,
+            "ansible_port": self.port,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.client_key),
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "gpuhost_known_hosts_file": str(known_hosts),
+        }
+
     def write_wrong_known_hosts(self, path: Path, port: int | None = None) -> Path:
         """A known_hosts file that claims a different (freshly generated) key for this server."""
         other = generate_key(self.directory / f"impostor-{path.name}", comment="not-this-server")

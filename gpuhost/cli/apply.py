@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import ansible_printer, check_ansible_environment, progress_printer, rollout_console
+from gpuhost.cli.common import ansible_printer, check_ansible_environment, progress_printer, rollout_console, run_command
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.inventory.bmc import check_password_source
@@ -71,6 +71,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="also write each host's outcome as Prometheus metrics to FILE (*.prom, atomically, for "
         "node_exporter's textfile collector; kept as it was when the rollout is interrupted, like --report)",
     )
+    parser.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="remove the lock another run left on a host (it died: gpuhost names it and says when it is stale) "
+        "and hold the host for this run; never needed while that run is still going",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="print Ansible's own output")
 
 
@@ -108,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         report_path=Path(args.report).expanduser().resolve(),
         trial=not args.no_trial,
         require_rescue=args.require_rescue,
+        command=run_command("apply", args),
+        break_lock=args.break_lock,
     )
     progress = progress_printer(console, verbose=args.verbose, timed=True)
     report = engine.apply(request, targets, progress, ansible_printer() if args.verbose else None)

@@ -151,6 +151,13 @@ def check_ansible_environment() -> None:
         print(printable(note), file=sys.stderr)
 
 
+def run_command(verb: str, args: argparse.Namespace) -> str:
+    """The run as the hosts' locks name it (gpuhost.rollout.lock): the verb, its inventory and limit."""
+    import shlex
+
+    return shlex.join(["gpuhost", verb, "-i", str(args.inventory), *(["--limit", args.limit] if args.limit else [])])
+
+
 def rollout_console() -> Console:
     return make_console(soft_wrap=True)
 

@@ -1,8 +1,9 @@
 """`gpuhost rollback -i INVENTORY --limit HOST`: undo gpuhost apply on a host, then prove the old line is back.
 
-Runs playbooks/rollback.yml (remove gpuhost's GRUB drop-in, trial entry and initramfs changes,
-restore what apply backed up under /var/lib/gpuhost/backup, update-initramfs, update-grub,
-reboot), then reads each host with the audit and checks that /proc/cmdline is the command line
+Runs playbooks/rollback.yml (gpuhost's rollback plan, gpuhost.plan.rollback: remove gpuhost's
+files, put back every file of the host's as apply recorded it under /var/lib/gpuhost, rebuild the
+initramfs and the boot loader's entries as the host's boot loader calls for, reboot; the host's
+lock held throughout), then reads each host with the audit and checks that /proc/cmdline is the command line
 GRUB computes without gpuhost. The inventory is read once, before anything connects.
 """
 
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import ansible_printer, check_ansible_environment, progress_printer, rollout_console
+from gpuhost.cli.common import ansible_printer, check_ansible_environment, progress_printer, rollout_console, run_command
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.rollout.engine import RollbackRequest
@@ -34,6 +35,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-y", "--yes", action="store_true", help="do not ask; roll back at once")
     parser.add_argument(
         "--reboot-timeout", type=int, default=900, metavar="S", help="seconds a host may take to come back"
+    )
+    parser.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="remove the lock another run left on the host (it died: gpuhost names it and says when it is stale) "
+        "and hold the host for this rollback",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="print Ansible's own output")
 
@@ -57,7 +64,13 @@ def run(args: argparse.Namespace) -> int:
             console.print("nothing changed")
             return EXIT_OK
     started = time.monotonic()
-    request = RollbackRequest(inventory=args.inventory.resolve(), limit=limit, reboot_timeout=args.reboot_timeout)
+    request = RollbackRequest(
+        inventory=args.inventory.resolve(),
+        limit=limit,
+        reboot_timeout=args.reboot_timeout,
+        command=run_command("rollback", args),
+        break_lock=args.break_lock,
+    )
     progress = progress_printer(console, verbose=args.verbose, timed=False)
     failures = engine.rollback(request, targets, progress, ansible_printer() if args.verbose else None)
     return _check_hosts(targets, failures, time.monotonic() - started, console)
@@ -78,7 +91,8 @@ def _check_hosts(targets: list[Target], failures: dict[str, HostOutcome], second
         failure = failures.get(target.name)
         if failure is not None:
             table.add_row(untrusted(target.name), failure.status.value, untrusted(failure.message))
-            unreachable = unreachable or failure.status is HostStatus.UNREACHABLE
+            # Unreachable, or held by another run (nothing of this rollback touched it): 2, as apply.
+            unreachable = unreachable or failure.status in (HostStatus.UNREACHABLE, HostStatus.LOCKED)
             not_rolled_back = True
             continue
         audit = audit_target(target)

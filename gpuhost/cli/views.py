@@ -86,7 +86,8 @@ def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:
     lines.append(f"  host driver: {plan.driver_removal.note}")
     if plan.backup_files:
         lines.append(
-            f"  backed up to {BACKUP_DIR} first (gpuhost rollback restores them): {' '.join(plan.backup_files)}"
+            f"  recorded under {BACKUP_DIR} before the first change, a copy or a note that it is absent "
+            f"(gpuhost rollback puts each back as it was): {' '.join(plan.backup_files)}"
         )
     lines.extend(f"  reboot: {reason}" for reason in plan.reboot_reasons)
     if plan.reboot_needed and plan.trial.enabled and sdboot is not None:

@@ -134,6 +134,9 @@ class ModprobeDirective:
     command: str  # blacklist, options, install, softdep, alias
     module: str
     arguments: str
+    # The directive's lines as the file has them (a continued directive: each of its lines, joined
+    # with newlines): what apply comments out, and checks is still there before it does.
+    source: str = ""
 
 
 # gpuhost's own GRUB drop-in (written by apply): the plan reads back the options it set there.

@@ -269,7 +269,7 @@ def parse_modprobe_conf(path: str, text: str) -> tuple[ModprobeDirective, ...]:
     directive continued with a backslash.
     """
     directives = []
-    for number, raw in _join_continuations(text):
+    for number, raw, source in _join_continuations(text):
         fields = raw.split("#", 1)[0].split()
         if len(fields) < 2 or fields[0] not in _MODPROBE_COMMANDS:
             continue
@@ -285,24 +285,28 @@ def parse_modprobe_conf(path: str, text: str) -> tuple[ModprobeDirective, ...]:
                 command=command,
                 module=module,
                 arguments=" ".join(fields[3 if command == "alias" else 2 :]),
+                source=source,
             )
         )
     return tuple(directives)
 
 
-def _join_continuations(text: str) -> list[tuple[int, str]]:
-    lines: list[tuple[int, str]] = []
+def _join_continuations(text: str) -> list[tuple[int, str, str]]:
+    """(first line number, the joined line, its lines as in the file) per logical line."""
+    lines: list[tuple[int, str, str]] = []
     pending, first = "", 0
+    physical: list[str] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         if not pending:
-            first = number
+            first, physical = number, []
+        physical.append(raw)
         if raw.endswith("\\"):
             pending += raw[:-1] + " "
             continue
-        lines.append((first, pending + raw))
+        lines.append((first, pending + raw, "\n".join(physical)))
         pending = ""
     if pending:
-        lines.append((first, pending))
+        lines.append((first, pending, "\n".join(physical)))
     return lines
 
 

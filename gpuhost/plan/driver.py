@@ -34,7 +34,7 @@ def forbidden_loaded_modules(removes_nvidia_driver: bool) -> tuple[str, ...]:
 def find_modprobe_conflicts(facts: HostFacts) -> tuple[ModprobeConflict, ...]:
     """`options vfio-pci ids=` lines in /etc/modprobe.d: a second, competing list of IDs."""
     return tuple(
-        ModprobeConflict(d.path, d.line_number)
+        ModprobeConflict(d.path, d.line_number, d.source)
         for d in facts.modprobe
         if d.command == "options"
         and d.module == "vfio_pci"

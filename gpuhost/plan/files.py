@@ -11,17 +11,22 @@ from gpuhost.plan.model import (
     APT_PIN_PATH,
     DEADLINE_SERVICE_PATH,
     DEADLINE_TIMER_PATH,
+    FSTAB_MARKER,
+    FSTAB_PATH,
     GRUB_DROPIN_PATH,
     INITRAMFS_MODULES_MARKER,
     INITRAMFS_MODULES_PATH,
     INITRAMFS_SCRIPT_PATH,
     KERNEL_CMDLINE_PATH,
+    MODPROBE_COMMENT_PREFIX,
     TRIAL_GRUB_SCRIPT_PATH,
+    TRIAL_LOADER_ENTRY_PATHS,
     TRIAL_SETTINGS_PATH,
     DriverRemoval,
     FileChange,
     FileState,
     HostFiles,
+    ModprobeConflict,
     Regenerates,
     SystemdBootPlan,
     TrialBoot,
@@ -37,7 +42,30 @@ Pin: release *
 Pin-Priority: -1
 """
 
-__all__ = ["APT_PIN", "FileChange", "FileState", "HostFiles", "Regenerates", "plan_files"]
+__all__ = [
+    "APT_PIN",
+    "GPUHOST_FILES",
+    "FileChange",
+    "FileState",
+    "HostFiles",
+    "Regenerates",
+    "plan_files",
+    "recorded_paths",
+]
+
+# The files that are gpuhost's alone: no host has them before apply, and rollback removes each
+# (whatever an earlier gpuhost left). Every other path a plan changes is the host's: apply copies it
+# or notes it absent before its first change, and rollback puts it back as it was (recorded_paths).
+GPUHOST_FILES = (
+    GRUB_DROPIN_PATH,
+    TRIAL_SETTINGS_PATH,
+    TRIAL_GRUB_SCRIPT_PATH,
+    INITRAMFS_SCRIPT_PATH,
+    APT_PIN_PATH,
+    *TRIAL_LOADER_ENTRY_PATHS,
+    DEADLINE_TIMER_PATH,
+    DEADLINE_SERVICE_PATH,
+)
 
 
 SCRIPT_MODE = "0755"
@@ -56,6 +84,7 @@ def plan_files(
     initramfs_script: str | None,
     hugetlbfs_mount_point: str | None,
     deadline_units: tuple[str, str],
+    modprobe_conflicts: tuple[ModprobeConflict, ...] = (),
 ) -> HostFiles:
     """Every phase's file changes, in the order the host gets them.
 
@@ -116,8 +145,30 @@ def plan_files(
         if initramfs_script is None
         else FileChange(INITRAMFS_SCRIPT_PATH, FileState.PRESENT, initramfs_script, SCRIPT_MODE, Regenerates.INITRAMFS)
     )
+    # Each found by the plan's own parser (continuation lines included); vfio-pci.ids= on the kernel
+    # command line is then the one list of IDs.
+    configure += [
+        FileChange(
+            conflict.path,
+            FileState.COMMENTED,
+            conflict.source + "\n",
+            regenerates=Regenerates.INITRAMFS,
+            marker=MODPROBE_COMMENT_PREFIX,
+            line=conflict.line_number,
+        )
+        for conflict in modprobe_conflicts
+    ]
     if hugetlbfs_mount_point is not None:
         configure.append(FileChange(hugetlbfs_mount_point, FileState.DIRECTORY, mode=SCRIPT_MODE))
+    # The mount's fstab line as gpuhost's block, with nofail (none: the block of an earlier apply goes).
+    configure.append(
+        FileChange(
+            FSTAB_PATH,
+            FileState.BLOCK,
+            "" if hugetlbfs_mount_point is None else f"none {hugetlbfs_mount_point} hugetlbfs pagesize=1G,nofail 0 0\n",
+            marker=FSTAB_MARKER,
+        )
+    )
     # Only the trial entry pulls the deadline in (systemd.wants=); the files go when the trial ends,
     # and an interrupted trial's with the next apply that has none.
     timer, service = deadline_units
@@ -136,3 +187,10 @@ def plan_files(
     commit += remove_deadline
     revert += remove_deadline
     return HostFiles(configure=tuple(configure), commit=tuple(commit), revert=tuple(revert))
+
+
+def recorded_paths(files: HostFiles) -> tuple[str, ...]:
+    """The host's own paths among every phase's changes, in order: what apply records before its
+    first change (a copy, or a note that the path was absent) and rollback puts back."""
+    every = (*files.configure, *files.commit, *files.revert)
+    return tuple(dict.fromkeys(change.path for change in every if change.path not in GPUHOST_FILES))

@@ -57,6 +57,21 @@ DEADLINE_SERVICE = "gpuhost-trial-deadline.service"
 DEADLINE_TIMER_PATH = f"/etc/systemd/system/{DEADLINE_TIMER}"
 DEADLINE_SERVICE_PATH = f"/etc/systemd/system/{DEADLINE_SERVICE}"
 BACKUP_DIR = "/var/lib/gpuhost/backup"  # what apply overwrites or deletes, kept for `gpuhost rollback`
+# The paths of the host's that apply found absent before its first change (a JSON list): rollback
+# removes what apply made there. Beside BACKUP_DIR, not in it: everything in it is a copy of a file.
+ABSENT_SUFFIX = "-absent.json"  # the collection's host_files module names the record so, from its backup_dir
+ABSENT_RECORD_PATH = BACKUP_DIR + ABSENT_SUFFIX
+# The hugetlbfs mount (gpuhost_hugetlbfs_mount): gpuhost's block in the host's fstab. nofail: a mount
+# that fails never stops the boot at local-fs.target.
+FSTAB_PATH = "/etc/fstab"
+FSTAB_MARKER = "# {mark} gpuhost: hugetlbfs with 1 GiB pages for the VMs (gpuhost_hugetlbfs_mount)"
+# Put before each line of an `options vfio-pci ids=` directive of modprobe.d that apply comments out.
+MODPROBE_COMMENT_PREFIX = "# gpuhost: vfio-pci.ids= is on the kernel command line: "
+# One run at a time per host (apply, rollback): who holds the host, written when the run's first
+# change begins and removed at its end; it survives the trial reboot (not under /run).
+LOCK_PATH = "/var/lib/gpuhost/lock"
+# How apply and rollback reboot a host (as gpuhost_verify's default; docs/apply.md says why --no-block).
+REBOOT_COMMAND = "systemctl --no-block reboot"
 
 
 class BindBy(TextEnum):
@@ -158,6 +173,7 @@ class ModprobeConflict:
 
     path: str
     line_number: int
+    source: str = ""  # its lines as the file has them (a continued directive: all of them)
 
 
 class FileState(TextEnum):
@@ -167,6 +183,12 @@ class FileState(TextEnum):
     ABSENT = "absent"
     DIRECTORY = "directory"
     BLOCK = "block"  # gpuhost's marked block in a file of the host's, the rest kept (empty content: no block)
+    # The lines of `content` from line `line` on, each put behind the `marker` text: a directive of
+    # the host's commented out, found where the plan's parser found it (else the change fails).
+    COMMENTED = "commented"
+    RESTORED = "restored"  # rollback: the copy apply made under BACKUP_DIR put back (content, mode, owner)
+    # rollback: an empty directory apply made, removed (unmounted first where mounted); one with files fails.
+    NO_DIRECTORY = "no-directory"
 
 
 class Regenerates(TextEnum):
@@ -184,7 +206,8 @@ class FileChange:
     content: str = ""  # PRESENT: the whole file; BLOCK: the block's lines
     mode: str = "0644"  # PRESENT, BLOCK (a file it creates) and DIRECTORY; owner and group are root
     regenerates: Regenerates | None = None
-    marker: str = ""  # BLOCK: the marker line ({mark}: BEGIN, END)
+    marker: str = ""  # BLOCK: the marker line ({mark}: BEGIN, END); COMMENTED: the text put before each line
+    line: int = 0  # COMMENTED: the number of the first line of `content` in the file
 
 
 @dataclass(frozen=True)
@@ -219,7 +242,9 @@ class HostPlan:
     kernel_cmdline_writer: KernelCmdlineWriter
     systemd_boot: SystemdBootPlan | None  # None on GRUB hosts
     modprobe_conflicts: tuple[ModprobeConflict, ...]  # commented out by apply (the file backed up first)
-    backup_files: tuple[str, ...]  # files apply overwrites or deletes, copied to BACKUP_DIR first (once)
+    # The host's own paths among `files` (gpuhost.plan.files.recorded_paths): each copied to BACKUP_DIR,
+    # or noted in ABSENT_RECORD_PATH, before apply's first change (once: the first record is the original).
+    backup_files: tuple[str, ...]
     files: HostFiles
     rescue: TrialRescue  # what brings a hung trial boot back (gpuhost.plan.rescue), armed only on a trial
     reboot_needed: bool
@@ -256,6 +281,8 @@ class HostPlan:
             "trial_settings": TRIAL_SETTINGS_PATH,
             "trial_grub_script": TRIAL_GRUB_SCRIPT_PATH,
             "backup_dir": BACKUP_DIR,
+            "absent_record": ABSENT_RECORD_PATH,
+            "lock": LOCK_PATH,
             "kernel_cmdline": KERNEL_CMDLINE_PATH,
             "deadline_timer": DEADLINE_TIMER_PATH,
             "deadline_service": DEADLINE_SERVICE_PATH,

@@ -26,10 +26,9 @@ from gpuhost.plan.driver import (
     plan_driver_removal,
     vfio_initramfs_modules,
 )
-from gpuhost.plan.files import plan_files
+from gpuhost.plan.files import plan_files, recorded_paths
 from gpuhost.plan.hugepages import plan_hugepages
 from gpuhost.plan.model import (
-    KERNEL_CMDLINE_PATH,
     TRIAL_ENTRY_ID,
     TRIAL_MARKER,
     TRIAL_SETTINGS_PATH,
@@ -211,9 +210,18 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         for refusal in forced:
             refusals.remove(refusal)
             notes.append(f"TESTING ONLY: forced past the refusal {refusal.code}: {refusal.message}")
-    # /etc/kernel/cmdline is the host's own file that apply rewrites: rollback restores this copy.
-    rewritten = [KERNEL_CMDLINE_PATH] if systemd_boot is not None else []
-    backups = tuple(dict.fromkeys(list(removal.files) + [c.path for c in conflicts] + rewritten))
+    files = plan_files(
+        trial_now=trial_now,
+        trial=trial,
+        systemd_boot=systemd_boot,
+        grub_dropin=dropin,
+        driver_removal=removal,
+        initramfs_modules=modules,
+        initramfs_script=initramfs_script,
+        hugetlbfs_mount_point=pages.mount_point,
+        deadline_units=deadline_units(rescue.deadline_s),
+        modprobe_conflicts=conflicts,
+    )
     if not refusals and facts.vfio_pci == VfioPci.MODULE and not modules:
         notes.append("vfio-pci is a module but no vfio module list was planned")
     return HostPlan(
@@ -238,18 +246,10 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         kernel_cmdline_writer=writer,
         systemd_boot=systemd_boot,
         modprobe_conflicts=conflicts,
-        backup_files=backups,
-        files=plan_files(
-            trial_now=trial_now,
-            trial=trial,
-            systemd_boot=systemd_boot,
-            grub_dropin=dropin,
-            driver_removal=removal,
-            initramfs_modules=modules,
-            initramfs_script=initramfs_script,
-            hugetlbfs_mount_point=pages.mount_point,
-            deadline_units=deadline_units(rescue.deadline_s),
-        ),
+        # Every file of the host's that apply changes (the driver's files, modprobe.d's, /etc/kernel/cmdline,
+        # the initramfs module list, fstab, the mount point), recorded before the first change.
+        backup_files=recorded_paths(files),
+        files=files,
         rescue=rescue,
         reboot_needed=bool(reasons),
         reboot_reasons=reasons,

@@ -23,20 +23,6 @@ from typing import Any
 
 from gpuhost.errors import GpuhostError, InputError, MissingDependencyError, shortened
 from gpuhost.output import write_output
-from gpuhost.plan.model import (
-    APT_PIN_PATH,
-    BACKUP_DIR,
-    DEADLINE_SERVICE_PATH,
-    DEADLINE_TIMER_PATH,
-    GRUB_DROPIN_PATH,
-    INITRAMFS_MODULES_MARKER,
-    INITRAMFS_MODULES_PATH,
-    INITRAMFS_SCRIPT_PATH,
-    KERNEL_INSTALL_REFRESH,
-    TRIAL_GRUB_SCRIPT_PATH,
-    TRIAL_LOADER_ENTRY_PATHS,
-    TRIAL_SETTINGS_PATH,
-)
 from gpuhost.rollout.environment import (
     ROLLBACK_PLAYBOOK,
     SITE_PLAYBOOK,
@@ -45,6 +31,7 @@ from gpuhost.rollout.environment import (
     known_hosts_inventory,
 )
 from gpuhost.rollout.hostkeys import host_key_message
+from gpuhost.rollout.lock import LOCKED_PREFIX
 from gpuhost.rollout.report import (
     CANCELED,
     REPORT_SCHEMA,
@@ -63,18 +50,6 @@ APPLY_KEY_TASKS = ("planner", "Reboot", "Verify")
 # gpuhost_verify's fact on a host its BMC power-cycled (action, bmc, deadline_passed, sent_at,
 # answered_at): the report's `power_cycled`, whether the trial then committed or was reverted.
 POWER_CYCLE_FACT = "gpuhost_verify_power_cycle"
-# What apply writes and rollback removes; the role's defaults hold the same list for
-# ansible-playbook without the CLI (tests/rollout/test_rollback.py keeps them equal).
-REMOVED_FILES = (
-    GRUB_DROPIN_PATH,
-    TRIAL_SETTINGS_PATH,
-    TRIAL_GRUB_SCRIPT_PATH,
-    INITRAMFS_SCRIPT_PATH,
-    APT_PIN_PATH,
-    *TRIAL_LOADER_ENTRY_PATHS,
-    DEADLINE_TIMER_PATH,
-    DEADLINE_SERVICE_PATH,
-)
 # How often a run checks for Ctrl-C (ansible-runner's pexpect_timeout; its default is 5 s).
 CANCEL_CHECK_SECONDS = 0.5
 # What cancels a run as Ctrl-C does: SIGHUP is the terminal closing under it (an SSH session that
@@ -97,6 +72,8 @@ class ApplyRequest:
     report_path: Path
     trial: bool = True  # False: --no-trial
     require_rescue: bool = False  # --require-rescue
+    command: str = ""  # written in each host's lock (gpuhost.rollout.lock): who holds the host
+    break_lock: bool = False  # --break-lock
 
 
 @dataclass(frozen=True)
@@ -104,6 +81,8 @@ class RollbackRequest:
     inventory: Path
     limit: tuple[str, ...]  # ansible_limit()
     reboot_timeout: int
+    command: str = ""  # written in each host's lock
+    break_lock: bool = False  # --break-lock
 
 
 def parse_serial(text: str) -> tuple[int | str, ...]:
@@ -138,6 +117,8 @@ def stop_outcome(kind: str, task: str, result: Mapping[str, Any]) -> HostOutcome
     message = shortened(_result_message(result))
     if message.startswith("trial reverted"):
         return HostOutcome(HostStatus.TRIAL_REVERTED, message)
+    if message.startswith(LOCKED_PREFIX):  # another run holds the host: nothing of this run touched it
+        return HostOutcome(HostStatus.LOCKED, message)
     if kind == "runner_on_unreachable":
         return HostOutcome(HostStatus.UNREACHABLE, host_key_message(message) or message)
     if result.get("bmc_error"):  # the rescue of a trial reboot: the host is down and its BMC did not help
@@ -266,6 +247,7 @@ def apply(
         extravars["gpuhost_trial_boot"] = False
     if request.require_rescue:
         extravars["gpuhost_require_rescue"] = True
+    extravars.update(_lock_variables(request.command, request.break_lock))
     stats, rc, status = run_playbook(
         SITE_PLAYBOOK,
         request.inventory,
@@ -348,13 +330,10 @@ def rollback(
 ) -> dict[str, HostOutcome]:
     """Run gpuhost.passthrough.rollback on `targets`; what stopped each host that failed (the others ran through)."""
     tracker = EventTracker(progress, echo=echo)
+    # What is undone is gpuhost.passthrough.rollback_plan's (gpuhost.plan.rollback), on the host.
     extravars = {
-        "gpuhost_rollback_removed_files": list(REMOVED_FILES),
-        "gpuhost_rollback_initramfs_modules": INITRAMFS_MODULES_PATH,
-        "gpuhost_rollback_initramfs_marker": INITRAMFS_MODULES_MARKER,
-        "gpuhost_rollback_backup_dir": BACKUP_DIR,
-        "gpuhost_rollback_kernel_install_refresh": KERNEL_INSTALL_REFRESH,
-        "gpuhost_rollback_reboot_timeout": request.reboot_timeout,
+        "gpuhost_verify_reboot_timeout": request.reboot_timeout,
+        **_lock_variables(request.command, request.break_lock),
     }
     _, _, status = run_playbook(
         ROLLBACK_PLAYBOOK,
@@ -368,6 +347,14 @@ def rollback(
     if status == CANCELED:  # Ctrl-C: no host may be read back and called rolled back
         raise KeyboardInterrupt
     return dict(tracker.stopped)
+
+
+def _lock_variables(command: str, break_lock: bool) -> dict[str, Any]:
+    """The host lock's extra vars: the command it names, and --break-lock."""
+    variables: dict[str, Any] = {"gpuhost_run_command": command} if command else {}
+    if break_lock:
+        variables["gpuhost_break_lock"] = True
+    return variables
 
 
 def run_playbook(

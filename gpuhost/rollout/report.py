@@ -30,6 +30,7 @@ class HostStatus(str, enum.Enum):
     # The engine's own, from Ansible's events and recap when the report play did not say.
     UNREACHABLE = "unreachable"
     TRIAL_REVERTED = "trial reverted"
+    LOCKED = "locked"  # another run holds the host (gpuhost.rollout.lock): refused at once, untouched
     NOT_REPORTED = "not-reported"
     NOT_REACHED = "not reached"
     UNKNOWN = "unknown"
@@ -106,11 +107,12 @@ class RolloutReport:
 
     def exit_code(self) -> int:
         """0 every host ready (check mode: ready or not-ready), 2 a host could not be reached (as
-        audit and plan), 130 interrupted (Ctrl-C), else 1; a run that reported no host is 1 too."""
+        audit and plan) or another run holds it, 130 interrupted (Ctrl-C), else 1; a run that
+        reported no host is 1 too."""
         if self.canceled:
             return EXIT_INTERRUPTED
         statuses = [self.status(host) for host in self.hosts]
-        if HostStatus.UNREACHABLE in statuses:
+        if HostStatus.UNREACHABLE in statuses or HostStatus.LOCKED in statuses:
             return EXIT_UNUSABLE
         accepted = {HostStatus.READY, HostStatus.NOT_READY} if self.check_mode else {HostStatus.READY}
         good = self.data.get("ansible_rc") == 0 and all(status in accepted for status in statuses)

@@ -33,14 +33,7 @@ def test_the_audit_playbook_writes_what_gpuhost_audit_json_prints_for_the_same_h
 ) -> None:
     known_hosts = sshd_server.write_known_hosts(tmp_path / "known_hosts")
     hosts = {
-        "gpu01": {
-            "ansible_host": "127.0.0.1",
-            "ansible_port": sshd_server.port,
-            "ansible_user": "root",
-            "ansible_ssh_private_key_file": str(sshd_server.client_key),
-            "ansible_python_interpreter": "/usr/bin/python3",
-            "gpuhost_known_hosts_file": str(known_hosts),
-        },
+        "gpu01": sshd_server.ansible_host(known_hosts),
         # No valid gpuhost_gpus: its own error line and object; the play goes on for gpu01.
         "misconfigured": {"ansible_connection": "local", "gpuhost_gpus": ["not-a-gpu"]},
     }

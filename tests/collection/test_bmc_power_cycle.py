@@ -241,12 +241,7 @@ REBOOT_PLAYBOOK = [
 def run_reboot_step(tmp_path: Path, sshd_server: Any, host_variables: dict[str, Any]) -> RecordingTracker:
     known_hosts = sshd_server.write_known_hosts(tmp_path / "known_hosts")
     variables = {
-        "ansible_host": "127.0.0.1",
-        "ansible_port": sshd_server.port,
-        "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(sshd_server.client_key),
-        "ansible_python_interpreter": "/usr/bin/python3",
-        "gpuhost_known_hosts_file": str(known_hosts),
+        **sshd_server.ansible_host(known_hosts),
         "gpuhost_trial_now": True,
         # A trial's reboot waits for the plan's controller_wait_s (its rescues' time plus one boot).
         "gpuhost_plan": {"reboot_needed": True, "verify_command": "true", "rescue": {"controller_wait_s": 5}},

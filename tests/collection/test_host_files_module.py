@@ -2,13 +2,15 @@
 real files under a temporary directory; and the plan's phases it carries out (gpuhost.plan.files).
 
 Where the module stands in for a builtin (blockinfile for the initramfs module list), the builtin is
-run on the same input and the two files must be equal byte for byte: the rollback role still removes
-the block with blockinfile, and a host's blocks from earlier applies must be found.
+run on the same input and the two files must be equal byte for byte: a host's blocks from earlier
+applies must be found. One difference is wanted: with no block to add or remove, a file whose last
+line has no newline is left as it is (blockinfile adds one), so that rollback's copy is the file.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import subprocess
 import sys
@@ -22,11 +24,14 @@ from gpuhost.plan.files import APT_PIN, plan_files
 from gpuhost.plan.model import (
     DEADLINE_SERVICE_PATH,
     DEADLINE_TIMER_PATH,
+    FSTAB_MARKER,
+    FSTAB_PATH,
     GRUB_DROPIN_PATH,
     INITRAMFS_MODULES_MARKER,
     INITRAMFS_MODULES_PATH,
     INITRAMFS_SCRIPT_PATH,
     KERNEL_CMDLINE_PATH,
+    MODPROBE_COMMENT_PREFIX,
     TRIAL_GRUB_SCRIPT_PATH,
     TRIAL_SETTINGS_PATH,
     DriverRemoval,
@@ -37,7 +42,7 @@ from gpuhost.plan.model import (
     TrialBoot,
 )
 from gpuhost.plan.rescue import deadline_units
-from tests.helpers import COLLECTION, snapshot_facts
+from tests.helpers import COLLECTION, SNAPSHOTS, snapshot_facts
 
 MODULE = COLLECTION / "plugins" / "modules" / "host_files.py"
 BLOCKINFILE = "ansible.modules.blockinfile"
@@ -148,20 +153,33 @@ def test_a_block_is_what_blockinfile_leaves(tmp_path: Path, start: str | None, b
     assert not again["changed"]
 
 
-def test_backups_keep_the_first_copy_and_skip_missing_files(tmp_path: Path) -> None:
+def test_no_block_leaves_a_file_without_a_newline_at_its_end_as_it_is(tmp_path: Path) -> None:
+    """blockinfile (state absent) adds the newline; apply must not, or rollback's copy would differ."""
+    fstab = tmp_path / "fstab"
+    fstab.write_text("/dev/vda1 / ext4 errors=remount-ro 0 1")
+    result = run_module(MODULE, tmp_path, {"files": [change(fstab, "block", "", marker=FSTAB_MARKER)]})
+    assert not result["changed"] and fstab.read_text() == "/dev/vda1 / ext4 errors=remount-ro 0 1"
+
+
+def test_backups_keep_the_first_record_a_copy_or_a_note_that_the_path_was_absent(tmp_path: Path) -> None:
     source = tmp_path / "etc" / "modprobe.d" / "nvidia.conf"
     source.parent.mkdir(parents=True)
     source.write_text("original\n")
     source.chmod(0o640)
+    missing = tmp_path / "missing.conf"
     backup_dir = tmp_path / "backup"
-    args = {"backup": [str(source), str(tmp_path / "missing.conf")], "backup_dir": str(backup_dir)}
+    args = {"backup": [str(source), str(missing), str(tmp_path / "etc")], "backup_dir": str(backup_dir)}
     first = run_module(MODULE, tmp_path, args)
     copy = Path(f"{backup_dir}{source}")
-    assert first["backed_up"] == [str(source)] and copy.read_text() == "original\n"
+    assert first["backed_up"] == [str(source), str(missing)] and copy.read_text() == "original\n"
     assert stat.S_IMODE(copy.stat().st_mode) == 0o640 and stat.S_IMODE(backup_dir.stat().st_mode) == 0o700
+    assert json.loads(Path(f"{backup_dir}-absent.json").read_text()) == [str(missing)]
+    assert not Path(f"{backup_dir}{tmp_path}/etc/modprobe.d/nvidia.conf").is_dir()  # a directory is not copied
     source.write_text("changed by apply\n")
+    missing.write_text("made by apply\n")
     assert not run_module(MODULE, tmp_path, args)["changed"]
     assert copy.read_text() == "original\n"
+    assert json.loads(Path(f"{backup_dir}-absent.json").read_text()) == [str(missing)]
 
 
 def test_a_directory_where_a_file_should_be_fails_with_the_path(tmp_path: Path) -> None:
@@ -218,6 +236,7 @@ def test_a_grub_trial_writes_the_trial_settings_and_leaves_the_default_entry_to_
         (TRIAL_SETTINGS_PATH, FileState.PRESENT),
         (INITRAMFS_MODULES_PATH, FileState.BLOCK),
         (INITRAMFS_SCRIPT_PATH, FileState.ABSENT),
+        (FSTAB_PATH, FileState.BLOCK),  # no mount: an earlier apply's block goes
         (DEADLINE_TIMER_PATH, FileState.PRESENT),
         (DEADLINE_SERVICE_PATH, FileState.PRESENT),
     ]
@@ -270,6 +289,8 @@ def test_driver_files_pin_script_and_mount_point_are_in_the_configure_phase() ->
     assert by_path["/etc/apt/preferences.d/gpuhost-no-nvidia-driver"].content == APT_PIN
     assert by_path[INITRAMFS_SCRIPT_PATH].mode == "0755"
     assert by_path["/dev/hugepages1G"].state is FileState.DIRECTORY
+    assert by_path[FSTAB_PATH].state is FileState.BLOCK and by_path[FSTAB_PATH].marker == FSTAB_MARKER
+    assert by_path[FSTAB_PATH].content == "none /dev/hugepages1G hugetlbfs pagesize=1G,nofail 0 0\n"
 
 
 @pytest.mark.parametrize("snapshot", ["lab-gpu-pair-fresh", "lab-uefi-systemd-boot"])
@@ -284,7 +305,8 @@ def test_every_phase_of_a_real_plan_runs_as_the_playbook_passes_it(tmp_path: Pat
     root = tmp_path / "root"
     for phase in ("configure", "commit", "revert"):
         files = [{**change, "path": f"{root}{change['path']}"} for change in phases[phase]]
-        assert all(set(change) == {"path", "state", "content", "mode", "regenerates", "marker"} for change in files)
+        fields = {"path", "state", "content", "mode", "regenerates", "marker", "line"}
+        assert all(set(change) == fields for change in files)
         result = run_module(MODULE, tmp_path, {"files": files})
         assert set(result["regenerate"]) <= {"initramfs", "grub", "loader-entries"}
         assert not run_module(MODULE, tmp_path, {"files": files})["changed"], phase
@@ -293,3 +315,158 @@ def test_every_phase_of_a_real_plan_runs_as_the_playbook_passes_it(tmp_path: Pat
         assert dropin.read_text() == plan.grub_dropin and not (root / TRIAL_SETTINGS_PATH.lstrip("/")).exists()
     else:
         assert (root / KERNEL_CMDLINE_PATH.lstrip("/")).read_text() == plan.systemd_boot.kernel_cmdline
+
+
+# An operator's own `options vfio-pci ids=` over two lines (modprobe's continuation), between lines
+# of its own: the plan's parser finds it at line 2, and apply comments out both of its lines.
+OPERATOR_VFIO_CONF = (
+    "# passthrough set up by hand\noptions vfio-pci \\\n  ids=10de:1b80 disable_vga=1\nblacklist nouveau\n"
+)
+
+
+def test_commented_comments_out_the_lines_the_plan_found_and_nothing_else(tmp_path: Path) -> None:
+    conf = tmp_path / "vfio.conf"
+    conf.write_text(OPERATOR_VFIO_CONF)
+    conf.chmod(0o600)
+    wanted = "options vfio-pci \\\n  ids=10de:1b80 disable_vga=1\n"
+    files = [change(conf, "commented", wanted, marker=MODPROBE_COMMENT_PREFIX, line="2", regenerates="initramfs")]
+    first = run_module(MODULE, tmp_path, {"files": files})
+    assert first["regenerate"] == ["initramfs"]
+    assert conf.read_text() == (
+        "# passthrough set up by hand\n"
+        f"{MODPROBE_COMMENT_PREFIX}options vfio-pci \\\n"
+        f"{MODPROBE_COMMENT_PREFIX}  ids=10de:1b80 disable_vga=1\n"
+        "blacklist nouveau\n"
+    )
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o600  # the host's file keeps its mode
+    assert not run_module(MODULE, tmp_path, {"files": files})["changed"]
+    # The file changed since the plan read it: nothing is edited, and the message says so.
+    conf.write_text("options vfio-pci ids=10de:2330\n" + OPERATOR_VFIO_CONF)
+    arguments = tmp_path / "args.json"
+    arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"files": files, "_ansible_tmpdir": str(tmp_path)}}))
+    done = subprocess.run([sys.executable, str(MODULE), str(arguments)], capture_output=True, text=True, timeout=60)
+    result = json.loads(done.stdout)
+    assert result["failed"] and f"{conf}:2" in result["msg"] and "changed since" in result["msg"]
+    assert conf.read_text() == "options vfio-pci ids=10de:2330\n" + OPERATOR_VFIO_CONF
+
+
+def test_a_restored_block_file_keeps_the_hosts_later_edits(tmp_path: Path) -> None:
+    fstab = tmp_path / "fstab"
+    fstab.write_text("/dev/vda1 / ext4 errors=remount-ro 0 1")  # no newline at its end
+    backup_dir = tmp_path / "backup"
+    block = change(fstab, "block", "none /mnt/h hugetlbfs pagesize=1G,nofail 0 0\n", marker=FSTAB_MARKER)
+    run_module(MODULE, tmp_path, {"backup": [str(fstab)], "backup_dir": str(backup_dir), "files": [block]})
+    restore = {"backup_dir": str(backup_dir), "files": [change(fstab, "restored", marker=FSTAB_MARKER)]}
+    assert run_module(MODULE, tmp_path, restore)["kept_edits"] == []
+    assert fstab.read_text() == "/dev/vda1 / ext4 errors=remount-ro 0 1"  # byte for byte, as it was
+    run_module(MODULE, tmp_path, {"files": [block]})
+    with fstab.open("a") as edit:
+        edit.write("/dev/vdb1 /srv ext4 defaults 0 2\n")  # the operator's, after apply
+    result = run_module(MODULE, tmp_path, restore)
+    assert result["kept_edits"] == [str(fstab)]
+    assert fstab.read_text() == "/dev/vda1 / ext4 errors=remount-ro 0 1\n/dev/vdb1 /srv ext4 defaults 0 2\n"
+
+
+def test_an_absent_directory_goes_only_when_empty(tmp_path: Path) -> None:
+    mount = tmp_path / "hugepages-1G"
+    mount.mkdir()
+    (mount / "a-vm's-file").write_text("")
+    arguments = tmp_path / "args.json"
+    payload = {"files": [change(mount, "absent")], "_ansible_tmpdir": str(tmp_path)}
+    arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
+    done = subprocess.run([sys.executable, str(MODULE), str(arguments)], capture_output=True, text=True, timeout=60)
+    assert json.loads(done.stdout)["failed"] and (mount / "a-vm's-file").exists()
+    (mount / "a-vm's-file").unlink()
+    assert run_module(MODULE, tmp_path, {"files": [change(mount, "absent")]})["changed"] and not mount.exists()
+
+
+DEBIAN_DIRECTORIES = (
+    "etc/apt/preferences.d",
+    "etc/grub.d",
+    "etc/systemd/system",
+    "etc/initramfs-tools/scripts/init-top",
+    "mnt",
+)
+
+
+def _manifest(root: Path, skip: Path) -> dict[str, tuple[str, int, int, str]]:
+    """path -> (mode, uid, gid, sha256 or link target) of everything under root (`skip` aside)."""
+    import hashlib
+
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path == skip or skip in path.parents:
+            continue
+        info = path.lstat()
+        if path.is_symlink():
+            what = "-> " + str(path.readlink())
+        elif path.is_file():
+            what = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            what = "directory"
+        found[str(path.relative_to(root))] = (oct(info.st_mode), info.st_uid, info.st_gid, what)
+    return found
+
+
+@pytest.mark.parametrize("snapshot", ["lab-gpu-pair-fresh", "lab-uefi-systemd-boot"])
+@pytest.mark.parametrize("trial", [True, False])
+def test_apply_then_rollback_leaves_every_file_as_it_was(tmp_path: Path, snapshot: str, trial: bool) -> None:
+    """A real host's capture as a stand-in root, with an operator's own modprobe.d ids and a hugetlbfs
+    mount: apply's record, every phase of its real plan (twice), then the rollback plan computed from
+    the records; the manifest of the root (path, mode, owner, sha256) is the one before apply."""
+    from gpuhost.facts.build import build_facts
+    from gpuhost.facts.snapshot import SnapshotTree
+    from gpuhost.plan.rollback import parse_backups, plan_rollback, read_backups_command
+
+    root = tmp_path / "root"
+    shutil.copytree(SNAPSHOTS / snapshot, root, symlinks=True)
+    # The capture holds only the files gpuhost reads; a Debian host has these directories of its
+    # packages' (apt, grub-common, systemd, initramfs-tools, base-files), which apply writes into.
+    for directory in DEBIAN_DIRECTORIES:
+        (root / directory).mkdir(parents=True, exist_ok=True)
+    (root / "etc/modprobe.d").mkdir(exist_ok=True)
+    (root / "etc/modprobe.d/vfio.conf").write_text(OPERATOR_VFIO_CONF)
+    records = root / "var/lib/gpuhost"
+    records.mkdir(parents=True)
+    variables = {
+        "gpuhost_gpus": ["1234:1111"],
+        "gpuhost_hugepages": 1 if snapshot == "lab-gpu-pair-fresh" else "auto",  # the capture's RAM allows
+        "gpuhost_trial_boot": trial,
+        "gpuhost_hugetlbfs_mount": "/mnt/hugepages-1G",
+    }
+    plan = plan_host("lab-1", build_facts(SnapshotTree(root)), PlanSettings.from_variables(variables, "test"))
+    assert plan.applicable and [c.path for c in plan.modprobe_conflicts] == ["/etc/modprobe.d/vfio.conf"]
+    before = _manifest(root, records)
+    backup_dir = f"{records}/backup"
+
+    def rooted(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**c, "path": f"{root}{c['path']}"} for c in changes]
+
+    data = plan.to_json()
+    for _ in range(2):  # a second apply (its backups kept: the first record is the original)
+        backup = [f"{root}{path}" for path in data["backup_files"]]
+        run_module(MODULE, tmp_path, {"backup": backup, "backup_dir": backup_dir})
+        for phase in ("configure", "commit"):
+            run_module(MODULE, tmp_path, {"files": rooted(data["files"][phase])})
+    conf = (root / "etc/modprobe.d/vfio.conf").read_text()
+    assert conf.count(MODPROBE_COMMENT_PREFIX) == 2 and "blacklist nouveau" in conf
+    mounted = plan.hugepages.mount_point is not None  # the systemd-boot capture's RAM gives no 1 GiB page
+    assert mounted == (snapshot == "lab-gpu-pair-fresh")
+    assert ("hugetlbfs pagesize=1G,nofail" in (root / "etc/fstab").read_text()) == mounted
+    assert _manifest(root, records) != before
+
+    listing = subprocess.run(["sh", "-c", read_backups_command(backup_dir)], capture_output=True, check=True)
+    recorded = parse_backups(listing.stdout, backup_dir)
+    backups = type(recorded)(
+        copied=tuple(p.removeprefix(str(root)) for p in recorded.copied),
+        absent=tuple(p.removeprefix(str(root)) for p in recorded.absent),
+    )
+    assert ("/mnt/hugepages-1G" in backups.absent) == mounted and "/etc/fstab" in backups.copied
+    rollback = plan_rollback("lab-1", build_facts(SnapshotTree(root)), backups, 900).to_json()
+    result = run_module(MODULE, tmp_path, {"files": rooted(rollback["files"]), "backup_dir": backup_dir})
+    assert "initramfs" in result["regenerate"] and result["kept_edits"] == []
+    run_module(MODULE, tmp_path, {"backup_dir": backup_dir, "forget_backups": True})
+    after = _manifest(root, records)
+    differ = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    assert not differ, [(p, before.get(p), after.get(p)) for p in differ]
+    assert list(records.iterdir()) == []

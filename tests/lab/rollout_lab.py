@@ -68,6 +68,9 @@ class Host:
     def cmdline(self) -> list[str]:
         return self.sh("cat /proc/cmdline").split()
 
+    def manifest(self) -> Manifest:
+        return parse_manifest(self.sh(MANIFEST_SCRIPT))
+
 
 @dataclass(frozen=True)
 class Lab:
@@ -204,3 +207,44 @@ def gave_up_on_root_and_rebooted(console: str, marker: str) -> str:
     assert "Gave up waiting for root file system device" in trial, trial[-3000:]
     assert "Rebooting automatically due to panic= boot argument" in trial, trial[-3000:]
     return trial[: trial.index("Rebooting automatically due to panic= boot argument")]
+
+
+# Issue 47's proof that rollback is apply's inverse: every file under these (path, type, mode, owner,
+# link target, sha256), and /proc/cmdline. grubenv is GRUB's one-shot state (grub-reboot), not a file
+# apply writes; the ESP is read only for the loader entries (its random-seed changes at each boot).
+MANIFEST_ROOTS = ("/etc", "/boot/grub", "/boot/efi/loader/entries", "/boot/loader/entries", "/efi/loader/entries")
+MANIFEST_SCRIPT = (
+    "for root in " + " ".join(MANIFEST_ROOTS) + '; do [ -d "$root" ] || continue\n'
+    "  find \"$root\" -xdev -path /boot/grub/grubenv -prune -o -printf 'E\\t%p\\t%y\\t%m\\t%u:%g\\t%l\\n'\n"
+    '  find "$root" -xdev -path /boot/grub/grubenv -prune -o -type f -print0 | xargs -0 -r sha256sum'
+    " | sed 's/^/H\\t/'\n"
+    "done\n"
+    # A '\r' the host's own GRUB line may carry (fault 5) shown as \r: the output is read with universal newlines.
+    "printf 'C\\t'; sed 's/\\r/\\\\r/g' /proc/cmdline\n"
+)
+Manifest = dict[str, str]
+
+
+def parse_manifest(text: str) -> Manifest:
+    """MANIFEST_SCRIPT's output -> {path: 'type mode owner [-> target] [sha256]', '/proc/cmdline': line}."""
+    entries: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition("\t")
+        if kind == "E":
+            path, kind_of, mode, owner, target = rest.split("\t")
+            entries[path] = [kind_of, mode, owner] + ([f"-> {target}"] if target else [])
+        elif kind == "H":
+            digest, _, path = rest.partition("  ")
+            entries.setdefault(path, ["?"]).append(digest)
+        elif kind == "C":
+            entries["/proc/cmdline"] = [rest]
+    return {path: " ".join(fields) for path, fields in entries.items()}
+
+
+def manifest_differences(before: Manifest, after: Manifest) -> list[str]:
+    """One line per path whose entry differs (absent on one side included), for the failure message."""
+    return [
+        f"{path}: {before.get(path, '(absent)')} -> {after.get(path, '(absent)')}"
+        for path in sorted(set(before) | set(after))
+        if before.get(path) != after.get(path)
+    ]

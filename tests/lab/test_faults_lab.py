@@ -29,7 +29,11 @@ In this order, on A unless said:
 issue 27.1: a third apply, with a change (pcie_aspm=off), keeps the intel_iommu=on the first added, in
 its trial boot and its committed entry;
 rollback: `gpuhost rollback --limit A`: A's own old command line (its intel_iommu=off included) and
-the modprobe.d file are back, nothing of gpuhost's left.
+the modprobe.d file are back, nothing of gpuhost's left; issue 47: apply (three times) then rollback
+is the identity. Before fault 6's apply A gets an operator's own files (fault 5's GRUB files and
+modprobe.d line, fstab entries, a second `options vfio-pci ids=` continued over two lines;
+gpuhost_hugetlbfs_mount set) and boots with them; the manifest of /etc and /boot/grub (path, type,
+mode, owner, sha256) and /proc/cmdline after the rollback are those before that apply.
 
 What this module does not repeat (each ran on the same playbook, on the same kind of host):
 - Molecule's scenario (tests/lab/test_molecule.py, playbooks/molecule/default) converges a stand-in
@@ -74,7 +78,14 @@ from gpuhost.lab import fleet
 from gpuhost.lab.image import Image
 from gpuhost.lab.recipe import KERNEL_CMDLINE
 from gpuhost.lab.state import load_state, process_start_ticks, save_state
-from gpuhost.plan.model import GRUB_DROPIN_PATH, TRIAL_MARKER
+from gpuhost.plan.files import GPUHOST_FILES
+from gpuhost.plan.model import (
+    GRUB_DROPIN_PATH,
+    INITRAMFS_MODULES_MARKER,
+    INITRAMFS_MODULES_PATH,
+    TRIAL_GRUB_SCRIPT_PATH,
+    TRIAL_MARKER,
+)
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 from tests.bmc.emulators import IPMI_USER, ipmi_power_switch
 
@@ -86,10 +97,12 @@ from .rollout_lab import (
     Host,
     HostLayout,
     Lab,
+    Manifest,
     apply,
     booted_lab,
     console_since,
     gave_up_on_root_and_rebooted,
+    manifest_differences,
     timing,
 )
 
@@ -371,6 +384,47 @@ def _write_unusual_grub_and_modprobe_settings(host: Host) -> None:
     assert host.sh("grep -c \"$(printf '\\r')\" /etc/default/grub").strip() == "2"
 
 
+# Issue 47: what an operator's host has of its own before gpuhost (beside fault 5's GRUB files and
+# modprobe.d line): fstab entries, one with no newline at the file's end, and a second
+# `options vfio-pci ids=` continued over two lines, as modprobe reads them.
+OPERATOR_FSTAB_LINES = "# site scratch space, mounted by hand\ntmpfs /mnt/site-scratch tmpfs noauto,nofail,size=8m 0 0"
+OPERATOR_MODPROBE = "# the site's list\noptions vfio_pci \\\n    ids=10de:2330\n"
+# Set as an operator would; on these 2 GiB hosts no 1 GiB page fits, so the plan has no mount (the
+# fstab block and the mount point are proven by tests/collection/test_host_files_module.py).
+MOUNT = {"gpuhost_hugetlbfs_mount": "/mnt/hugepages-1G"}
+
+
+def _write_operators_own_files(host: Host) -> None:
+    host.sh(
+        f"printf '%s' {shlex.quote(OPERATOR_FSTAB_LINES)} >> /etc/fstab\n"
+        f"printf '%s' {shlex.quote(OPERATOR_MODPROBE)} > /etc/modprobe.d/vfio-site.conf\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def before_first_apply() -> dict[str, Manifest]:
+    """A's manifest before its first apply (fault 6 takes it), for the rollback's comparison."""
+    return {}
+
+
+def _without_reverted_trials(host: Host, manifest: Manifest) -> Manifest:
+    """A's manifest before fault 6's apply without what the reverted trials of faults 2 and 3 left on
+    it: gpuhost's own files (its trial script, initramfs script, apt pin), the vfio block in the
+    initramfs module list and the trial script's empty section of grub.cfg. A revert keeps them (they
+    change no boot); rollback takes them too, since fault 2's apply recorded the host before them."""
+    clean = {path: entry for path, entry in manifest.items() if path not in GPUHOST_FILES}
+    begin, end = (shlex.quote(INITRAMFS_MODULES_MARKER.replace("{mark}", mark)) for mark in ("BEGIN", "END"))
+    # On the host, byte for byte (the SSH output is read with universal newlines).
+    digests = host.sh(
+        f"awk -v b={begin} -v e={end} '$0==b{{skip=1}} !skip{{print}} $0==e{{skip=0}}' {INITRAMFS_MODULES_PATH}"
+        " | sha256sum; "
+        f"grep -vF {TRIAL_GRUB_SCRIPT_PATH} /boot/grub/grub.cfg | sha256sum"
+    ).split()[::2]
+    for path, digest in zip((INITRAMFS_MODULES_PATH, "/boot/grub/grub.cfg"), digests, strict=True):
+        clean[path] = " ".join([*clean[path].split()[:-1], digest])
+    return clean
+
+
 # What a trial entry changes for its boot and verification puts back (gpuhost.plan.rescue).
 # An operator's own drop-in that boots A without its IOMMU, as a kernel whose VT-d is off by default
 # does (Debian's 6.1 turns it on, RHEL's does not): the first apply must add intel_iommu=on.
@@ -393,15 +447,19 @@ def _boot_without_the_iommu(host: Host) -> None:
 
 
 def test_fault6_and_5_host_key_change_aborts_that_host_and_the_other_ends_with_one_correct_setting(
-    lab: Lab,
+    lab: Lab, before_first_apply: dict[str, Manifest]
 ) -> None:
     host_a, host_b = lab.hosts[A], lab.hosts[B]
+    # The operator's own files before A's first apply (issue 47), and booted with them: the same
+    # boot is what rollback must bring back.
+    _write_unusual_grub_and_modprobe_settings(host_a)
+    _write_operators_own_files(host_a)
     _boot_without_the_iommu(host_a)
     host_stall_settings = host_a.sh(STALL_SETTINGS)
-    inventory = lab.inventory("fault6")
+    inventory = lab.inventory("fault6", **{A: MOUNT})
     for target in inventory_targets(inventory, None, ConnectionDefaults()):
         assert audit_target(target).facts is not None  # the audit saw both hosts with their keys
-    _write_unusual_grub_and_modprobe_settings(host_a)
+    before_first_apply[A] = _without_reverted_trials(host_a, host_a.manifest())
     untouched_b = host_b.hashes()
     known_hosts = host_b.paths.known_hosts
     saved = known_hosts.read_text()
@@ -458,7 +516,7 @@ def test_fault6_and_5_host_key_change_aborts_that_host_and_the_other_ends_with_o
 def test_fault8_second_apply_changes_nothing_and_reboots_nothing(lab: Lab) -> None:
     host_a = lab.hosts[A]
     before = host_a.hashes()
-    code, report, _ = apply(lab, lab.inventory("fault8-second"), "fault8-second", "--limit", A)
+    code, report, _ = apply(lab, lab.inventory("fault8-second", **{A: MOUNT}), "fault8-second", "--limit", A)
     entry = report["hosts"][A]
     assert code == 0 and report["ansible_rc"] == 0 and entry["status"] == "ready", entry
     assert list(report["hosts"]) == [A]  # --limit: B is not part of this run's report
@@ -475,7 +533,7 @@ def test_a_second_apply_with_a_change_keeps_the_iommu_option_the_first_added(lab
     writes, its trial boot must have the IOMMU, and the entry it commits as the default (the next
     reboot's, whenever it comes) must carry it."""
     host_a = lab.hosts[A]
-    second = lab.inventory("iommu-second", **{A: {"gpuhost_pcie_aspm_off": True}})
+    second = lab.inventory("iommu-second", **{A: {**MOUNT, "gpuhost_pcie_aspm_off": True}})
     code, report, _ = apply(lab, second, "iommu-second", "--limit", A)
     entry = report["hosts"][A]
     assert code == 0 and entry["status"] == "ready" and entry["rebooted"] is True, entry
@@ -495,8 +553,14 @@ def test_a_second_apply_with_a_change_keeps_the_iommu_option_the_first_added(lab
     assert [t for t in default_entry if t.startswith("intel_iommu=")] == ["intel_iommu=on"], default_entry
 
 
-def test_rollback_restores_the_old_command_line_and_the_backed_up_files(lab: Lab) -> None:
+def test_rollback_restores_the_old_command_line_and_the_backed_up_files(
+    lab: Lab, before_first_apply: dict[str, Manifest]
+) -> None:
+    """Issue 47: after three applies (fault 6's first, fault 8's that changed nothing, issue 27.1's with a
+    change), one rollback leaves every file of A's as it was before the first (the manifest: path,
+    type, mode, owner, sha256 under /etc and /boot/grub) and /proc/cmdline as it was."""
     host_a = lab.hosts[A]
+    assert A in before_first_apply, "fault 6 did not run: no manifest of A before its first apply"
     started = time.monotonic()
     code = main(["rollback", "-i", str(lab.inventory("rollback")), "--limit", A, "--yes"])
     timing(f"rollback of A (with its reboot): {time.monotonic() - started:.0f} s")
@@ -516,3 +580,5 @@ def test_rollback_restores_the_old_command_line_and_the_backed_up_files(lab: Lab
     # The modules file keeps the lab disk's own lines (its comment says "gpuhost lab"): gpuhost's
     # marked block and its vfio lines are what must be gone.
     assert left == OLD_MODPROBE + "clean\n", left
+    differences = manifest_differences(before_first_apply[A], host_a.manifest())
+    assert not differences, "rollback is not apply's inverse; differing:\n" + "\n".join(differences)

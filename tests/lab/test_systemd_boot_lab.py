@@ -8,7 +8,9 @@ it, the initramfs gives up on the root device and panic=10 reboots it (without p
 hold the host for good) into the default entry, the report says "trial reverted", the trial entry is
 gone from the ESP and /etc/kernel/cmdline is unchanged; gpuhost apply boots the one-shot trial entry, verifies it and
 commits (the default entry carries the options, the trial entry and the one-shot variable are gone,
-the audit says READY); gpuhost rollback brings the old command line back. What the BIOS fault
+the audit says READY); gpuhost rollback brings the old command line back, and (issue 47) every file
+of the host's as it was before the first apply, the operator's own modprobe.d, fstab and GRUB
+drop-in written before it included. What the BIOS fault
 suite proves of apply (faults, reverts, idempotence) is not repeated: this is the systemd-boot
 path of the same engine. Building the image (once) needs root.
 """
@@ -29,7 +31,15 @@ from gpuhost.lab.boot import boot_mode
 from gpuhost.lab.paths import LabPaths
 from gpuhost.plan.model import TRIAL_MARKER
 from tests.lab.conftest import _timing, audit_report, on_lab_host, uefi_lab_host
-from tests.lab.rollout_lab import ROOT_HANG_TRIAL_OPTION, console_since, gave_up_on_root_and_rebooted
+from tests.lab.rollout_lab import (
+    MANIFEST_SCRIPT,
+    ROOT_HANG_TRIAL_OPTION,
+    Manifest,
+    console_since,
+    gave_up_on_root_and_rebooted,
+    manifest_differences,
+    parse_manifest,
+)
 
 # An uncached image build and an OVMF boot under TCG pass the suite-wide 900 s.
 # On lab-rest since the fault suite grew (issue 31's hangs, issue 27's second apply): CI's run with
@@ -66,10 +76,30 @@ def test_systemd_boot_started_the_kernel_from_kernel_installs_entry(
 ONESHOT_VARIABLE = "/sys/firmware/efi/efivars/LoaderEntryOneShot-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
 ENTRIES = "/boot/efi/loader/entries"
 OPTIONS = ("vfio-pci.ids=1234:1111,8086:293e", "modprobe.blacklist=nouveau,nvidia,nvidiafb", "iommu=pt")
+# Issue 47: an operator's own files before gpuhost's first apply: an `options vfio-pci ids=` continued
+# over two lines, fstab entries (the last without a newline at its end) and a GRUB drop-in.
+OPERATOR_FILES = (
+    "printf '# the site list\\noptions vfio-pci \\\\\\n    ids=10de:2330\\n' > /etc/modprobe.d/vfio-site.conf; "
+    "printf '# scratch, mounted by hand\\ntmpfs /mnt/site-scratch tmpfs noauto,nofail,size=8m 0 0' >> /etc/fstab; "
+    "mkdir -p /etc/default/grub.d; "
+    "printf 'GRUB_CMDLINE_LINUX_DEFAULT=\"$GRUB_CMDLINE_LINUX_DEFAULT quiet\"\\n' > /etc/default/grub.d/50-site.cfg"
+)
+
+
+def _manifest(lab: LabPaths) -> Manifest:
+    return parse_manifest(on_lab_host(lab, "sh", "-s", stdin=MANIFEST_SCRIPT))
+
+
+@pytest.fixture(scope="module")
+def before_first_apply(systemd_boot_lab: LabPaths) -> Manifest:
+    """The host with the operator's own files, before any apply: what rollback must leave."""
+    on_lab_host(systemd_boot_lab, "sh", "-c", OPERATOR_FILES)
+    assert "ids=10de:2330" in on_lab_host(systemd_boot_lab, "cat", "/etc/modprobe.d/vfio-site.conf")
+    return _manifest(systemd_boot_lab)
 
 
 def test_trial_entry_whose_root_never_comes_is_rebooted_onto_the_default_entry_by_itself(
-    systemd_boot_lab: LabPaths, monkeypatch: pytest.MonkeyPatch
+    systemd_boot_lab: LabPaths, monkeypatch: pytest.MonkeyPatch, before_first_apply: Manifest
 ) -> None:
     """Issue 31's root-device hang on systemd-boot: the trial entry's initramfs waits for a root device
     no disk has and gives up; panic=10 (the trial entry's rescue) reboots it, and systemd-boot, which
@@ -126,7 +156,12 @@ def test_apply_boots_the_one_shot_trial_entry_verifies_and_commits(
     assert report["ready"] is True, report["findings"]
 
 
-def test_rollback_restores_the_old_kernel_command_line(systemd_boot_lab: LabPaths) -> None:
+def test_rollback_restores_the_old_kernel_command_line(
+    systemd_boot_lab: LabPaths, before_first_apply: Manifest
+) -> None:
+    """And issue 47: after the reverted trial and the committed apply, every file of the host's (/etc,
+    the loader entries) and /proc/cmdline are as before the first apply; the loader entries are written
+    again by kernel-install (the facts say systemd-boot), not by update-grub."""
     expected = [t for t in on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() if t not in OPTIONS]
     started = time.monotonic()
     code = main(["rollback", "-i", str(systemd_boot_lab.inventory), "--limit", "lab-1", "--yes"])
@@ -135,3 +170,5 @@ def test_rollback_restores_the_old_kernel_command_line(systemd_boot_lab: LabPath
     assert on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() == expected
     running = on_lab_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
     assert running[0].startswith("initrd=") and running[1:] == expected, running
+    differences = manifest_differences(before_first_apply, _manifest(systemd_boot_lab))
+    assert not differences, "rollback is not apply's inverse; differing:\n" + "\n".join(differences)

@@ -16,6 +16,8 @@ from gpuhost.facts.parsers import parse_cmdline, parse_loader_entry
 from gpuhost.facts.snapshot import SnapshotTree
 from gpuhost.plan import PlanSettings, plan_host
 from gpuhost.plan.model import (
+    FSTAB_PATH,
+    INITRAMFS_MODULES_PATH,
     KERNEL_CMDLINE_PATH,
     KERNEL_INSTALL_REFRESH,
     PROXMOX_BOOT_TOOL_REFRESH,
@@ -44,7 +46,8 @@ def test_the_kernel_command_line_goes_through_etc_kernel_cmdline_and_kernel_inst
     old = (CAPTURE / "etc/kernel/cmdline").read_text().split()
     assert sdboot.current_kernel_cmdline == " ".join(old)
     assert sdboot.kernel_cmdline == " ".join((*old, *OPTIONS)) + "\n"
-    assert result.backup_files == (KERNEL_CMDLINE_PATH,)  # rollback restores the host's own file
+    # rollback restores the host's own files: /etc/kernel/cmdline, the initramfs module list, fstab
+    assert set(result.backup_files) == {KERNEL_CMDLINE_PATH, INITRAMFS_MODULES_PATH, FSTAB_PATH}
     assert result.reboot_needed
 
 

@@ -197,15 +197,7 @@ def test_interactive_rollback_reads_the_inventory_once_and_names_the_hosts_it_as
 
 def sshd_inventory(sshd_server: Any, known_hosts: Path, tmp_path: Path, **extra: str) -> Path:
     """An inventory of one host, gpu01, the real sshd, with `known_hosts` as its gpuhost_known_hosts_file."""
-    host = {
-        "ansible_host": "127.0.0.1",
-        "ansible_port": sshd_server.port,
-        "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(sshd_server.client_key),
-        "ansible_python_interpreter": "/usr/bin/python3",
-        "gpuhost_known_hosts_file": str(known_hosts),
-        **extra,
-    }
+    host = {**sshd_server.ansible_host(known_hosts), **extra}
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu01": host}}}))
     return inventory

@@ -1,54 +1,14 @@
-"""`gpuhost rollback` as data: the role's paths are the planner's, and the check of the old command line."""
+"""`gpuhost rollback`'s check of the old command line (what it undoes: tests/plan/test_rollback_plan.py)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-import yaml
-
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.snapshot import SnapshotTree
-from gpuhost.plan import PlanSettings, plan_host
-from gpuhost.plan.model import (
-    BACKUP_DIR,
-    INITRAMFS_MODULES_MARKER,
-    INITRAMFS_MODULES_PATH,
-    KERNEL_INSTALL_REFRESH,
-    TRIAL_LOADER_ENTRY_PATHS,
-)
 from gpuhost.plan.verify import verify_rollback
-from gpuhost.rollout.engine import REMOVED_FILES
-from tests.helpers import COLLECTION, SNAPSHOTS
-
-ROLE_DEFAULTS = COLLECTION / "roles/gpuhost_rollback/defaults/main.yml"
-
-
-def test_the_rollback_role_removes_what_the_planner_writes() -> None:
-    defaults = yaml.safe_load(ROLE_DEFAULTS.read_text())
-    assert tuple(defaults["gpuhost_rollback_removed_files"]) == REMOVED_FILES
-    assert defaults["gpuhost_rollback_initramfs_modules"] == INITRAMFS_MODULES_PATH
-    assert defaults["gpuhost_rollback_initramfs_marker"] == INITRAMFS_MODULES_MARKER
-    assert defaults["gpuhost_rollback_backup_dir"] == BACKUP_DIR
-    paths = plan_host(
-        "lab-1",
-        build_facts(SnapshotTree(SNAPSHOTS / "lab-gpu-pair-fresh")),
-        PlanSettings.from_variables({"gpuhost_gpus": ["1234:1111"]}, "lab-1"),
-    ).to_json()["paths"]
-    written = {
-        paths[k]
-        for k in (
-            "grub_dropin",
-            "trial_settings",
-            "trial_grub_script",
-            "initramfs_script",
-            "apt_pin",
-            "deadline_timer",
-            "deadline_service",
-        )
-    }
-    assert written | set(TRIAL_LOADER_ENTRY_PATHS) == set(REMOVED_FILES)
-    assert defaults["gpuhost_rollback_kernel_install_refresh"] == KERNEL_INSTALL_REFRESH
+from tests.helpers import SNAPSHOTS
 
 
 def _lab(tmp_path: Path, cmdline: str | None = None, dropin: bool = False) -> SnapshotTree:
