@@ -13,7 +13,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import ansible_printer, check_ansible_environment, progress_printer, rollout_console, run_command
+from gpuhost.cli.common import (
+    ansible_printer,
+    check_ansible_environment,
+    progress_printer,
+    rollout_console,
+    run_command,
+)
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, InputError
 from gpuhost.inventory.bmc import check_password_source

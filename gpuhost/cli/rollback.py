@@ -15,7 +15,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhost.cli.common import ansible_printer, check_ansible_environment, progress_printer, rollout_console, run_command
+from gpuhost.cli.common import (
+    ansible_printer,
+    check_ansible_environment,
+    progress_printer,
+    rollout_console,
+    run_command,
+)
 from gpuhost.cli.text import untrusted
 from gpuhost.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNUSABLE, InputError
 from gpuhost.rollout.engine import RollbackRequest
