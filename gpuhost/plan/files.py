@@ -32,7 +32,7 @@ from gpuhost.plan.model import (
 APT_PIN = """\
 # Managed by gpuhost: this host passes its GPUs through with vfio-pci; its own NVIDIA driver
 # would take them back. Remove this file (and set gpuhost_remove_nvidia_driver: false) to allow it.
-Package: nvidia-* libnvidia-* cuda-drivers* xserver-xorg-video-nvidia*
+Package: nvidia-* libnvidia-* cuda-drivers* xserver-xorg-video-nvidia* linux-modules-nvidia-* linux-objects-nvidia-* linux-signatures-nvidia-*
 Pin: release *
 Pin-Priority: -1
 """
