@@ -45,6 +45,7 @@ from gpuhost.render.address_width import (
     TCG_TB_CACHE_MIB,
     GuestAddressWidth,
     check_q35_vcpus,
+    bars_window,
     guest_address_width,
     hole64_bytes,
     iommu_width_note,
@@ -255,7 +256,7 @@ def plan_domain(
     hole64 = hole64_bytes(ports)
     # Known only once the cards are laid out behind their ports (each port's window aligned to its
     # largest BAR), so refused on its own, after the conflicts above.
-    maxphysaddr = guest_address_width(facts, spec, hole64, conflicts, notes)
+    maxphysaddr = guest_address_width(facts, spec, bars_window(ports), conflicts, notes)
     if conflicts:
         raise RenderRefused(spec.name, host, conflicts)
     if maxphysaddr is not None and maxphysaddr.mode == "passthrough" and len(cards) > 1:  # peer-to-peer: two GPUs
