@@ -102,7 +102,13 @@ def build_facts(tree: Tree) -> HostFacts:
         rescue=_rescue(tree, exists, status),
         xorg_conf=_present(tree, exists, XORG_CONF),
         nccl_topology=_nccl_topology(tree),
+        machine=_machine(tree, cpuinfo_text),
     )
+
+
+def _machine(tree: Tree, cpuinfo: str | None) -> str | None:
+    """`uname -m` where the gather ran it; else what /proc/cpuinfo's form says (a snapshot from before)."""
+    return _first_line(tree.command("machine")) or (None if cpuinfo is None else p.parse_cpuinfo_machine(cpuinfo))
 
 
 def _nccl_topology(tree: Tree) -> NcclTopologyFile | None:

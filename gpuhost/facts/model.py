@@ -517,6 +517,7 @@ class HostFacts:
     rescue: RescueFacts | None = None
     xorg_conf: bool | None = None  # /etc/X11/xorg.conf exists (None: unknown)
     nccl_topology: NcclTopologyFile | None = None  # None: none named in NCCL_CONF and none at the default path
+    machine: str | None = None  # the architecture, `uname -m`'s (x86_64, aarch64); None: unknown
 
     def function(self, address: str) -> PciFunction | None:
         return self._functions_by_address.get(address)

@@ -157,6 +157,21 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     )
 
 
+def parse_cpuinfo_machine(text: str) -> str | None:
+    """The architecture /proc/cpuinfo's form gives away: x86's 'vendor_id' with the long-mode flag
+    'lm' (x86_64), ARM's 'CPU architecture: 8' (aarch64); None for anything else."""
+    keys: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            keys.setdefault(key.strip(), value.strip())
+    if "vendor_id" in keys:
+        return "x86_64" if "lm" in keys.get("flags", "").split() else None
+    if keys.get("CPU architecture") == "8":
+        return "aarch64"
+    return None
+
+
 def _physical_address_bits(value: str) -> int | None:
     """'46 bits physical, 57 bits virtual' -> 46."""
     match = re.match(r"(\d+) bits physical", value)

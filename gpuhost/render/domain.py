@@ -52,6 +52,7 @@ from gpuhost.render.address_width import (
     lock_limit_kib,
     older_ovmf_mmio64_mib,
 )
+from gpuhost.host_support import unsupported_host
 from gpuhost.render.conflicts import render_conflict
 from gpuhost.render.cpus import allocate_cpus, format_cpulist, known_nodes
 from gpuhost.render.devices import (
@@ -65,6 +66,13 @@ from gpuhost.render.devices import (
 from gpuhost.render.layout import MAX_CELLS, Cell, ExpanderBus, PortKind, RootPort, pci_layout
 from gpuhost.render.memory import KIB_PER_MIB, check_declared_pages, check_memory, use_hugepages
 from gpuhost.selection import card_numa_node
+
+HOST_UNSUPPORTED = register(
+    "render.host.unsupported",
+    Stage.RENDER,
+    Severity.ERROR,
+    "gpuhost does not support the host's architecture, IOMMU or GPU family: no domain is written",
+)
 
 GPU_NUMA_UNKNOWN = register(
     "render.gpu.numa_unknown", Stage.RENDER, Severity.ERROR, "a GPU's NUMA node is unknown while the others have one"
@@ -175,6 +183,13 @@ def plan_domain(
     are allocated for them all (`allocate_cpus`), so this VM's pins are the same whichever of
     them is rendered.
     """
+    unsupported = unsupported_host(facts)
+    if unsupported is not None:
+        # One answer, the audit's and the plan's: no x86_64 q35/OVMF domain for a host gpuhost does not support.
+        message = f"{unsupported.message};"
+        raise RenderRefused(
+            spec.name, host, [render_conflict(HOST_UNSUPPORTED, unsupported.subject, message, unsupported.would)]
+        )
     conflicts: list[Problem] = []
     notes: list[str] = []
     cards = resolve_gpus(facts, spec, policy, conflicts)
