@@ -497,7 +497,8 @@ def parse_link_target_basename(text: str | None) -> str | None:
 #   NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024
 #   NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.120  Release Build  (dvs-builder@...)  ...
 _NVRM_VERSION = re.compile(
-    r"NVRM version: NVIDIA UNIX (?:(?P<open>Open Kernel Module for \S+)|\S+ Kernel Module)\s+(?P<version>\d+(?:\.\d+)+)\b"
+    r"NVRM version: NVIDIA UNIX (?:(?P<open>Open Kernel Module for \S+)|\S+ Kernel Module)"
+    r"\s+(?P<version>\d+(?:\.\d+)+)\b"
 )
 
 
@@ -535,7 +536,12 @@ def parse_nvidia_modules(text: str) -> tuple[NvidiaModuleFile, ...]:
             flavour=_NVIDIA_LICENSES.get(fields.get("license", "")),
             signer=fields.get("signer") or None,
         )
-        if path.startswith("/lib/modules/") and path.count("/") >= 4 and module.name.startswith("nvidia") and module.name not in NVIDIA_IN_TREE_NAMESAKES:
+        if (
+            path.startswith("/lib/modules/")
+            and path.count("/") >= 4
+            and module.name.startswith("nvidia")
+            and module.name not in NVIDIA_IN_TREE_NAMESAKES
+        ):
             found.append(module)
 
     for line in text.splitlines():

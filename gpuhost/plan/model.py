@@ -138,8 +138,9 @@ class DriverRemoval:
     # Every NVIDIA driver module file found for any installed kernel (DKMS, precompiled packages, .run),
     # each removed by the purge, the uninstaller or DKMS, or else deleted by apply.
     module_files: tuple[str, ...] = ()
-    # The file names (globs) of NVIDIA's driver modules (less the excluded ones): apply deletes what the purge left of them in
-    # every /lib/modules/*/ (unless a package still owns it) and stops where one is left. Empty: kept.
+    # The file names (globs) of NVIDIA's driver modules (less the excluded ones): apply deletes what the
+    # purge left of them in every /lib/modules/*/ (unless a package still owns it) and stops where one
+    # is left. Empty: the driver is kept.
     module_globs: tuple[str, ...] = ()
     module_excluded_globs: tuple[str, ...] = ()  # the kernel's own modules the globs would match
 

@@ -39,20 +39,20 @@ from dataclasses import dataclass
 from gpuhost.errors import InputError
 from gpuhost.facts.model import Firmware, HostFacts
 from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
+from gpuhost.host_support import unsupported_host
 from gpuhost.inventory.spec import DomainType, HostPolicy, VmSpec
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.render.address_width import (
     TCG_TB_CACHE_MIB,
     GuestAddressWidth,
-    check_q35_vcpus,
     bars_window,
+    check_q35_vcpus,
     guest_address_width,
     hole64_bytes,
     iommu_width_note,
     lock_limit_kib,
     older_ovmf_mmio64_mib,
 )
-from gpuhost.host_support import unsupported_host
 from gpuhost.render.conflicts import render_conflict
 from gpuhost.render.cpus import allocate_cpus, format_cpulist, known_nodes
 from gpuhost.render.devices import (

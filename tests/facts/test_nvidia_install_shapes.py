@@ -21,7 +21,10 @@ def test_the_open_kernel_modules_version_line_gives_its_version_and_flavour():
     line = _written("ubuntu-2404-drivers-550-server-open", "proc/driver/nvidia/version")
     assert parse_nvidia_release(line) == ("550.120", NvidiaFlavour.OPEN)
     # The form nixGL's issue 186 quotes from Ubuntu 24.04's nvidia-driver-565-open.
-    quoted = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (dvs-builder@U16-A24-9-2)  Thu Oct 10 12:15:00 UTC 2024"
+    quoted = (
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  "
+        "(dvs-builder@U16-A24-9-2)  Thu Oct 10 12:15:00 UTC 2024"
+    )
     assert parse_nvidia_release(quoted) == ("565.57.01", NvidiaFlavour.OPEN)
 
 

@@ -62,13 +62,17 @@ def test_the_apt_pin_covers_every_nvidia_package_family_and_no_kernel():
 def test_verification_fails_while_a_module_is_left_for_any_kernel(tmp_path: Path):
     facts = shape_facts("ubuntu-2404-drivers-550-server-open", tmp_path)
     plan = plan_host("ubuntu", facts, SETTINGS).require_applicable().to_json()
-    pci = tuple(dataclasses.replace(f, driver="vfio-pci") if f.address.startswith("0000:01:00.") else f for f in facts.pci)
+    pci = tuple(
+        dataclasses.replace(f, driver="vfio-pci") if f.address.startswith("0000:01:00.") else f for f in facts.pci
+    )
     cmdline = parse_cmdline(f"{facts.cmdline} {' '.join(plan['kernel_options'])}")
     loaded = dataclasses.replace(facts.modules, loaded=frozenset(m for m in facts.modules.loaded if "nvidia" not in m))
     booted = _with_1g_pages(dataclasses.replace(facts, pci=pci, cmdline=cmdline, modules=loaded), 1)
     # A module of another kernel than the running one, which no package owns any more.
     other_kernel = parse_nvidia_modules("module /lib/modules/6.8.0-40-generic/kernel/nvidia-550srv/nvidia.ko\n")
-    left = dataclasses.replace(booted, nvidia=dataclasses.replace(booted.nvidia, packages=(), module_files=other_kernel))
+    left = dataclasses.replace(
+        booted, nvidia=dataclasses.replace(booted.nvidia, packages=(), module_files=other_kernel)
+    )
     verification = verify_host("ubuntu", left, SETTINGS, plan)
     assert [p.code for p in verification.problems] == ["verify.host_driver.module_left"]
     assert "/lib/modules/6.8.0-40-generic/kernel/nvidia-550srv/nvidia.ko" in verification.summary

@@ -25,7 +25,9 @@ GIB = 1 << 30
 def desktop_applied(tmp_path: Path) -> HostFacts:
     """The 39-bit desktop with its card's four functions on vfio-pci and a 1 GiB page, as apply leaves it."""
     facts = shape_facts("desktop-39-bit-rtx-2070-super", tmp_path)
-    pci = tuple(dataclasses.replace(f, driver="vfio-pci") if f.address.startswith("0000:01:00.") else f for f in facts.pci)
+    pci = tuple(
+        dataclasses.replace(f, driver="vfio-pci") if f.address.startswith("0000:01:00.") else f for f in facts.pci
+    )
     return _with_1g_pages(dataclasses.replace(facts, pci=pci), 1)
 
 
@@ -46,7 +48,9 @@ def test_a_consumer_card_renders_on_a_39_bit_desktop(tmp_path: Path):
 def test_bars_that_cannot_fit_are_refused_with_a_message_that_agrees_with_itself(tmp_path: Path):
     facts = desktop_applied(tmp_path)
     big = [
-        dataclasses.replace(f, bars=tuple(dataclasses.replace(b, end=b.start + 128 * GIB - 1) if b.index == 1 else b for b in f.bars))
+        dataclasses.replace(
+            f, bars=tuple(dataclasses.replace(b, end=b.start + 128 * GIB - 1) if b.index == 1 else b for b in f.bars)
+        )
         if f.address == "0000:01:00.0"
         else f
         for f in facts.pci
