@@ -5,6 +5,8 @@ verification looks in every kernel's tree."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import subprocess
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -82,3 +84,48 @@ def test_verification_fails_while_a_module_is_left_for_any_kernel(tmp_path: Path
     ]
     gone = dataclasses.replace(left, nvidia=dataclasses.replace(left.nvidia, module_files=()))
     assert verify_host("ubuntu", gone, SETTINGS, plan).ok
+
+
+def _apt_policy(tmp_path: Path, package: str, preferences: Path | None) -> str:
+    """`apt-cache policy PACKAGE` of this machine's apt against a one-package local repository (a flat
+    repository of real .debs made with dpkg-deb), with the given preferences file or none."""
+    state = tmp_path / "state"
+    (state / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    (state / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    options = [
+        f"-oDir::State={state}",
+        "-oDir::State::status=/dev/null",
+        f"-oDir::Cache={state / 'cache'}",
+        f"-oDir::Etc::sourcelist={tmp_path / 'repo' / 'sources.list'}",
+        "-oDir::Etc::sourceparts=/nonexistent",
+        f"-oDir::Etc::preferences={preferences or '/dev/null'}",
+        "-oDir::Etc::preferencesparts=/nonexistent",
+    ]
+    subprocess.run(["apt-get", *options, "update"], check=True, capture_output=True)
+    return subprocess.run(["apt-cache", *options, "policy", package], check=True, capture_output=True, text=True).stdout
+
+
+def test_the_pin_leaves_apt_no_candidate_for_a_precompiled_metapackage(tmp_path: Path):
+    # Real apt and dpkg-deb: the metapackage ubuntu-drivers installs, offered by a repository.
+    repo = tmp_path / "repo"
+    package = tmp_path / "pkg"
+    (package / "DEBIAN").mkdir(parents=True)
+    (package / "DEBIAN" / "control").write_text(
+        "Package: linux-modules-nvidia-535-generic\nVersion: 5.15.0-113.123\nArchitecture: all\n"
+        "Maintainer: gpuhost tests <tests@gpuhost.invalid>\nDescription: stand-in metapackage\n"
+    )
+    repo.mkdir()
+    deb = repo / "meta.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "--build", str(package), str(deb)], check=True, capture_output=True
+    )
+    control = subprocess.run(["dpkg-deb", "-f", str(deb)], check=True, capture_output=True, text=True).stdout
+    digest = hashlib.sha256(deb.read_bytes()).hexdigest()
+    (repo / "Packages").write_text(f"{control}Filename: ./meta.deb\nSize: {deb.stat().st_size}\nSHA256: {digest}\n\n")
+    (repo / "sources.list").write_text(f"deb [trusted=yes] file:{repo} ./\n")
+    unpinned = _apt_policy(tmp_path, "linux-modules-nvidia-535-generic", None)
+    assert "Candidate: 5.15.0-113.123" in unpinned
+    pin = tmp_path / "gpuhost-no-nvidia-driver"
+    pin.write_text(APT_PIN)
+    # Before: the pin named no linux-modules-nvidia-* package, and the candidate stayed.
+    assert "Candidate: (none)" in _apt_policy(tmp_path, "linux-modules-nvidia-535-generic", pin)
