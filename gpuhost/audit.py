@@ -11,15 +11,16 @@ from typing import Any
 
 from gpuhost import __version__
 from gpuhost.checks import Role, run_checks
-from gpuhost.errors import GpuhostError, shortened
+from gpuhost.checks.base import class_name
+from gpuhost.errors import GpuhostError, InputError, shortened
 from gpuhost.facts.build import build_facts
 from gpuhost.facts.gather import gather_tree
 from gpuhost.facts.model import GIB_KIB, HostFacts, TextEnum
-from gpuhost.facts.pci import PciFunction
+from gpuhost.facts.pci import LONE_GPU_CLASSES, PciFunction
 from gpuhost.facts.snapshot import GatherFormatError, open_snapshot
 from gpuhost.passthrough import analyse_group, group_members
 from gpuhost.problems import Problem, Severity
-from gpuhost.selection import GpuSelection
+from gpuhost.selection import GpuSelection, GpuSelector
 from gpuhost.targets import LOCAL, SNAPSHOT, Target
 from gpuhost.transport import Transport, TransportError
 from gpuhost.transport.local import LocalTransport
@@ -95,6 +96,10 @@ def audit_target(target: Target, transport: Transport | None = None) -> HostAudi
     except Exception as error:  # the fleet barrier: one host's surprise is that host's error
         return _failed(target, unexpected_error(target.name, error), "internal", round_trips, started)
     try:
+        require_gpus_named(target.name, facts, target.policy.gpus)
+    except GpuhostError as error:
+        return _failed(target, str(error), "input", round_trips, started)
+    try:
         role, selection, findings = run_checks(target.name, facts, target.policy)
     except Exception as error:  # as above: odd facts fail this host closed, never the run
         return _failed(target, unexpected_error(target.name, error), "internal", round_trips, started)
@@ -109,6 +114,24 @@ def audit_target(target: Target, transport: Transport | None = None) -> HostAudi
         round_trips=round_trips,
         seconds=time.monotonic() - started,
     )
+
+
+def require_gpus_named(host: str, facts: HostFacts, gpus: GpuSelector) -> None:
+    """The GPU selection (--gpus, gpuhost_gpus) names GPUs only: an address or vendor:device ID of the
+    host's that is another function (a NIC among GPU IDs, a card's audio function) is an input error
+    naming it, not a silent extra (or missing) passthrough. An ID the host does not have stays the
+    plan's and audit's to report (another host of the fleet may have it)."""
+    wrong = []
+    for function in facts.pci:
+        named = function.address in gpus.addresses or function.vendor_device in gpus.vendor_devices
+        if named and not (function.is_gpu or function.base_class in LONE_GPU_CLASSES or function.is_nvswitch):
+            how = function.address if function.address in gpus.addresses else function.vendor_device
+            wrong.append(f"{how} is {function.describe()} ({class_name(function.base_class)}), not a GPU")
+    if wrong:
+        raise InputError(
+            f"{host}: the GPU selection (--gpus, gpuhost_gpus) names functions that are not GPUs: "
+            f"{'; '.join(dict.fromkeys(wrong))}. Name GPUs only (their audio and USB functions go with them)."
+        )
 
 
 def unexpected_error(host: str, error: BaseException) -> str:

@@ -21,10 +21,12 @@ QEMU_DEFAULT_PHYS_BITS = 40
 FIRMWARE_WINDOW_SHARE_BITS = 3
 
 
-def bar_window_bytes(ports: Iterable[Sequence[PciFunction]]) -> int:
-    """The 64-bit PCI window that holds the functions behind each guest root port: per port, its
-    64-bit prefetchable BARs aligned to the largest; summed and rounded up to a power of two; at
-    least QEMU's default."""
+def bars_window_bytes(ports: Iterable[Sequence[PciFunction]]) -> int:
+    """The 64-bit PCI window the BARs of the functions behind each guest root port need, as the
+    guest's firmware places them: per port, its 64-bit prefetchable BARs packed in a bridge window
+    aligned to the largest of them (OVMF and SeaBIOS size a bridge's window to a multiple of its
+    largest BAR); the ports' windows summed and rounded up to a power of two (the firmware's window
+    is one). 0 where no function has such a BAR (its 32-bit BARs go below 4 GiB)."""
     total = 0
     for functions in ports:
         sizes = sorted(
@@ -32,15 +34,19 @@ def bar_window_bytes(ports: Iterable[Sequence[PciFunction]]) -> int:
         )
         if sizes:
             total += -(-sum(sizes) // sizes[0]) * sizes[0]
-    hole = HOLE64_MIN_BYTES
-    while hole < total:
-        hole <<= 1
-    return hole
+    return 1 << (total - 1).bit_length() if total else 0
+
+
+def bar_window_bytes(ports: Iterable[Sequence[PciFunction]]) -> int:
+    """The 64-bit PCI hole to give a firmware that does not size its own (an OVMF older than
+    edk2-stable202211, through fw_cfg): what the BARs need, at least QEMU's default."""
+    return max(HOLE64_MIN_BYTES, bars_window_bytes(ports))
 
 
 def bits_for_window(window: int) -> int:
-    """The fewest physical address bits whose firmware window holds `window` (never below QEMU's default)."""
-    return max(QEMU_DEFAULT_PHYS_BITS, (window - 1).bit_length() + FIRMWARE_WINDOW_SHARE_BITS)
+    """The fewest physical address bits whose firmware window holds `window`: exactly the widths
+    `window_of_bits` says hold it (a guest of the host's width on KVM may have fewer than QEMU's 40)."""
+    return max(window - 1, 0).bit_length() + FIRMWARE_WINDOW_SHARE_BITS
 
 
 def window_of_bits(bits: int) -> int:
@@ -49,4 +55,7 @@ def window_of_bits(bits: int) -> int:
 
 
 def describe_size(size: int) -> str:
+    """'512 MiB', '64 GiB', '2 TiB': a window or BAR size (powers of two), in its largest whole unit."""
+    if size < 1 << 30 or size % (1 << 30):
+        return f"{size >> 20} MiB"
     return f"{size >> 30} GiB" if size < 1 << 40 or size % (1 << 40) else f"{size >> 40} TiB"

@@ -11,7 +11,13 @@ from gpuhost.checks.gpus import check_gpu_cards, check_gpu_presence, check_nvswi
 from gpuhost.checks.guest import check_guest
 from gpuhost.checks.host_software import check_initramfs, check_modprobe, check_nvidia_driver
 from gpuhost.checks.memory import check_hugepages, check_hugepages_per_node
-from gpuhost.checks.platform import check_bootloader, check_command_line, check_cpu, check_iommu
+from gpuhost.checks.platform import (
+    check_bootloader,
+    check_command_line,
+    check_cpu,
+    check_iommu,
+    check_supported,
+)
 from gpuhost.checks.rescue import check_rescue
 from gpuhost.facts.model import HostFacts
 from gpuhost.facts.pci import VENDOR_NVIDIA
@@ -59,6 +65,8 @@ def run_checks(host: str, facts: HostFacts, policy: AuditPolicy) -> tuple[Role, 
     selection = select_gpus(facts, policy.gpus)
     ctx = CheckContext(host=host, facts=facts, policy=policy, selection=selection, role=role)
     checks = GUEST_CHECKS if role is Role.GUEST else HOST_CHECKS
-    findings = [finding for check in checks for finding in check(ctx)]
+    # A host gpuhost does not support gets that one error, not the other checks' advice for x86 hosts.
+    unsupported = list(check_supported(ctx)) if role is Role.HOST else []
+    findings = unsupported or [finding for check in checks for finding in check(ctx)]
     findings.sort(key=lambda f: f.severity.rank)
     return role, selection, findings

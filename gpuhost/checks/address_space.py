@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpuhost.bar_window import bar_window_bytes, bits_for_window, describe_size, window_of_bits
+from gpuhost.bar_window import bars_window_bytes, bits_for_window, describe_size, window_of_bits
 from gpuhost.checks.base import CheckContext
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.selection import NvSwitchModel
@@ -36,7 +36,7 @@ def _check_full_passthrough_window(ctx: CheckContext) -> Iterator[Problem]:
     cpu_bits = ctx.facts.cpu.physical_address_bits if ctx.facts.cpu is not None else None
     if ctx.selection.nvswitch_model is not NvSwitchModel.FULL_PASSTHROUGH or cpu_bits is None:
         return
-    window = bar_window_bytes(
+    window = bars_window_bytes(
         [card.functions for card in ctx.selection.passthrough] + [(nvswitch,) for nvswitch in ctx.selection.nvswitches]
     )
     needed = bits_for_window(window)

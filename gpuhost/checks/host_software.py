@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext
-from gpuhost.facts.model import HOST_DRIVER_MODULES, VFIO_INITRAMFS_MODULES, VfioPci
+from gpuhost.facts.model import (
+    HOST_DRIVER_MODULES,
+    VFIO_INITRAMFS_MODULES,
+    NvidiaInstall,
+    NvidiaModuleFile,
+    VfioPci,
+)
 from gpuhost.problems import Problem, Severity, Stage, listed, register
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -19,6 +25,12 @@ NVIDIA_INSTALLED = register(
 )
 NVIDIA_INSTALLED_RUNFILE = register(
     "nvidia.installed.runfile", Stage.AUDIT, Severity.WARNING, "a runfile NVIDIA driver install is present"
+)
+NVIDIA_INSTALLED_MODULES = register(
+    "nvidia.installed.modules",
+    Stage.AUDIT,
+    Severity.WARNING,
+    "NVIDIA driver modules are installed for a kernel (DKMS, precompiled packages, .run)",
 )
 NVIDIA_INSTALLED_UNKNOWN = register(
     "nvidia.installed.unknown", Stage.AUDIT, Severity.INFO, "no package database readable: installed drivers unknown"
@@ -49,8 +61,7 @@ def check_nvidia_driver(ctx: CheckContext) -> Iterator[Problem]:
             NVIDIA_LOADED,
             ERROR,
             "host NVIDIA driver",
-            f"host GPU driver modules are loaded: {', '.join(loaded)}"
-            + (f" (driver {facts.nvidia.loaded_version})" if facts.nvidia.loaded_version else ""),
+            f"host GPU driver modules are loaded: {', '.join(loaded)}" + _loaded_driver(facts.nvidia),
             "Remove the host NVIDIA driver and blacklist nouveau (gpuhost apply), then reboot.",
         )
     elif modules is None:
@@ -68,8 +79,16 @@ def check_nvidia_driver(ctx: CheckContext) -> Iterator[Problem]:
             WARNING,
             "host NVIDIA driver",
             f"host NVIDIA driver packages are installed: {names}",
-            "Purge them (apt-get remove --purge '^nvidia-.*' 'libnvidia-.*'; gpuhost apply does it) so nothing "
-            "loads a host driver on the passthrough GPUs.",
+            "Purge them (gpuhost apply does, and pins them out of apt: the precompiled linux-modules-nvidia-* "
+            "packages too) so nothing loads a host driver on the passthrough GPUs.",
+        )
+    if nvidia.module_files:
+        yield ctx.finding(
+            NVIDIA_INSTALLED_MODULES,
+            WARNING,
+            "host NVIDIA driver",
+            f"NVIDIA driver modules are installed: {describe_module_files(nvidia.module_files)}",
+            "Remove them for every kernel (gpuhost apply does, and checks that none is left in /lib/modules/*/).",
         )
     if nvidia.runfile_installed:
         yield ctx.finding(
@@ -86,6 +105,24 @@ def check_nvidia_driver(ctx: CheckContext) -> Iterator[Problem]:
             "host NVIDIA driver",
             "no package database could be read (neither dpkg nor rpm), so installed drivers are unknown",
         )
+
+
+def _loaded_driver(nvidia: NvidiaInstall) -> str:
+    """' (driver 550.120, open kernel modules)' for the message; '' where /proc/driver/nvidia/version said nothing."""
+    if nvidia.loaded_version is None:
+        return ""
+    flavour = f", {nvidia.loaded_flavour} kernel modules" if nvidia.loaded_flavour is not None else ""
+    return f" (driver {nvidia.loaded_version}{flavour})"
+
+
+def describe_module_files(modules: tuple[NvidiaModuleFile, ...]) -> str:
+    """'for 5.15.0-113-generic: nvidia, nvidia_drm (precompiled, 535.183.01, proprietary); for ...': per kernel."""
+    parts = []
+    for kernel in sorted({m.kernel for m in modules}):
+        own = [m for m in modules if m.kernel == kernel]
+        kinds = sorted({f"{m.origin}, {m.version or 'version unknown'}, {m.flavour or 'flavour unknown'}" for m in own})
+        parts.append(f"for {kernel}: {', '.join(sorted({m.name for m in own}))} ({'; '.join(kinds)})")
+    return "; ".join(parts)
 
 
 def check_modprobe(ctx: CheckContext) -> Iterator[Problem]:

@@ -6,10 +6,17 @@ from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext
 from gpuhost.facts.model import BootloaderKind
+from gpuhost.host_support import unsupported_host
 from gpuhost.problems import Problem, Severity, Stage, register
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
+HOST_UNSUPPORTED = register(
+    "host.unsupported",
+    Stage.AUDIT,
+    Severity.ERROR,
+    "gpuhost does not support the host's architecture, IOMMU or GPU family (the audit's only finding then)",
+)
 CPU_UNKNOWN = register(
     "cpu.unknown", Stage.AUDIT, Severity.WARNING, "/proc/cpuinfo unreadable: CPU virtualization support unknown"
 )
@@ -70,6 +77,14 @@ _IRQ_REMAPPING_OFF = (
     "not enabling interrupt remapping",
     "failed to enable irq remapping",
 )
+
+
+def check_supported(ctx: CheckContext) -> Iterator[Problem]:
+    """One error on a host gpuhost does not support (gpuhost.host_support); run_checks then gives no
+    other finding, whose advice (VT-x, VT-d, x2APIC, 1 GiB pages) would be for another machine."""
+    unsupported = unsupported_host(ctx.facts)
+    if unsupported is not None:
+        yield ctx.finding(HOST_UNSUPPORTED, ERROR, unsupported.subject, unsupported.message, unsupported.would)
 
 
 def check_cpu(ctx: CheckContext) -> Iterator[Problem]:

@@ -17,7 +17,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_target_options(parser, snapshots=True)
     parser.add_argument("--json", action="store_true", help="print the plans as JSON (schema gpuhost.plan/1)")
     parser.add_argument("--forks", type=positive_int, default=10, help="hosts read in parallel (default 10)")
-    parser.add_argument("--show-files", action="store_true", help="print the full content of the files written")
+    parser.add_argument(
+        "--show-files",
+        action="store_true",
+        help="print every file change of the plan, phase by phase, with the full content of each file written",
+    )
 
 
 def exit_code(outcomes: list[PlanOutcome]) -> int:

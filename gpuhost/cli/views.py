@@ -12,6 +12,7 @@ from gpuhost.plan.model import (
     INITRAMFS_SCRIPT_PATH,
     KERNEL_CMDLINE_PATH,
     TRIAL_ENTRY_ID,
+    FileState,
     HostPlan,
     KernelCmdlineWriter,
 )
@@ -106,16 +107,33 @@ def describe_plan(plan: HostPlan, show_files: bool = False) -> list[str]:
     if plan.trial_now:
         lines.extend(describe_rescue(plan))
     lines.extend(f"  note: {note}" for note in plan.notes)
-    if show_files and sdboot is not None:
-        lines.append(f"  --- {KERNEL_CMDLINE_PATH}")
-        lines.extend("  | " + line for line in sdboot.kernel_cmdline.splitlines())
-        if plan.reboot_needed and plan.trial.enabled:
-            lines.append(f"  --- {sdboot.trial_entry_path}")
-            lines.extend("  | " + line for line in sdboot.trial_entry.splitlines())
-    elif show_files:
-        lines.append(f"  --- {GRUB_DROPIN_PATH}")
-        lines.extend("  | " + line for line in plan.grub_dropin.splitlines())
-    if show_files and plan.initramfs_script:
-        lines.append(f"  --- {INITRAMFS_SCRIPT_PATH}")
-        lines.extend("  | " + line for line in plan.initramfs_script.splitlines())
+    if show_files:
+        lines.extend(describe_files(plan))
+    return lines
+
+
+# Why a phase's changes are made, for --show-files.
+_PHASES = (
+    ("configure", "before the reboot"),
+    ("commit", "once the trial boot verified"),
+    ("revert", "when the trial boot did not verify"),
+)
+
+
+def describe_files(plan: HostPlan) -> list[str]:
+    """Every file change of the plan (plan.files, what `--json` lists and apply carries out), phase by
+    phase, with the whole content of each file written: what --show-files prints."""
+    lines: list[str] = []
+    for phase, when in _PHASES:
+        for change in getattr(plan.files, phase):
+            if change.state is FileState.ABSENT:
+                lines.append(f"  --- {change.path} ({phase}, {when}): deleted")
+                continue
+            if change.state is FileState.DIRECTORY:
+                lines.append(f"  --- {change.path} ({phase}, {when}): a directory, mode {change.mode}")
+                continue
+            what = "gpuhost's block, the rest of the file kept" if change.state is FileState.BLOCK else "mode"
+            what = f"{what} {change.mode}" if change.state is FileState.PRESENT else what
+            lines.append(f"  --- {change.path} ({phase}, {when}): {what}")
+            lines.extend("  | " + line for line in change.content.splitlines())
     return lines

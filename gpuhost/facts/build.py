@@ -41,7 +41,21 @@ XORG_CONF = "/etc/X11/xorg.conf"
 MODPROBE_DIRS = ("/etc/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
 ESP_MOUNTS = ("/boot/efi", "/efi", "/boot")
 SHIM_FILES = frozenset({"shimx64.efi", "shimaa64.efi", "mmx64.efi", "mmaa64.efi"})
-NVIDIA_PACKAGE_PREFIXES = ("nvidia-", "libnvidia-", "cuda-drivers", "xserver-xorg-video-nvidia", "kmod-nvidia")
+# The host NVIDIA driver's package families: NVIDIA's and the distributions' (Debian, Ubuntu's
+# ubuntu-drivers: nvidia-driver-<branch>[-open|-server], nvidia-dkms-*), Ubuntu's precompiled, signed
+# modules per kernel (linux-modules-nvidia-<branch>[-server][-open]-<kernel>, with -generic
+# metapackages that follow each kernel upgrade; linux-objects-nvidia-* and linux-signatures-nvidia-*
+# they are linked from), and RHEL's kmod-nvidia.
+NVIDIA_PACKAGE_PREFIXES = (
+    "nvidia-",
+    "libnvidia-",
+    "cuda-drivers",
+    "xserver-xorg-video-nvidia",
+    "kmod-nvidia",
+    "linux-modules-nvidia-",
+    "linux-objects-nvidia-",
+    "linux-signatures-nvidia-",
+)
 
 
 def build_facts(tree: Tree) -> HostFacts:
@@ -88,7 +102,13 @@ def build_facts(tree: Tree) -> HostFacts:
         rescue=_rescue(tree, exists, status),
         xorg_conf=_present(tree, exists, XORG_CONF),
         nccl_topology=_nccl_topology(tree),
+        machine=_machine(tree, cpuinfo_text),
     )
+
+
+def _machine(tree: Tree, cpuinfo: str | None) -> str | None:
+    """`uname -m` where the gather ran it; else what /proc/cpuinfo's form says (a snapshot from before)."""
+    return _first_line(tree.command("machine")) or (None if cpuinfo is None else p.parse_cpuinfo_machine(cpuinfo))
 
 
 def _nccl_topology(tree: Tree) -> NcclTopologyFile | None:
@@ -493,11 +513,14 @@ def _cmdline_source(tree: Tree, bootloader: Bootloader, proxmox: bool) -> str | 
 def _nvidia(tree: Tree, exists: frozenset[str] | None, packages: tuple[Package, ...] | None) -> NvidiaInstall:
     if packages is not None:
         packages = tuple(pkg for pkg in packages if pkg.name.startswith(NVIDIA_PACKAGE_PREFIXES))
-    version_text = tree.read("/proc/driver/nvidia/version")
+    version, flavour = p.parse_nvidia_release(tree.read("/proc/driver/nvidia/version") or "")
+    modules_text = tree.command("nvidia-modules")
     return NvidiaInstall(
         packages=packages,
         runfile_installed=exists is not None and "/usr/bin/nvidia-uninstall" in exists,
-        loaded_version=None if version_text is None else p.parse_nvidia_version(version_text),
+        loaded_version=version,
+        loaded_flavour=flavour,
+        module_files=None if modules_text is None else p.parse_nvidia_modules(modules_text),
     )
 
 

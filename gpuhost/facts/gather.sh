@@ -186,6 +186,19 @@ if command -v modinfo > /dev/null; then
         done > "$T/commands/out-of-tree-modules.txt"
 fi
 
+# NVIDIA's driver modules of every installed kernel, wherever they lie: DKMS's updates/dkms, Ubuntu's
+# precompiled packages' kernel/nvidia-<branch>/, the .run installer's kernel/drivers/video/, extra/.
+# Per file a 'module PATH' line, then what modinfo says of its version, license (the flavour:
+# "NVIDIA" or the open modules' "Dual MIT/GPL") and signer. A few per kernel: one modinfo each.
+find /lib/modules/ -mindepth 2 \( -name 'nvidia.ko*' -o -name 'nvidia-*.ko*' \) -type f 2> /dev/null |
+    while read -r m; do
+        printf 'module %s\n' "$m"
+        command -v modinfo > /dev/null && modinfo "$m" 2> /dev/null | grep -E '^(version|license|signer):'
+    done > "$T/commands/nvidia-modules.txt"
+printf 'nvidia-modules 0\n' >> "$T/commands/status.txt"
+# The machine's architecture as the kernel reports it (x86_64, aarch64): gpuhost supports x86_64.
+run_command machine uname -m
+
 # --- commands -----------------------------------------------------------------------------------
 command -v lspci > /dev/null && run_command lspci-nn lspci -Dnn
 # Only the kernel messages the checks read: IOMMU, interrupt remapping, VFIO, GPU drivers,

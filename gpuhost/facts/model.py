@@ -284,6 +284,56 @@ class Package:
     version: str
 
 
+class NvidiaFlavour(TextEnum):
+    """Which of NVIDIA's two kernel module sources a driver is built from."""
+
+    PROPRIETARY = "proprietary"  # license "NVIDIA"; /proc/driver/nvidia/version "NVIDIA UNIX x86_64 Kernel Module"
+    OPEN = "open"  # license "Dual MIT/GPL"; "NVIDIA UNIX Open Kernel Module for x86_64" (default from branch 560)
+
+
+class ModuleOrigin(TextEnum):
+    """How an NVIDIA kernel module came to be in /lib/modules/<kernel>/, read from where it lies."""
+
+    DKMS = "dkms"  # updates/dkms/: built by DKMS (nvidia-dkms-*, a .run install with --dkms)
+    PRECOMPILED = "precompiled"  # kernel/nvidia-<branch>/: a distribution's package (Ubuntu's linux-modules-nvidia-*)
+    OTHER = "other"  # kernel/drivers/video/ (NVIDIA's .run installer), extra/, updates/ by hand
+
+
+# Modules of the kernel's own tree whose names start as NVIDIA's driver modules do: not the driver.
+# Every other nvidia*.ko is (nvidia, nvidia-drm, ...; Debian's DKMS builds rename them nvidia-current*,
+# nvidia-tesla-*). The gather lists files named nvidia.ko* and nvidia-*.ko*, which nvidiafb is not.
+NVIDIA_IN_TREE_NAMESAKES = frozenset({"nvidiafb", "nvidia_wmi_ec_backlight"})
+
+
+@dataclass(frozen=True)
+class NvidiaModuleFile:
+    """One NVIDIA driver module file of one installed kernel, and what modinfo says of it."""
+
+    path: str  # /lib/modules/5.15.0-113-generic/kernel/nvidia-535/nvidia.ko
+    version: str | None  # modinfo's version: 535.183.01 (None: not read)
+    flavour: NvidiaFlavour | None  # from modinfo's license (None: not read, or neither license)
+    signer: str | None  # None: unsigned, or not read
+
+    @property
+    def kernel(self) -> str:
+        """The kernel release whose tree holds it: /lib/modules/<kernel>/..."""
+        return self.path.split("/")[3]
+
+    @property
+    def name(self) -> str:
+        """The module's name as the kernel spells it: nvidia_drm for nvidia-drm.ko."""
+        return self.path.rsplit("/", 1)[-1].split(".ko", 1)[0].replace("-", "_")
+
+    @property
+    def origin(self) -> ModuleOrigin:
+        relative = self.path.split("/", 4)[4] if self.path.count("/") >= 4 else ""
+        if relative.startswith("updates/dkms/"):
+            return ModuleOrigin.DKMS
+        if re.match(r"kernel/nvidia-\d+[^/]*/", relative):
+            return ModuleOrigin.PRECOMPILED
+        return ModuleOrigin.OTHER
+
+
 @dataclass(frozen=True)
 class NvidiaInstall:
     """A host NVIDIA driver: from packages, from NVIDIA's .run installer, or loaded."""
@@ -291,10 +341,14 @@ class NvidiaInstall:
     packages: tuple[Package, ...] | None  # None when no package database could be read
     runfile_installed: bool
     loaded_version: str | None  # /proc/driver/nvidia/version first line, when loaded
+    loaded_flavour: NvidiaFlavour | None = None  # of the loaded driver (None: not loaded, or not said)
+    # Every NVIDIA driver module file of every installed kernel (/lib/modules/*/), however it was
+    # installed; None where the gather did not list them (a snapshot taken before it did).
+    module_files: tuple[NvidiaModuleFile, ...] | None = None
 
     @property
     def installed(self) -> bool:
-        return bool(self.packages) or self.runfile_installed
+        return bool(self.packages) or self.runfile_installed or bool(self.module_files)
 
     @property
     def fabric_packages(self) -> tuple[Package, ...]:
@@ -466,6 +520,7 @@ class HostFacts:
     rescue: RescueFacts | None = None
     xorg_conf: bool | None = None  # /etc/X11/xorg.conf exists (None: unknown)
     nccl_topology: NcclTopologyFile | None = None  # None: none named in NCCL_CONF and none at the default path
+    machine: str | None = None  # the architecture, `uname -m`'s (x86_64, aarch64); None: unknown
 
     def function(self, address: str) -> PciFunction | None:
         return self._functions_by_address.get(address)

@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass
 
 from gpuhost.facts.model import (
+    NVIDIA_IN_TREE_NAMESAKES,
     CpuInfo,
     HugePagePool,
     KernelCommandLine,
@@ -17,6 +18,8 @@ from gpuhost.facts.model import (
     MemInfo,
     ModprobeDirective,
     Mount,
+    NvidiaFlavour,
+    NvidiaModuleFile,
     OutOfTreeModule,
     Package,
 )
@@ -152,6 +155,21 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         family=family,
         model=model_number,
     )
+
+
+def parse_cpuinfo_machine(text: str) -> str | None:
+    """The architecture /proc/cpuinfo's form gives away: x86's 'vendor_id' with the long-mode flag
+    'lm' (x86_64), ARM's 'CPU architecture: 8' (aarch64); None for anything else."""
+    keys: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            keys.setdefault(key.strip(), value.strip())
+    if "vendor_id" in keys:
+        return "x86_64" if "lm" in keys.get("flags", "").split() else None
+    if keys.get("CPU architecture") == "8":
+        return "aarch64"
+    return None
 
 
 def _physical_address_bits(value: str) -> int | None:
@@ -479,10 +497,67 @@ def parse_link_target_basename(text: str | None) -> str | None:
     return target.rsplit("/", 1)[-1] or None
 
 
+# /proc/driver/nvidia/version's first line, both flavours (the architecture is one word, `uname -m`'s):
+#   NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024
+#   NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.120  Release Build  (dvs-builder@...)  ...
+_NVRM_VERSION = re.compile(
+    r"NVRM version: NVIDIA UNIX (?:(?P<open>Open Kernel Module for \S+)|\S+ Kernel Module)"
+    r"\s+(?P<version>\d+(?:\.\d+)+)\b"
+)
+
+
 def parse_nvidia_version(text: str) -> str | None:
-    """/proc/driver/nvidia/version: 'NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04 ...'."""
-    match = re.search(r"Kernel Module\s+(\S+)", text)
-    return match.group(1) if match else None
+    """/proc/driver/nvidia/version -> the driver's version ('535.183.01', '550.120'), either flavour."""
+    return parse_nvidia_release(text)[0]
+
+
+def parse_nvidia_release(text: str) -> tuple[str | None, NvidiaFlavour | None]:
+    """/proc/driver/nvidia/version -> (version, flavour); (None, None) where the line is not NVRM's."""
+    match = _NVRM_VERSION.search(text)
+    if match is None:
+        return None, None
+    return match.group("version"), NvidiaFlavour.OPEN if match.group("open") else NvidiaFlavour.PROPRIETARY
+
+
+# modinfo's license of NVIDIA's modules: the proprietary source's, and the open source's (GPL-compatible).
+_NVIDIA_LICENSES = {"NVIDIA": NvidiaFlavour.PROPRIETARY, "Dual MIT/GPL": NvidiaFlavour.OPEN}
+
+
+def parse_nvidia_modules(text: str) -> tuple[NvidiaModuleFile, ...]:
+    """The gather's nvidia-modules.txt: per module file a 'module PATH' line, then modinfo's 'version:',
+    'license:' and 'signer:' lines for it (none where modinfo could not read it). Only NVIDIA's driver
+    modules under /lib/modules/<kernel>/ are kept (not the kernel's NVIDIA_IN_TREE_NAMESAKES)."""
+    found: list[NvidiaModuleFile] = []
+    path: str | None = None
+    fields: dict[str, str] = {}
+
+    def close() -> None:
+        if path is None:
+            return
+        module = NvidiaModuleFile(
+            path=path,
+            version=fields.get("version") or None,
+            flavour=_NVIDIA_LICENSES.get(fields.get("license", "")),
+            signer=fields.get("signer") or None,
+        )
+        if (
+            path.startswith("/lib/modules/")
+            and path.count("/") >= 4
+            and module.name.startswith("nvidia")
+            and module.name not in NVIDIA_IN_TREE_NAMESAKES
+        ):
+            found.append(module)
+
+    for line in text.splitlines():
+        if line.startswith("module "):
+            close()
+            path, fields = line[len("module ") :].strip(), {}
+            continue
+        key, sep, value = line.partition(":")
+        if sep and path is not None and key in ("version", "license", "signer") and key not in fields:
+            fields[key] = value.strip()
+    close()
+    return tuple(found)
 
 
 def parse_memory_size_kib(text: str) -> int | None:

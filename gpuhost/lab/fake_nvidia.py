@@ -6,7 +6,15 @@ Two kinds of install are imitated, because the passthrough guide removes both:
   /usr/lib/modprobe.d/nvidia-lab.conf;
 - what NVIDIA's .run installer leaves: /usr/bin/nvidia-uninstall (which records every call in
   CALLS_FILE, then removes what the "installer" left, itself included),
-  /etc/modprobe.d/nvidia-installer-disable-nouveau.conf and /etc/X11/xorg.conf.
+  /etc/modprobe.d/nvidia-installer-disable-nouveau.conf and /etc/X11/xorg.conf;
+- the shape of Ubuntu's precompiled modules (issue 42): a package per kernel,
+  linux-modules-nvidia-lab-<kernel>, that installs module files under /lib/modules/<kernel>/kernel/
+  nvidia-535/, one for the running kernel and one for a second kernel tree (OTHER_KERNEL), with a
+  metapackage (linux-modules-nvidia-lab-generic) depending on the running kernel's, as ubuntu-drivers
+  leaves them; and a module file no package owns (extra/nvidia-peermem.ko). The .debs also lie in a
+  local apt repository (APT_REPOSITORY, not in the host's sources: its own sources.list there), so a
+  test can ask apt to install the metapackage again after apply, which the pin must refuse.
+  The module files are text placeholders, not modules: nothing loads them (modinfo reads nothing).
 """
 
 from __future__ import annotations
@@ -26,6 +34,14 @@ RUNFILE_FILES = (
     "/etc/X11/xorg.conf",
     "/usr/bin/nvidia-uninstall",
 )
+
+# The precompiled-package shape (Ubuntu's linux-modules-nvidia-<branch>-<kernel> and its metapackage).
+MODULES_PACKAGE_PREFIX = "linux-modules-nvidia-lab-"
+MODULES_METAPACKAGE = f"{MODULES_PACKAGE_PREFIX}generic"
+OTHER_KERNEL = "0.0.0-gpuhost-lab"  # a second kernel tree, as an older installed kernel's
+UNOWNED_MODULE = "extra/nvidia-peermem.ko"  # under the running kernel's tree, in no package
+APT_REPOSITORY = "/var/lib/gpuhost-lab/apt"
+MODULE_PLACEHOLDER = "gpuhost lab stand-in for an NVIDIA kernel module (not a module)\n"
 
 UNINSTALL_SCRIPT = f"""\
 #!/bin/sh
@@ -76,6 +92,43 @@ def _write(path: str, content: str) -> str:
     return f'printf "%s" {quoted} > "{path}"\n'
 
 
+# The precompiled shape: one package per kernel tree, the metapackage, the unowned module file, and
+# the local repository (Packages and Release written by hand: the lab image has no dpkg-dev).
+PRECOMPILED_SCRIPT = (
+    "kver=$(uname -r)\n"
+    f"repo={APT_REPOSITORY}\n"
+    'mkdir -p "$repo"\n'
+    f'for kernel in "$kver" {OTHER_KERNEL}; do\n'
+    f'    mod="$work/{MODULES_PACKAGE_PREFIX}$kernel"\n'
+    '    mkdir -p "$mod/DEBIAN" "$mod/lib/modules/$kernel/kernel/nvidia-535"\n'
+    "    for name in nvidia nvidia-uvm; do\n"
+    + _write("$mod/lib/modules/$kernel/kernel/nvidia-535/$name.ko", MODULE_PLACEHOLDER)
+    + "    done\n"
+    f'    printf "Package: {MODULES_PACKAGE_PREFIX}%s\\nVersion: 1.0\\nArchitecture: all\\n'
+    "Maintainer: gpuhost lab <lab@gpuhost.invalid>\\nDescription: stand-in for Ubuntu's precompiled NVIDIA "
+    'modules (gpuhost lab)\\n" "$kernel" > "$mod/DEBIAN/control"\n'
+    f'    dpkg-deb --root-owner-group --build "$mod" "$repo/{MODULES_PACKAGE_PREFIX}$kernel.deb" >/dev/null\n'
+    "done\n"
+    f'meta="$work/{MODULES_METAPACKAGE}"\n'
+    'mkdir -p "$meta/DEBIAN"\n'
+    f'printf "Package: {MODULES_METAPACKAGE}\\nVersion: 1.0\\nArchitecture: all\\nDepends: '
+    f"{MODULES_PACKAGE_PREFIX}%s\\nMaintainer: gpuhost lab <lab@gpuhost.invalid>\\nDescription: stand-in for "
+    'the -generic metapackage that follows each kernel upgrade (gpuhost lab)\\n" "$kver" > "$meta/DEBIAN/control"\n'
+    f'dpkg-deb --root-owner-group --build "$meta" "$repo/{MODULES_METAPACKAGE}.deb" >/dev/null\n'
+    'dpkg -i "$repo"/*.deb >/dev/null\n'
+    f'mkdir -p "/lib/modules/$kver/{UNOWNED_MODULE.rsplit("/", 1)[0]}"\n'
+    + _write(f"/lib/modules/$kver/{UNOWNED_MODULE}", MODULE_PLACEHOLDER)
+    + '(cd "$repo" && for deb in *.deb; do\n'
+    '    dpkg-deb -f "$deb"\n'
+    '    printf "Filename: ./%s\\nSize: %s\\nSHA256: %s\\n\\n" "$deb" "$(wc -c < "$deb")" '
+    '"$(sha256sum "$deb" | cut -d" " -f1)"\n'
+    "done > Packages)\n"
+    'printf "Origin: gpuhost-lab\\nLabel: gpuhost-lab\\nDate: %s\\nSHA256:\\n %s %s Packages\\n" '
+    '"$(date -Ru)" "$(sha256sum "$repo/Packages" | cut -d" " -f1)" "$(wc -c < "$repo/Packages")" > "$repo/Release"\n'
+    f'echo "deb [trusted=yes] file:{APT_REPOSITORY} ./" > "$repo/sources.list"\n'
+)
+
+
 # Runs as root on the lab host through `sh -s`; built only from the constants above.
 INSTALL_SCRIPT = (
     "set -eu\n"
@@ -94,6 +147,7 @@ INSTALL_SCRIPT = (
     + _write("/etc/X11/xorg.conf", XORG_CONF)
     + _write("/usr/bin/nvidia-uninstall", UNINSTALL_SCRIPT)
     + "chmod 0755 /usr/bin/nvidia-uninstall\n"
+    + PRECOMPILED_SCRIPT
     + f"dpkg-query -W -f '${{Status}}\\n' {PACKAGE}\n"
 )
 
@@ -105,6 +159,9 @@ class FakeNvidia:
     version: str
     files: tuple[str, ...]
     uninstall_calls_file: str
+    # The precompiled shape's packages (the metapackage and the other kernel's; the running kernel's
+    # is named by the host's `uname -r`).
+    modules_packages: tuple[str, ...] = ()
 
 
 def install(paths: LabPaths, name: str) -> FakeNvidia:
@@ -118,5 +175,6 @@ def install(paths: LabPaths, name: str) -> FakeNvidia:
         package=PACKAGE,
         version=VERSION,
         files=PACKAGE_FILES + RUNFILE_FILES,
+        modules_packages=(MODULES_METAPACKAGE, f"{MODULES_PACKAGE_PREFIX}{OTHER_KERNEL}"),
         uninstall_calls_file=CALLS_FILE,
     )

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import re
 
-from gpuhost.facts.model import HOST_DRIVER_MODULES, VFIO_INITRAMFS_MODULES, HostFacts, VfioPci
+from gpuhost.facts.model import (
+    HOST_DRIVER_MODULES,
+    NVIDIA_IN_TREE_NAMESAKES,
+    VFIO_INITRAMFS_MODULES,
+    HostFacts,
+    VfioPci,
+)
 from gpuhost.facts.parsers import parse_modprobe_options
 from gpuhost.facts.pci import VENDOR_NVIDIA
 from gpuhost.inventory.plan_settings import PlanSettings
@@ -12,6 +18,11 @@ from gpuhost.plan.model import DriverRemoval, ModprobeConflict
 from gpuhost.selection import GpuSelection, NvSwitchModel
 
 BLACKLIST = ("nouveau", "nvidia", "nvidiafb")
+
+# NVIDIA's driver module files, compressed or not, as the gather finds them in every /lib/modules/*/
+# (the kernel's own namesakes aside): what apply looks for after the driver's removal.
+NVIDIA_MODULE_GLOBS = ("nvidia.ko*", "nvidia-*.ko*")
+NVIDIA_MODULE_EXCLUDED_GLOBS = tuple(f"{name.replace('_', '-')}.ko*" for name in sorted(NVIDIA_IN_TREE_NAMESAKES))
 
 # Left loadable where the host keeps its NVIDIA driver (gpuhost_remove_nvidia_driver: false): it keeps
 # an NVIDIA GPU or tool whose driver must load; the passthrough functions are bound to vfio-pci
@@ -71,12 +82,19 @@ def plan_driver_removal(facts: HostFacts, settings: PlanSettings, selection: Gpu
         files.insert(0, "/etc/X11/xorg.conf")
     kept_nvidia = [card.gpu.address for card in selection.kept if card.gpu.vendor == VENDOR_NVIDIA]
     dkms_modules = _nvidia_dkms_modules(facts)
-    if not (packages or nvidia.runfile_installed or files or dkms_modules):
+    module_files = tuple(sorted(m.path for m in nvidia.module_files or ()))
+    if not (packages or nvidia.runfile_installed or files or dkms_modules or module_files):
         note = "no host NVIDIA driver is installed: nothing to remove"
     else:
         parts = []
         if packages:
             parts.append(f"purge {', '.join(packages)}")
+        if module_files:
+            parts.append(
+                f"remove the NVIDIA kernel modules {', '.join(module_files)} (with their packages, DKMS or the "
+                "uninstaller; apply deletes any left that no package owns, and checks that no NVIDIA driver module "
+                "is left in any /lib/modules/*/)"
+            )
         if nvidia.runfile_installed:
             parts.append("run nvidia-uninstall -s (a .run install)")
         if files:
@@ -102,6 +120,9 @@ def plan_driver_removal(facts: HostFacts, settings: PlanSettings, selection: Gpu
         note,
         dkms_modules=dkms_modules,
         dkms_cleanup=dkms_cleanup,
+        module_files=module_files,
+        module_globs=NVIDIA_MODULE_GLOBS,
+        module_excluded_globs=NVIDIA_MODULE_EXCLUDED_GLOBS,
     )
 
 

@@ -34,13 +34,15 @@ from gpuhost.plan.model import (
 
 # Written where the plan removes the host's NVIDIA driver: apt would install it again with the
 # next upgrade of a package that depends on it, and it would take the GPUs back from vfio-pci.
-APT_PIN = """\
-# Managed by gpuhost: this host passes its GPUs through with vfio-pci; its own NVIDIA driver
-# would take them back. Remove this file (and set gpuhost_remove_nvidia_driver: false) to allow it.
-Package: nvidia-* libnvidia-* cuda-drivers* xserver-xorg-video-nvidia*
-Pin: release *
-Pin-Priority: -1
-"""
+APT_PIN = (
+    "# Managed by gpuhost: this host passes its GPUs through with vfio-pci; its own NVIDIA driver\n"
+    "# would take them back. Remove this file (and set gpuhost_remove_nvidia_driver: false) to allow it.\n"
+    # Ubuntu's precompiled modules too: their -generic metapackages follow every kernel upgrade.
+    "Package: nvidia-* libnvidia-* cuda-drivers* xserver-xorg-video-nvidia*"
+    " linux-modules-nvidia-* linux-objects-nvidia-* linux-signatures-nvidia-*\n"
+    "Pin: release *\n"
+    "Pin-Priority: -1\n"
+)
 
 __all__ = [
     "APT_PIN",

@@ -150,10 +150,18 @@ class DriverRemoval:
     # After the purge and the uninstaller: `dkms remove --all` for every NVIDIA module DKMS still has
     # (every kernel), then no nvidia*.ko may be left in any /lib/modules/*/updates/dkms.
     dkms_cleanup: bool = False
+    # Every NVIDIA driver module file found for any installed kernel (DKMS, precompiled packages, .run),
+    # each removed by the purge, the uninstaller or DKMS, or else deleted by apply.
+    module_files: tuple[str, ...] = ()
+    # The file names (globs) of NVIDIA's driver modules (less the excluded ones): apply deletes what the
+    # purge left of them in every /lib/modules/*/ (unless a package still owns it) and stops where one
+    # is left. Empty: the driver is kept.
+    module_globs: tuple[str, ...] = ()
+    module_excluded_globs: tuple[str, ...] = ()  # the kernel's own modules the globs would match
 
     @property
     def needed(self) -> bool:
-        return bool(self.packages or self.runfile or self.files or self.dkms_modules)
+        return bool(self.packages or self.runfile or self.files or self.dkms_modules or self.module_files)
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,18 @@ import re
 from collections.abc import Callable
 
 from gpuhost.facts.model import BootloaderKind, HostFacts, VfioPci
+from gpuhost.host_support import unsupported_host
 from gpuhost.plan.model import KERNEL_CMDLINE_PATH, KernelCmdlineWriter
 from gpuhost.problems import Severity, Stage, register
 
 # Refusal codes: two words (gpuhost.inventory.plan_settings validates GPUHOST_TESTING_ONLY_FORCE_PAST_REFUSALS so).
+REFUSE_HOST_UNSUPPORTED = register(
+    "plan.host.unsupported",
+    Stage.PLAN,
+    Severity.ERROR,
+    "gpuhost does not support the host's architecture, IOMMU or GPU family (the plan's only refusal then)",
+)
+
 REFUSE_BOOTLOADER_NOT_GRUB = register(
     "plan.bootloader.not_grub",
     Stage.PLAN,
@@ -62,6 +70,12 @@ Refuse = Callable[[str, str, str, str], None]  # plan_host's `refuse(code, subje
 
 
 def check_platform(facts: HostFacts, refuse: Refuse) -> None:
+    """Refuse what the platform cannot have planned: a host gpuhost does not support with that alone
+    (its boot loader, OS and IOMMU are not asked about)."""
+    unsupported = unsupported_host(facts)
+    if unsupported is not None:
+        refuse(REFUSE_HOST_UNSUPPORTED, unsupported.subject, f"{unsupported.message}.", unsupported.would)
+        return
     loader = facts.bootloader
     if loader.kind not in (BootloaderKind.GRUB, BootloaderKind.SYSTEMD_BOOT):
         refuse(

@@ -30,6 +30,12 @@ FUNCTION_NOT_VFIO = register(
 HOST_DRIVER_LOADED = register(
     "verify.host_driver.loaded", Stage.VERIFY, Severity.ERROR, "a host GPU driver module is loaded"
 )
+HOST_DRIVER_MODULE_LEFT = register(
+    "verify.host_driver.module_left",
+    Stage.VERIFY,
+    Severity.ERROR,
+    "an NVIDIA driver module is left in a kernel's /lib/modules tree after the driver's removal",
+)
 HUGEPAGES_COUNT = register(
     "verify.hugepages.count", Stage.VERIFY, Severity.ERROR, "the 1 GiB pages allocated differ from the plan"
 )
@@ -167,6 +173,19 @@ def verify_host(host: str, facts: HostFacts, settings: PlanSettings, plan: Mappi
         "host NVIDIA driver",
         "Remove the host driver (gpuhost_remove_nvidia_driver) and check modprobe.blacklist.",
     )
+    if plan["driver_removal"].get("module_globs"):
+        # Every installed kernel's tree, not the running one's: a module left for another kernel
+        # loads the day the host boots it. Unlisted (a gather that could not list them): not known gone.
+        left = facts.nvidia.module_files
+        check(
+            "no NVIDIA driver module",
+            "not listed" if left is None else f"left: {', '.join(m.path for m in left)}" if left else "none left",
+            HOST_DRIVER_MODULE_LEFT,
+            left is None or bool(left),
+            "host NVIDIA driver",
+            "Remove the package that installed each module (dpkg -S names it), or delete the file and run depmod "
+            "for its kernel, then apply again.",
+        )
     pool = facts.hugepage_pool(GIB_KIB)
     allocated = pool.total if pool and pool.total is not None else 0
     wanted = int(plan["hugepages"]["pages"])

@@ -9,6 +9,7 @@ from typing import Literal
 from gpuhost.bar_window import (
     QEMU_DEFAULT_PHYS_BITS,
     bar_window_bytes,
+    bars_window_bytes,
     bits_for_window,
     describe_size,
     window_of_bits,
@@ -77,15 +78,17 @@ class GuestAddressWidth:
 
 
 def guest_address_width(
-    facts: HostFacts, spec: VmSpec, hole64: int, conflicts: list[Problem], notes: list[str]
+    facts: HostFacts, spec: VmSpec, bars_window: int, conflicts: list[Problem], notes: list[str]
 ) -> GuestAddressWidth | None:
-    """What <maxphysaddr> the guest needs for its firmware's 64-bit window to hold `hole64`.
+    """What <maxphysaddr> the guest needs for its firmware's 64-bit window to hold `bars_window`
+    (`bars_window_bytes`: what the passed BARs need, nothing more).
 
-    KVM: the host's width (passthrough), refused where the host CPU's own width is too narrow.
+    KVM: the host's width (passthrough), refused only where the BARs do not fit the window the
+    host CPU's own width leaves the firmware (a 39-bit desktop's 64 GiB holds a consumer card's).
     TCG: QEMU's 40 bits are left alone where they suffice, else the fewest bits that do (emulate).
     Either needs libvirt 8.7; an older one is refused, naming it."""
-    needed = bits_for_window(hole64)
-    window = f"a {describe_size(hole64)} 64-bit PCI window (the BARs of the passed functions)"
+    needed = bits_for_window(bars_window)
+    window = f"a {describe_size(bars_window)} 64-bit PCI window (the BARs of the passed functions)"
     if spec.domain_type is DomainType.KVM:
         cpu_bits = facts.cpu.physical_address_bits if facts.cpu is not None else None
         if cpu_bits is not None and cpu_bits < needed:
@@ -212,5 +215,10 @@ def lock_limit_kib(memory_kib: int, ports: Sequence[RootPort], tcg_tb_cache_mib:
 
 
 def hole64_bytes(ports: Sequence[RootPort]) -> int:
-    """The 64-bit PCI window of the VM's root ports (gpuhost.bar_window says how)."""
+    """The 64-bit PCI hole to hand an older OVMF for the VM's root ports (gpuhost.bar_window says how)."""
     return bar_window_bytes(tuple(f.host for f in port.functions) for port in ports)
+
+
+def bars_window(ports: Sequence[RootPort]) -> int:
+    """The 64-bit PCI window the BARs behind the VM's root ports need (gpuhost.bar_window says how)."""
+    return bars_window_bytes(tuple(f.host for f in port.functions) for port in ports)

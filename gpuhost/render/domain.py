@@ -39,11 +39,13 @@ from dataclasses import dataclass
 from gpuhost.errors import InputError
 from gpuhost.facts.model import Firmware, HostFacts
 from gpuhost.facts.parsers import parse_cpulist as parse_cpulist  # re-exported: render's CLI and tests read it here
+from gpuhost.host_support import unsupported_host
 from gpuhost.inventory.spec import DomainType, HostPolicy, VmSpec
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.render.address_width import (
     TCG_TB_CACHE_MIB,
     GuestAddressWidth,
+    bars_window,
     check_q35_vcpus,
     guest_address_width,
     hole64_bytes,
@@ -73,6 +75,13 @@ from gpuhost.render.layout import (
 )
 from gpuhost.render.memory import KIB_PER_MIB, check_declared_pages, check_memory, use_hugepages
 from gpuhost.selection import card_numa_node
+
+HOST_UNSUPPORTED = register(
+    "render.host.unsupported",
+    Stage.RENDER,
+    Severity.ERROR,
+    "gpuhost does not support the host's architecture, IOMMU or GPU family: no domain is written",
+)
 
 GPU_NUMA_UNKNOWN = register(
     "render.gpu.numa_unknown", Stage.RENDER, Severity.ERROR, "a GPU's NUMA node is unknown while the others have one"
@@ -192,6 +201,13 @@ def plan_domain(
     are allocated for them all (`allocate_cpus`), so this VM's pins are the same whichever of
     them is rendered.
     """
+    unsupported = unsupported_host(facts)
+    if unsupported is not None:
+        # One answer, the audit's and the plan's: no x86_64 q35/OVMF domain for a host gpuhost does not support.
+        message = f"{unsupported.message};"
+        raise RenderRefused(
+            spec.name, host, [render_conflict(HOST_UNSUPPORTED, unsupported.subject, message, unsupported.would)]
+        )
     conflicts: list[Problem] = []
     notes: list[str] = []
     cards = resolve_gpus(facts, spec, policy, conflicts)
@@ -273,7 +289,7 @@ def plan_domain(
     hole64 = hole64_bytes(ports)
     # Known only once the cards are laid out behind their ports (each port's window aligned to its
     # largest BAR), so refused on its own, after the conflicts above.
-    maxphysaddr = guest_address_width(facts, spec, hole64, conflicts, notes)
+    maxphysaddr = guest_address_width(facts, spec, bars_window(ports), conflicts, notes)
     if conflicts:
         raise RenderRefused(spec.name, host, conflicts)
     if maxphysaddr is not None and maxphysaddr.mode == "passthrough" and len(cards) > 1:  # peer-to-peer: two GPUs

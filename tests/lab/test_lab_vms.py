@@ -200,6 +200,14 @@ def test_fake_nvidia_install_and_uninstaller_record(lab_hosts: dict[str, LabHost
     host.run("/usr/bin/nvidia-uninstall", "--silent")
     assert "nvidia-uninstall --silent" in host.run("cat", done.uninstall_calls_file)
     assert host.run("sh", "-c", "ls /usr/bin/nvidia-uninstall 2>/dev/null || echo gone").strip() == "gone"
+    # The precompiled shape (issue 42): a package per kernel tree and their metapackage, and a module
+    # file no package owns; the live gather lists every one, per kernel, for the audit.
+    for package in done.modules_packages:
+        assert host.run("dpkg-query", "-W", "-f", "${Status}", package) == "install ok installed"
+    _, (result,) = audit(host)
+    (modules,) = [f for f in result["findings"] if f["code"] == "nvidia.installed.modules"]
+    assert f"for {fake_nvidia.OTHER_KERNEL}: nvidia, nvidia_uvm (precompiled" in modules["message"]
+    assert "nvidia_peermem" in modules["message"] and "(other," in modules["message"]
 
 
 def test_plan_refuses_the_shared_group_host_naming_the_intruder(lab_hosts: dict[str, LabHost]) -> None:
