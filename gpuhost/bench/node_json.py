@@ -13,9 +13,8 @@ from gpuhost.bench.contention import GpuProcess
 from gpuhost.bench.environment import GpuEnvironment, NvlinkReading
 from gpuhost.bench.health import GpuXid
 from gpuhost.bench.identity import GpuIdentity, pci_address, renumbered
-from gpuhost.bench.jsonout import CANNOT_RUN, NODE_SCHEMA, SCHEMA, build_document, read_recorded
+from gpuhost.bench.jsonout import CANNOT_RUN, NODE_SCHEMA, SCHEMA, read_recorded
 from gpuhost.bench.node_model import BaselineComparison, NodeBaseline, NodeFigure, NodeOutcome, NodeRecord
-from gpuhost.bench.outcome import Outcome
 from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.strictjson import read_json_file
 from gpuhost.errors import InputError
@@ -92,21 +91,6 @@ def build_node_document(outcome: NodeOutcome, per_gpu: list[dict[str, Any]]) -> 
 def _named_by(outcome: NodeOutcome, gpu: int) -> dict[str, Any]:
     identity = outcome.identities.get(gpu)
     return {} if identity is None else {"pci_bus_id": identity.pci_bus_id, "uuid": identity.uuid}
-
-
-def gpu_document(outcome: Outcome) -> dict[str, Any]:
-    return build_document(
-        verdict=outcome.verdict,
-        suite_document=outcome.suite_document,
-        environment=outcome.environment,
-        samples=outcome.samples,
-        model_table=outcome.model_table,
-        timings=outcome.timings,
-        build=outcome.build,
-        contention=outcome.contention,
-        health=outcome.health,
-        gpu=outcome.gpu,
-    )
 
 
 def is_node_document(document: Any) -> bool:

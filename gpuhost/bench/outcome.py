@@ -9,7 +9,7 @@ from gpuhost.bench.contention import Contention
 from gpuhost.bench.environment import Environment, RunSamples
 from gpuhost.bench.health import Health
 from gpuhost.bench.identity import GpuIdentity
-from gpuhost.bench.jsonout import BuildInfo, Timings
+from gpuhost.bench.jsonout import BuildInfo, Timings, build_document
 from gpuhost.bench.results import SuiteRun
 from gpuhost.bench.verdict import Verdict
 
@@ -28,3 +28,18 @@ class Outcome:
     contention: Contention | None = None  # None: a run recorded before contention was read
     health: Health | None = None  # likewise
     gpu: GpuIdentity | None = None  # the GPU measured; None in a replay of a run recorded without it
+
+    def document(self) -> dict[str, Any]:
+        """This run's --json document (gpuhost-smoke-test/1), as one GPU's run and each GPU of --all write it."""
+        return build_document(
+            verdict=self.verdict,
+            suite_document=self.suite_document,
+            environment=self.environment,
+            samples=self.samples,
+            model_table=self.model_table,
+            timings=self.timings,
+            build=self.build,
+            contention=self.contention,
+            health=self.health,
+            gpu=self.gpu,
+        )

@@ -148,7 +148,7 @@ def _run_all(args: argparse.Namespace) -> int:
     """--all (or --replay of an --all document): every GPU's report, then the node's."""
     from gpuhost.bench import jsonout, report
     from gpuhost.bench.node import replay_all, run_all
-    from gpuhost.bench.node_json import build_node_document, gpu_document
+    from gpuhost.bench.node_json import build_node_document
     from gpuhost.bench.node_report import render_node
     from gpuhost.bench.rules import Status
     from gpuhost.bench.strictjson import read_json_file
@@ -176,7 +176,7 @@ def _run_all(args: argparse.Namespace) -> int:
         print(printable(text))
     print(printable(render_node(outcome, verbose=args.verbose)), end="")
     if args.json is not None:
-        document = build_node_document(outcome, [gpu_document(gpu) for gpu in outcome.gpus])
+        document = build_node_document(outcome, [gpu.document() for gpu in outcome.gpus])
         write_output(args.json, jsonout.dumps(document), "--json")
         print(f"JSON written to {printable(args.json)}")
     if args.prometheus is not None:
@@ -246,19 +246,7 @@ def run(args: argparse.Namespace) -> int:
     # GPU and model names come from NVML, a recording or a --gpu-table: data, escaped like a host's.
     print(printable(text), end="")
     if args.json is not None:
-        document = jsonout.build_document(
-            verdict=outcome.verdict,
-            suite_document=outcome.suite_document,
-            environment=outcome.environment,
-            samples=outcome.samples,
-            model_table=outcome.model_table,
-            timings=outcome.timings,
-            build=outcome.build,
-            contention=outcome.contention,
-            health=outcome.health,
-            gpu=outcome.gpu,
-        )
-        write_output(args.json, jsonout.dumps(document), "--json")
+        write_output(args.json, jsonout.dumps(outcome.document()), "--json")
         print(f"JSON written to {printable(args.json)}")
     if args.prometheus is not None:
         write_textfile(args.prometheus, smoke_test_metrics(outcome.verdict, outcome.run, time.time()))
