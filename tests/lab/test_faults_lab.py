@@ -414,11 +414,16 @@ def _without_reverted_trials(host: Host, manifest: Manifest) -> Manifest:
     change no boot); rollback takes them too, since fault 2's apply recorded the host before them."""
     clean = {path: entry for path, entry in manifest.items() if path not in GPUHOST_FILES}
     begin, end = (shlex.quote(INITRAMFS_MODULES_MARKER.replace("{mark}", mark)) for mark in ("BEGIN", "END"))
+    section_begin, section_end = (shlex.quote(f"### {mark} {TRIAL_GRUB_SCRIPT_PATH} ###") for mark in ("BEGIN", "END"))
     # On the host, byte for byte (the SSH output is read with universal newlines).
     digests = host.sh(
         f"awk -v b={begin} -v e={end} '$0==b{{skip=1}} !skip{{print}} $0==e{{skip=0}}' {INITRAMFS_MODULES_PATH}"
         " | sha256sum; "
-        f"grep -vF {TRIAL_GRUB_SCRIPT_PATH} /boot/grub/grub.cfg | sha256sum"
+        # grub-mkconfig writes each script's section as an empty line, its BEGIN line, the script's
+        # output (the trial script's: none outside a trial) and its END line.
+        f"awk -v b={section_begin} -v e={section_end}"
+        " 'held && $0!=b {print prev} {held=0} $0==b {skip=1} skip {skip=($0!=e); next}"
+        ' $0=="" {prev=$0; held=1; next} {print} END {if (held) print prev}\' /boot/grub/grub.cfg | sha256sum'
     ).split()[::2]
     for path, digest in zip((INITRAMFS_MODULES_PATH, "/boot/grub/grub.cfg"), digests, strict=True):
         clean[path] = " ".join([*clean[path].split()[:-1], digest])
