@@ -152,7 +152,7 @@ def check_ansible_environment() -> None:
 
 
 def run_command(verb: str, args: argparse.Namespace) -> str:
-    """The run as the hosts' locks name it (gpuhost.rollout.lock): the verb, its inventory and limit."""
+    """The run as the hosts' locks name it (gpuhost.hostlock): the verb, its inventory and limit."""
     import shlex
 
     return shlex.join(["gpuhost", verb, "-i", str(args.inventory), *(["--limit", args.limit] if args.limit else [])])

@@ -62,6 +62,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
             )
             sub.add_argument("--quick", action="store_true", help="run `gpuhost smoke-test --quick` in the guest")
             sub.add_argument(
+                "--break-lock",
+                action="store_true",
+                help="remove the lock another run left on the host (it died: gpuhost names it and says when it is "
+                "stale) and hold the host for this guest",
+            )
+            sub.add_argument(
                 "--cuda-repo",
                 default=None,
                 metavar="URL",
@@ -126,6 +132,8 @@ def _up(args: argparse.Namespace, target: Target, spec: VmSpec, policy: HostPoli
         wheel_dir=args.wheel_dir,
         cuda_repo_base=repo,
         quick=args.quick,
+        command=f"gpuhost guest up -i {args.inventory} --host {target.name} --vm {spec.name}",
+        break_lock=args.break_lock,
     )
 
     def progress(message: str) -> None:

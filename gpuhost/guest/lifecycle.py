@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuhost import hostlock
 from gpuhost.audit import audit_target, open_transport
 from gpuhost.errors import GpuhostError, InputError
 from gpuhost.facts.model import NCCL_CONF, Firmware
@@ -110,6 +111,8 @@ class UpOptions:
     cuda_repo_base: str = provision.CUDA_REPO_BASE
     quick: bool = False  # smoke-test --quick
     timeouts: Timeouts = Timeouts()
+    command: str = ""  # written in the host's lock (gpuhost.hostlock): who holds the host
+    break_lock: bool = False  # --break-lock
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,22 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
             f"inventory host {host}: VM {vm} has no cuda_version; set one (e.g. 12.4), or pass --skip-cuda."
         )
     # Checked before anything is created: a misspelt step name is an input error, not a late surprise.
+    options.timeouts.overridden(spec.timeouts, f"inventory host {host}: VM {vm}")
+    # One run at a time per host: apply's trial reboot or a rollback must not run under a guest being
+    # provisioned (gpuhost.hostlock; refused at once, naming the holder, exit 2).
+    transport = open_transport(target)
+    try:
+        command = options.command or f"gpuhost guest up --host {host} --vm {vm}"
+        with hostlock.held(transport, host, command, break_lock=options.break_lock):
+            return _up_held(target, spec, policy, options, progress)
+    finally:
+        transport.close()
+
+
+def _up_held(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, progress: Progress) -> GuestUpResult:
+    """`up` once the host's lock is held: every step from libvirt's connection to the report."""
+    host, vm = target.name, spec.name
+    pin = spec.cuda_pin
     timeouts = options.timeouts.overridden(spec.timeouts, f"inventory host {host}: VM {vm}")
     state = options.state
     state.make()
@@ -228,6 +247,7 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
         len(plan.gpu_ports), spec.memory_mib, spec.timeouts, f"inventory host {host}: VM {vm}"
     )
     pool = libvirt_host.find_pool(conn, policy.images_dir, create=True)
+    assert spec.base_image is not None  # up() refused a VM without one
     base_image: str = spec.base_image
 
     def make_disk() -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost.errors import GpuhostError, InputError, MissingDependencyError, shortened
+from gpuhost.hostlock import LOCKED_PREFIX
 from gpuhost.output import write_output
 from gpuhost.rollout.environment import (
     ROLLBACK_PLAYBOOK,
@@ -31,7 +32,6 @@ from gpuhost.rollout.environment import (
     known_hosts_inventory,
 )
 from gpuhost.rollout.hostkeys import host_key_message
-from gpuhost.rollout.lock import LOCKED_PREFIX
 from gpuhost.rollout.report import (
     CANCELED,
     REPORT_SCHEMA,
@@ -72,7 +72,7 @@ class ApplyRequest:
     report_path: Path
     trial: bool = True  # False: --no-trial
     require_rescue: bool = False  # --require-rescue
-    command: str = ""  # written in each host's lock (gpuhost.rollout.lock): who holds the host
+    command: str = ""  # written in each host's lock (gpuhost.hostlock): who holds the host
     break_lock: bool = False  # --break-lock
 
 

@@ -30,7 +30,7 @@ class HostStatus(str, enum.Enum):
     # The engine's own, from Ansible's events and recap when the report play did not say.
     UNREACHABLE = "unreachable"
     TRIAL_REVERTED = "trial reverted"
-    LOCKED = "locked"  # another run holds the host (gpuhost.rollout.lock): refused at once, untouched
+    LOCKED = "locked"  # another run holds the host (gpuhost.hostlock): refused at once, untouched
     NOT_REPORTED = "not-reported"
     NOT_REACHED = "not reached"
     UNKNOWN = "unknown"

@@ -43,6 +43,7 @@ from sshd import Sshd, start_sshd
 from gpuhost.guest import libvirt_host
 from gpuhost.guest.provision import COPIED_REPO_DIR
 from gpuhost.guest.wheels import prepare_wheels
+from gpuhost.hostlock import LOCK_PATH, holder_alive, parse_lock
 from gpuhost.lab.builder import ensure_image
 from gpuhost.lab.paths import LabPaths
 from tests.guest.test_offline_install import build_repository
@@ -267,6 +268,7 @@ def guest(
     )
     nothing_yet = subprocess.CompletedProcess[str]([], 0)
     incomplete = Guest(inventory, root / "state", vm, pool, controller, host_sshd, package_repo, nothing_yet)
+    _no_lock_left_by_a_killed_run()
     started = time.monotonic()
     up = incomplete.gpuhost("up", "--wheel-dir", str(wheels), timeout=2000)
     _timing(f"gpuhost guest up (whole command): {time.monotonic() - started:.1f} s, exit {up.returncode}")
@@ -278,6 +280,19 @@ def guest(
         # A failed test (or up) must not leave a domain behind; `down` of a removed guest is a no-op.
         with contextlib.suppress(subprocess.TimeoutExpired):
             incomplete.gpuhost("down")
+
+
+def _no_lock_left_by_a_killed_run() -> None:
+    """The host is this machine: `guest up` holds its gpuhost lock (gpuhost.hostlock). One left by an
+    earlier test run that was killed (its process gone) is removed, as `_remove_stale_namespaces`
+    removes its namespaces; one a live process holds fails the test instead of being taken."""
+    lock = Path(LOCK_PATH)
+    if not lock.exists():
+        return
+    holder = parse_lock(lock.read_text(errors="replace"))
+    if holder is not None and holder_alive(holder):
+        pytest.fail(f"a live run holds this machine's gpuhost lock: {holder.describe()}")
+    lock.unlink()
 
 
 def test_up_provisions_and_the_smoke_test_says_there_is_no_gpu(guest: Guest) -> None:
@@ -304,6 +319,9 @@ def test_the_report_comes_back_to_the_controller(guest: Guest) -> None:
     assert summary["smoke_test"]["exit_status"] == 2 and summary["smoke_test"]["verdict"] == "CANNOT RUN"
     assert "no NVIDIA driver" in (report / "smoke-test.out").read_text()
     assert [step["step"] for step in summary["steps"]][-2:] == ["install", "smoke-test"]
+    assert summary["gpus"] == []  # a VM of no GPU: no host slot to map back
+    # `up` held the host's lock from its first step and released it at its end.
+    assert not Path(LOCK_PATH).exists()
 
 
 def test_the_address_came_from_the_lease_and_the_guest_agent_reports_the_same(guest: Guest) -> None:

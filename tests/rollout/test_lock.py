@@ -1,4 +1,4 @@
-"""One run at a time per host (gpuhost.rollout.lock, the collection's gpuhost.passthrough.lock).
+"""One run at a time per host (gpuhost.hostlock, the collection's gpuhost.passthrough.lock).
 
 The lock's shell commands run for real (sh, O_EXCL through noclobber), and the action through
 ansible-playbook against a real sshd on 127.0.0.1 (tests/sshd.py): a second run started while the
@@ -25,9 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuhost.inventory.policy import Role
-from gpuhost.rollout import engine
-from gpuhost.rollout.lock import (
+from gpuhost.hostlock import (
     LOCKED_PREFIX,
     acquire_command,
     held_message,
@@ -36,6 +34,8 @@ from gpuhost.rollout.lock import (
     release_command,
     this_run,
 )
+from gpuhost.inventory.policy import Role
+from gpuhost.rollout import engine
 from gpuhost.rollout.report import HostStatus, RolloutReport
 from gpuhost.targets import ConnectionDefaults, inventory_targets
 
@@ -179,3 +179,48 @@ def test_a_second_run_is_refused_at_once_and_a_killed_runs_lock_is_reported_stal
     assert json.loads(lock.read_text().splitlines()[0]) == killed  # never taken over on its own
     broken = run("apply --break-lock", gpuhost_break_lock=True)
     assert not broken.stopped and not lock.exists()  # it held the host, ran and released
+
+
+@pytest.mark.ssh
+def test_guest_up_holds_the_host_through_its_transport_and_a_second_run_is_refused(
+    sshd_server: Any, tmp_path: Path
+) -> None:
+    """hostlock.held, as `guest up` takes the lock, over a real sshd: held for the block, refused to a
+    second run naming the first (still going: this process), released at the end; a lock left by a
+    run whose process is gone is reported stale, and only break_lock takes it."""
+    from gpuhost.hostlock import HostLocked, held
+    from gpuhost.transport.ssh import SshOptions, SshTransport
+
+    options = SshOptions(
+        host="127.0.0.1",
+        port=sshd_server.port,
+        key_file=sshd_server.client_key,
+        known_hosts_file=sshd_server.write_known_hosts(tmp_path / "known_hosts"),
+    )
+    lock = tmp_path / "var/lib/gpuhost/lock"
+    transport = SshTransport(options)
+    try:
+        with held(transport, "gpu01", "gpuhost guest up --host gpu01 --vm train-1", path=str(lock)):
+            assert "gpuhost guest up --host gpu01 --vm train-1" in lock.read_text()
+            with (
+                pytest.raises(HostLocked) as refused,
+                held(transport, "gpu01", "gpuhost apply -i inventory.yml", path=str(lock)),
+            ):
+                pass
+            message = str(refused.value)
+            assert message.startswith("locked: gpu01 is held by `gpuhost guest up --host gpu01 --vm train-1`")
+            assert "that run is still going" in message and refused.value.exit_code == 2
+        assert not lock.exists()
+        # A run that died (its process gone): its lock stays, reported stale, broken only on request.
+        dead = dataclasses.replace(this_run("gpuhost guest up --vm old", os.getpid()), pid=999999, process_start="1")
+        _acquire(lock, dead.record())
+        with (
+            pytest.raises(HostLocked, match="is held by a stale lock of `gpuhost guest up --vm old`"),
+            held(transport, "gpu01", "gpuhost guest up --vm new", path=str(lock)),
+        ):
+            pass
+        with held(transport, "gpu01", "gpuhost guest up --vm new", path=str(lock), break_lock=True):
+            assert "--vm new" in lock.read_text()
+        assert not lock.exists()
+    finally:
+        transport.close()

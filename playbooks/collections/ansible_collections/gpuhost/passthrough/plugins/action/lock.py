@@ -1,4 +1,4 @@
-"""gpuhost.passthrough.lock: take or release this run's lock on the host (gpuhost.rollout.lock)."""
+"""gpuhost.passthrough.lock: take or release this run's lock on the host (gpuhost.hostlock)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class ActionModule(ActionBase):
             require_gpuhost()
         except HostReadError as error:
             return {**result, "failed": True, "msg": str(error)}
-        from gpuhost.rollout import lock
+        from gpuhost import hostlock as lock
 
         args = self._task.args
         state = str(args.get("state", "held"))

@@ -1,5 +1,5 @@
-"""One run at a time per host: the lock apply and rollback hold on the host, from their first change
-to their end (the trial reboot included), and what a second run is told.
+"""One run at a time per host: the lock apply, rollback and `guest up` hold on the host, from their
+first change to their end (the trial reboot included), and what a second run is told.
 
 Ansible has no lock of its own per host. The lock is a file on the host (gpuhost.plan.model.LOCK_PATH,
 under /var/lib, so that it survives the reboots it must span), made with O_EXCL (the shell's
@@ -8,7 +8,9 @@ ansible-playbook process there (with its start time, so that a reused process nu
 for it), the command and when it was taken, and the host's boot then. A run that finds it refuses
 the host at once; a lock whose holder is known gone is called stale and reported as such, and is
 only ever removed by the run that holds it or by --break-lock (gpuhost_break_lock: true), never
-taken over on its own. Pure but for `this_run` and `holder_alive`, which read the controller's /proc.
+taken over on its own. Pure but for `this_run` and `holder_alive`, which read the controller's /proc,
+and `held`, which asks the host through a transport (`guest up`; apply and rollback ask through the
+collection's gpuhost.passthrough.lock action).
 """
 
 from __future__ import annotations
@@ -18,13 +20,26 @@ import os
 import shlex
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpuhost.errors import GpuhostError
 from gpuhost.plan.model import LOCK_PATH
+from gpuhost.transport import Transport
 
-__all__ = ["LOCK_PATH", "LockAnswer", "LockHolder", "acquire_command", "held_message", "release_command"]
+__all__ = [
+    "LOCK_PATH",
+    "HostLocked",
+    "LockAnswer",
+    "LockHolder",
+    "acquire_command",
+    "held",
+    "held_message",
+    "release_command",
+]
 
 # The first word of a refused host's message: the engine reports the host as locked (exit 2).
 LOCKED_PREFIX = "locked:"
@@ -156,8 +171,8 @@ def holder_alive(holder: LockHolder) -> bool | None:
 def held_message(host: str, answer: LockAnswer, alive: bool | None, path: str = LOCK_PATH) -> str:
     """Why this run refuses `host`: who holds it, whether that holder is known gone, and the fix."""
     fix = (
-        "run again with --break-lock (ansible-playbook: -e gpuhost_break_lock=true) once you are sure no run "
-        f"holds {host}"
+        "run again with --break-lock (apply, rollback, guest up; ansible-playbook: -e gpuhost_break_lock=true) "
+        f"once you are sure no run holds {host}"
     )
     holder = answer.holder
     if holder is None:
@@ -199,3 +214,39 @@ def _process_start(pid: int) -> str:
         return ""
     fields = stat.rsplit(")", 1)[-1].split()
     return fields[19] if len(fields) > 19 else ""
+
+
+class HostLocked(GpuhostError):
+    """Another run holds the host (exit 2): nothing of this run touched it."""
+
+
+@contextmanager
+def held(
+    transport: Transport,
+    host: str,
+    command: str,
+    *,
+    break_lock: bool = False,
+    path: str = LOCK_PATH,
+    timeout: float = 60.0,
+) -> Iterator[LockHolder]:
+    """The host's lock, held by this process for the block (`guest up`): taken where nobody holds it
+    (`break_lock`: any lock removed first), else HostLocked naming the holder (held_message);
+    released at the end only where this run holds it."""
+    holder = this_run(command, os.getpid())
+    answer_text = transport.run(
+        ["sh", "-c", acquire_command(path, break_lock=break_lock)],
+        stdin=(holder.record() + "\n").encode(),
+        timeout=timeout,
+    )
+    try:
+        answer = parse_answer(answer_text.stdout.decode(errors="replace"))
+    except ValueError as error:
+        raise HostLocked(f"{host}: {error} (stderr: {answer_text.stderr.decode(errors='replace')[:300]})") from error
+    if not answer.taken:
+        alive = None if answer.holder is None else holder_alive(answer.holder)
+        raise HostLocked(held_message(host, answer, alive, path))
+    try:
+        yield holder
+    finally:
+        transport.run(["sh", "-c", release_command(holder, path)], timeout=timeout)
