@@ -95,9 +95,8 @@ class Visibility:
             if self.stopped_at is not None
             else ""
         )
-        plural = "s" if len(self.hidden) > 1 else ""
         verb = "are" if len(self.hidden) > 1 else "is"
-        return f"{VISIBLE_DEVICES}={self.setting}{why}: GPU{plural} {named} {verb} not visible, not judged"
+        return f"{VISIBLE_DEVICES}={self.setting}{why}: {named} {verb} not visible, not judged"
 
     def by_index(self, index: int) -> GpuIdentity:
         return next(g for g in self.gpus if g.index == index)

@@ -78,7 +78,7 @@ def test_cuda_visible_devices_is_read_as_cuda_reads_it(setting: str | None, visi
 def test_the_gpus_left_out_are_named_with_why() -> None:
     visibility = resolve_visibility(GPUS, {"CUDA_VISIBLE_DEVICES": "0,2"}, one_model=True)
     assert visibility.left_out() == (
-        "CUDA_VISIBLE_DEVICES=0,2: GPUs GPU 1 (0000:00:07.0), GPU 3 (0000:00:09.0) are not visible, not judged"
+        "CUDA_VISIBLE_DEVICES=0,2: GPU 1 (0000:00:07.0), GPU 3 (0000:00:09.0) are not visible, not judged"
     )
     stopped = resolve_visibility(GPUS, {"CUDA_VISIBLE_DEVICES": "0,2,-1,1"}, one_model=True)
     assert "CUDA stops reading it at '-1', which names no GPU of this machine" in (stopped.left_out() or "")
