@@ -98,9 +98,6 @@ class Visibility:
         verb = "are" if len(self.hidden) > 1 else "is"
         return f"{VISIBLE_DEVICES}={self.setting}{why}: {named} {verb} not visible, not judged"
 
-    def by_index(self, index: int) -> GpuIdentity:
-        return next(g for g in self.gpus if g.index == index)
-
     def select(self, selector: str | None) -> GpuIdentity:
         """The GPU `--device` names: NVML's index, a UUID (or its unique prefix) or a PCI address;
         None: CUDA's device 0. It must be one CUDA can see (InputError naming it otherwise)."""
