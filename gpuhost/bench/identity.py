@@ -46,6 +46,12 @@ def _uuid_key(text: str) -> str:
     return lowered[4:] if lowered.startswith("gpu-") else lowered
 
 
+def _by_uuid_prefix(gpus: Sequence[GpuIdentity], text: str) -> list[GpuIdentity]:
+    """The GPUs whose UUID starts with `text` (CUDA's rule: a prefix names a GPU when it names one)."""
+    key = _uuid_key(text)
+    return [g for g in gpus if key and g.uuid and _uuid_key(g.uuid).startswith(key)]
+
+
 class GpuMismatch(GpuhostError):
     """A suite process measured another GPU than the one it was started for (exit 2: no verdict)."""
 
@@ -111,9 +117,7 @@ class Visibility:
         elif _BUS_ID.fullmatch(text):
             found = [g for g in self.gpus if g.pci_bus_id == pci_address(text)]
         else:
-            found = [
-                g for g in self.gpus if g.uuid and _uuid_key(g.uuid).startswith(_uuid_key(text)) and _uuid_key(text)
-            ]
+            found = _by_uuid_prefix(self.gpus, text)
         listed = ", ".join(f"{g.describe()} {g.uuid}".rstrip() for g in self.gpus) or "none"
         if len(found) != 1:
             what = "names several GPUs" if found else "names no GPU of this guest"
@@ -202,8 +206,7 @@ def _named(
                 "(the order nvidia-smi shows) or name the GPUs by UUID (nvidia-smi -L)"
             )
         return gpus[number]
-    key = _uuid_key(entry)
-    found = [g for g in gpus if key and g.uuid and _uuid_key(g.uuid).startswith(key)]
+    found = _by_uuid_prefix(gpus, entry)
     return found[0] if len(found) == 1 else None
 
 

@@ -33,13 +33,6 @@ def _baseline_lines(metric: str, size_bytes: int | None) -> tuple[float, float, 
     return rule.baseline_pass, rule.baseline_fail, rule.baseline_why
 
 
-BASELINE_P2P_PASS, BASELINE_P2P_FAIL, _ = _baseline_lines("p2p_pair_0_to_1", None)
-BASELINE_NCCL_PASS, BASELINE_NCCL_FAIL, _ = _baseline_lines("nccl_all_reduce", None)
-BASELINE_NCCL_SMALL_BYTES = NCCL_SMALL_BYTES
-BASELINE_NCCL_SMALL_PASS, BASELINE_NCCL_SMALL_FAIL, _ = _baseline_lines("nccl_all_reduce", 8 << 20)
-BASELINE_HOST_PASS, BASELINE_HOST_FAIL, _ = _baseline_lines("h2d_all", None)
-
-
 def _figure_points(figure: NodeFigure) -> dict[int | None, float | None]:
     """A figure's values by size: a collective's bus bandwidth at each size it was measured at, or
     the figure's one value under None."""

@@ -134,10 +134,9 @@ def _worst_collective_ratio(size_bytes: int, names: list[str]) -> float:
 
 
 def test_the_baseline_lines_sit_below_what_the_healthy_node_did_run_to_run() -> None:
-    """The lines in gpuhost.bench.rules and node_baseline, against the spread of the 11 healthy runs:
+    """The lines in gpuhost.bench.rules (RULES and NODE_RULES), against the spread of the 11 healthy runs:
     the default 95% (and 90% for the collectives) is tighter than each of these spreads."""
-    from gpuhost.bench import node_baseline
-    from gpuhost.bench.rules import rule_for
+    from gpuhost.bench.rules import NCCL_SMALL_BYTES, node_rule, rule_for
 
     healthy = [*HEALTHY, "against-all-1"]
     worst = {metric: _worst_healthy_ratio(metric, healthy) for metric in ("cublas_bf16", "bidir_pinned")}
@@ -160,10 +159,10 @@ def test_the_baseline_lines_sit_below_what_the_healthy_node_did_run_to_run() -> 
     assert _worst_healthy_ratio("cublas_fp32", healthy) > 0.99
     # The collectives: below 128 MiB their own line; from 128 MiB up the 0.90 one holds.
     small = min(_worst_collective_ratio(size << 20, healthy) for size in (8, 32))
-    assert node_baseline.BASELINE_NCCL_SMALL_PASS <= small < node_baseline.BASELINE_NCCL_PASS
+    assert node_rule("nccl_small").baseline_pass <= small < node_rule("nccl").baseline_pass
     large = min(_worst_collective_ratio(size << 20, healthy) for size in (128, 512, 1024))
-    assert large >= node_baseline.BASELINE_NCCL_PASS
-    assert node_baseline.BASELINE_NCCL_SMALL_BYTES == 128 << 20
+    assert large >= node_rule("nccl").baseline_pass
+    assert NCCL_SMALL_BYTES == 128 << 20
 
 
 @pytest.mark.parametrize("baseline", [*HEALTHY, "against-all-1"])
