@@ -209,23 +209,24 @@ def up(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, pro
             f"inventory host {host}: VM {vm} has no cuda_version; set one (e.g. 12.4), or pass --skip-cuda."
         )
     # Checked before anything is created: a misspelt step name is an input error, not a late surprise.
-    options.timeouts.overridden(spec.timeouts, f"inventory host {host}: VM {vm}")
+    timeouts = options.timeouts.overridden(spec.timeouts, f"inventory host {host}: VM {vm}")
     # One run at a time per host: apply's trial reboot or a rollback must not run under a guest being
     # provisioned (gpuhost.hostlock; refused at once, naming the holder, exit 2).
     transport = open_transport(target)
     try:
         command = options.command or f"gpuhost guest up --host {host} --vm {vm}"
         with hostlock.held(transport, host, command, break_lock=options.break_lock):
-            return _up_held(target, spec, policy, options, progress)
+            return _up_held(target, spec, policy, options, timeouts, progress)
     finally:
         transport.close()
 
 
-def _up_held(target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, progress: Progress) -> GuestUpResult:
+def _up_held(
+    target: Target, spec: VmSpec, policy: HostPolicy, options: UpOptions, timeouts: Timeouts, progress: Progress
+) -> GuestUpResult:
     """`up` once the host's lock is held: every step from libvirt's connection to the report."""
     host, vm = target.name, spec.name
     pin = spec.cuda_pin
-    timeouts = options.timeouts.overridden(spec.timeouts, f"inventory host {host}: VM {vm}")
     state = options.state
     state.make()
     steps = Steps(vm, host, progress)
