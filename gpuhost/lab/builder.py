@@ -265,7 +265,7 @@ class _Builder:
                 self._run(argv)
                 stack.callback(self._umount, root / target)
             if self.recipe.apt_packages:
-                self._apt_install(root, stack)
+                self._apt_install(root)
             if gpt is not None:
                 # The ESP's files are put together in /boot/efi of the image first, then copied
                 # onto the FAT file system by mtools: the build machine may not mount vfat (a
@@ -313,27 +313,54 @@ class _Builder:
                 shutil.copyfile(root / "debootstrap/debootstrap.log", self.work / "debootstrap.log")
             raise
 
-    def _apt_install(self, root: Path, stack: contextlib.ExitStack) -> None:
-        self.progress(f"apt-get install {' '.join(self.recipe.apt_packages)}")
+    @contextlib.contextmanager
+    def _apt_in_chroot(self, root: Path) -> Iterator[None]:
+        """apt-get in the chroot, with the build's package cache and no service started."""
         # Reuse the build's package cache, and keep services from starting in the chroot.
         archives = root / "var/cache/apt/archives"
         (self.paths.package_cache / "partial").mkdir(parents=True, exist_ok=True)
         self._run([self.tools["mount"], "--bind", str(self.paths.package_cache), str(archives)])
-        # Unmounted right after the install (the stack is only the fallback), so that the later
-        # `apt-get clean` empties the image's own cache, not the build's.
-        stack.callback(self._umount, archives)
         policy = root / "usr/sbin/policy-rc.d"
         policy.write_text("#!/bin/sh\nexit 101\n")
         policy.chmod(0o755)
         try:
             with self._package_cache_held():
-                self._chroot(root, "apt-get", "update", "-q")
-                self._chroot(
-                    root, "apt-get", "install", "-y", "-q", "--no-install-recommends", *self.recipe.apt_packages
-                )
+                yield
         finally:
             policy.unlink()
+            # Unmounted right away, so that the later `apt-get clean` empties the image's own
+            # cache, not the build's.
             self._umount(archives)
+
+    def _apt_install(self, root: Path) -> None:
+        self.progress(f"apt-get install {' '.join(self.recipe.apt_packages)}")
+        with self._apt_in_chroot(root):
+            self._chroot(root, "apt-get", "update", "-q")
+            self._chroot(root, "apt-get", "install", "-y", "-q", "--no-install-recommends", *self.recipe.apt_packages)
+
+    def _build_stall_module(self, root: Path, kernel: str) -> None:
+        """The lab's kernel stall module, compiled in the image against its own kernel's headers
+        (the same mirror, the same day: their versions match), installed in the kernel's module
+        tree, and the compiler and headers purged again."""
+        self.progress(f"building {recipe.STALL_MODULE_NAME}.ko for {kernel}")
+        packages = (f"linux-headers-{kernel}", *recipe.STALL_BUILD_PACKAGES)
+        work = root / "tmp/gpuhost-stall"
+        work.mkdir(parents=True, exist_ok=True)
+        (work / f"{recipe.STALL_MODULE_NAME}.c").write_text(self.recipe.stall_module_source)
+        (work / "Kbuild").write_text(f"obj-m := {recipe.STALL_MODULE_NAME}.o\n")
+        module = f"/tmp/gpuhost-stall/{recipe.STALL_MODULE_NAME}.ko"
+        with self._apt_in_chroot(root):
+            self._chroot(root, "apt-get", "update", "-q")
+            self._chroot(root, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages)
+            headers = f"/usr/src/linux-headers-{kernel}"
+            self._chroot(root, "make", "-s", "-C", headers, "M=/tmp/gpuhost-stall", "modules")
+            self._chroot(root, "strip", "--strip-debug", module)
+            extra = root / f"lib/modules/{kernel}/extra"
+            extra.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / module.lstrip("/"), extra / f"{recipe.STALL_MODULE_NAME}.ko")
+            self._chroot(root, "apt-get", "purge", "-y", "-q", "--autoremove", *packages)
+        shutil.rmtree(work)
+        self._chroot(root, "depmod", kernel)
 
     def _quiet(self, argv: list[str]) -> None:
         subprocess.run(argv, capture_output=True, check=False)
@@ -373,6 +400,8 @@ class _Builder:
         kernel = kernels[-1]
         self._chroot(root, "systemctl", "enable", "systemd-networkd.service", "gpuhost-lab-hostname.service")
         self._chroot(root, "systemctl", "mask", *self.recipe.masked_units)
+        if self.recipe.stall_module_source:
+            self._build_stall_module(root, kernel)
         self.progress("first initramfs")
         self._first_initramfs(root, kernel)
         if self.layout is DiskLayout.BIOS_GRUB:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from gpuhost.lab.boot import DiskLayout
 
@@ -271,6 +272,18 @@ exec qemu-system-x86_64 -accel tcg -machine q35 -cpu max -m 512 -nographic -no-r
 """
 
 
+# The kernel stall the lab's hang faults inject (gpuhost/data/lab_stall_module.c): a module built
+# in the image against its own kernel's headers, installed only for the build and removed after it,
+# so that a fresh machine needs no headers of a kernel the mirror may no longer carry. Only the
+# base images of the two boot loaders whose trial rescues are tested with it carry it.
+STALL_MODULE_NAME = "gpuhost_stall"
+STALL_MODULE_SOURCE = Path(__file__).resolve().parents[1] / "data" / "lab_stall_module.c"
+STALL_MODULE_LAYOUTS = (DiskLayout.BIOS_GRUB, DiskLayout.EFI_SYSTEMD_BOOT)
+# What the build installs in the image to compile it (with the headers of the image's kernel), and
+# purges again afterwards.
+STALL_BUILD_PACKAGES = ("gcc", "make", "binutils")
+
+
 @dataclass(frozen=True)
 class Recipe:
     variant: str
@@ -285,6 +298,9 @@ class Recipe:
     steps_version: int
     # Last, with a default: a BIOS recipe hashes as it did before UEFI disks existed (see recipe_hash).
     layout: str = DiskLayout.BIOS_GRUB.value
+    # The stall module's C source where the image carries it built, else empty (and left out of the
+    # hash, so that images without it keep their names).
+    stall_module_source: str = ""
 
 
 def recipe_for(variant: str, layout: DiskLayout = DiskLayout.BIOS_GRUB) -> Recipe:
@@ -324,6 +340,7 @@ def recipe_for(variant: str, layout: DiskLayout = DiskLayout.BIOS_GRUB) -> Recip
             ("/etc/kernel/cmdline", 0o644, KERNEL_CMDLINE_FILE),
             ("/etc/kernel/entry-token", 0o644, KERNEL_ENTRY_NAME),
         ]
+    stall_source = STALL_MODULE_SOURCE.read_text() if variant == "base" and layout in STALL_MODULE_LAYOUTS else ""
     return Recipe(
         variant=variant,
         suite=SUITE,
@@ -335,6 +352,7 @@ def recipe_for(variant: str, layout: DiskLayout = DiskLayout.BIOS_GRUB) -> Recip
         masked_units=MASKED_UNITS,
         steps_version=STEPS_VERSION,
         layout=layout.value,
+        stall_module_source=stall_source,
     )
 
 
@@ -344,6 +362,8 @@ def recipe_hash(recipe: Recipe) -> str:
     if fields["layout"] == DiskLayout.BIOS_GRUB.value:
         # BIOS images were hashed before the layout existed: their cached images stay valid.
         del fields["layout"]
+    if not fields["stall_module_source"]:
+        del fields["stall_module_source"]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gpuhost.lab import diskimage, fake_nvidia
-from gpuhost.lab.boot import BIOS_GRUB
+from gpuhost.lab.boot import BIOS_GRUB, DiskLayout
 from gpuhost.lab.builder import _Builder
 from gpuhost.lab.paths import LabPaths
 from gpuhost.lab.recipe import (
@@ -22,6 +22,8 @@ from gpuhost.lab.recipe import (
     NESTED_GUEST_DIR,
     NESTED_GUEST_INIT,
     NESTED_PACKAGES,
+    STALL_MODULE_SOURCE,
+    VARIANTS,
     mirror_from_sources,
     recipe_for,
     recipe_hash,
@@ -177,3 +179,18 @@ def test_image_builds_take_the_package_cache_one_at_a_time(tmp_path: Path) -> No
     waiter.join(timeout=5)
     assert order == ["first done", "second"]
     assert said == ["another image build is using the package cache; waiting for it"]
+
+
+def test_the_stall_module_is_built_into_the_base_images_of_the_two_boot_loaders_whose_stalls_are_tested() -> None:
+    source = STALL_MODULE_SOURCE.read_text()
+    assert "module_init(gpuhost_stall_init)" in source
+    carrying = {(v, layout) for v in VARIANTS for layout in DiskLayout if recipe_for(v, layout).stall_module_source}
+    assert carrying == {("base", DiskLayout.BIOS_GRUB), ("base", DiskLayout.EFI_SYSTEMD_BOOT)}
+    for layout in carrying:
+        assert recipe_for(*layout).stall_module_source == source
+    # The module's source names the image: a change to it builds the image again.
+    base = recipe_for("base")
+    assert recipe_hash(dataclasses.replace(base, stall_module_source=source + "\n")) != recipe_hash(base)
+    # Images without it keep the names they had before the field existed.
+    nested = recipe_for("nested")
+    assert recipe_hash(nested) == recipe_hash(dataclasses.replace(nested, stall_module_source=""))

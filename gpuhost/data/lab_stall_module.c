@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * gpuhost's lab only (issue 31): a kernel that stalls without a panic. Loading this module parks
+ * gpuhost's lab only: a kernel that stalls without a panic. Loading this module parks
  * the CPU that loads it in a busy loop with preemption disabled, for good: a soft lockup, the
  * kernel stall Debian's kernel offers no other way to cause (it has neither CONFIG_TEST_LOCKUP nor
  * LKDTM). A lab trial entry loads it with modules-load=gpuhost_stall; the trial entry's own
  * softlockup_panic=1 is what must turn the stall into a panic, and panic=N into a reboot.
+ *
+ * The lab's image build compiles it in the image, against the headers of the image's own kernel
+ * (gpuhost/lab/builder.py), and leaves only the module: nothing loads it without that option.
  *
  * With gpuhost_stall.irqs_off=1 the CPU also spins with interrupts disabled: on a one-CPU host no
  * timer, RCU or soft-lockup report runs again, and under TCG there is no NMI watchdog either, so
@@ -35,4 +38,4 @@ static int __init gpuhost_stall_init(void)
 module_init(gpuhost_stall_init);
 
 MODULE_LICENSE("GPL");
-MODULE_DESCRIPTION("gpuhost lab: stall one CPU in the kernel (issue 31's kernel stall fault)");
+MODULE_DESCRIPTION("gpuhost lab: stall one CPU in the kernel (the trial boot's kernel stall fault)");
