@@ -9,10 +9,24 @@ timings: each such module is reported FLAKY (failed, then passed) or FAILED (fai
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+ROTATION_FILE = Path(__file__).resolve().parents[1] / "tests" / "lab" / "rotation.py"
+
+
+def _rotation() -> ModuleType:
+    """tests/lab/rotation.py, loaded by path: which module of the extended lab set this commit ran."""
+    spec = importlib.util.spec_from_file_location("gpuhost_lab_rotation", ROTATION_FILE)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _read(path: str | None) -> dict[str, dict[str, Any]]:
@@ -56,11 +70,13 @@ def main(stage_file: str, timings_file: str, rerun_file: str | None = None) -> N
     modules = _read(timings_file)
     again = _read(rerun_file)
     lab = {name: span for name, span in modules.items() if name.startswith("tests/lab/")}
+    rotation = _rotation()
     for name, span in sorted(lab.items(), key=lambda item: item[1]["start"]):
         wall = span["stop"] - span["start"]
+        short = name.removeprefix("tests/lab/")
         rows.append(
             (
-                f"  {name.removeprefix('tests/lab/')}",
+                f"  {short} (extended)" if short in rotation.EXTENDED else f"  {short}",
                 f"{wall:.0f}",
                 f"{span['start'] - begin:.0f}-{span['stop'] - begin:.0f} s",
                 rerun_verdict(span, again.get(name)) if span.get("failed") else outcome(span),
@@ -91,6 +107,7 @@ def main(stage_file: str, timings_file: str, rerun_file: str | None = None) -> N
     rows.append(("total", str(previous - begin), "", ""))
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     print("\nci: stage table")
+    print(f"  extended lab set: {rotation.current().why}")
     for row in rows:
         print(f"  {row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}".rstrip())
     for name in flaky_modules(modules, again):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab import rotation
 from sshd import Sshd, start_sshd
 
 from gpuhost.problems import Problem
@@ -27,6 +28,10 @@ _module_outcomes: dict[str, dict[str, int]] = {}
 _module_failures: dict[str, list[str]] = {}
 
 SshdFactory = Callable[[str], Sshd]
+
+
+def pytest_report_header() -> str:
+    return f"extended lab set: {rotation.current().why}"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -28,10 +28,11 @@ from gpuhost.lab.image import Image
 from gpuhost.lab.paths import IMAGE_DIR_ENV, LabPaths, default_lab_dir
 from gpuhost.lab.state import VmRecord
 
-# Lab proofs run by hand, never in CI (their time is beyond CI's budget; each module says why and
-# how): collected only when this variable is 1.
-BY_HAND_ENV = "GPUHOST_LAB_BY_HAND"
-collect_ignore = [] if os.environ.get(BY_HAND_ENV) == "1" else ["test_kernel_stall_lab.py", "test_bmc_watchdog_lab.py"]
+from .rotation import current
+
+# The extended lab set (tests/lab/rotation.py): of its modules, only the one this commit's count
+# chooses is collected (or those GPUHOST_LAB_EXTENDED names); pytest's header says which.
+collect_ignore = list(current().left_out)
 
 TOPOLOGIES_UNDER_TEST = ("gpu-pair", "shared-group")
 MEMORY_MIB = 2048

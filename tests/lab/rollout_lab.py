@@ -4,10 +4,7 @@ them, booted together, with the hashes of every file apply or rollback may write
 
 from __future__ import annotations
 
-import base64
 import json
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -16,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from gpuhost.cli.main import main
 from gpuhost.lab import fleet
 from gpuhost.lab.paths import LabPaths
+from gpuhost.lab.recipe import STALL_MODULE_NAME
 from gpuhost.lab.state import VmRecord
 
 from .conftest import BOOT_TIMEOUT
@@ -143,10 +140,22 @@ PANIC_TRIAL_OPTION = "rdinit=/gpuhost-fault-injection"
 ROOT_HANG_TRIAL_OPTION = "root=/dev/disk/by-partlabel/gpuhost-no-such-root"
 
 
-# Issue 31's kernel stalls (by hand): tests/lab/kernel_stall/gpuhost_stall.ko, loaded on the trial boot
-# only (modules-load=, a testing-only option).
-STALL_MODULE_SOURCE = Path(__file__).resolve().parent / "kernel_stall"
-STALL_MODULE_OPTION = "modules-load=gpuhost_stall"
+# The userspace stall: ssh.service masked on the trial entry only (systemd-debug-generator): the trial
+# boots on but never answers, as a unit that never finishes leaves it. No watchdog sees that (PID 1
+# runs on); the trial's deadline timer is what resets it. A short reboot wait keeps the deadline short.
+USERSPACE_STALL_OPTION = "systemd.mask=ssh.service"
+USERSPACE_STALL_REBOOT_TIMEOUT = 100
+
+# The kernel stall: the lab image's gpuhost_stall.ko (gpuhost/data/lab_stall_module.c, built in the
+# image against its own kernel), loaded on the trial boot only (modules-load=, a testing-only option).
+STALL_MODULE_OPTION = f"modules-load={STALL_MODULE_NAME}"
+# Whether the image carries it, as modinfo says on the host: its name, else nothing.
+STALL_MODULE_CHECK = f"modinfo -F name {STALL_MODULE_NAME} 2>/dev/null || true"
+# The trial entry's two panics for a CPU stuck in the kernel, as each announces itself.
+STALL_PANICS = {
+    "RCU stall": "Kernel panic - not syncing: RCU Stall",
+    "soft lockup": "Kernel panic - not syncing: softlockup: hung tasks",
+}
 
 
 # The six kernel settings a trial entry changes to turn stalls into panics (gpuhost.plan.rescue), read on
@@ -155,25 +164,6 @@ STALL_SETTINGS = (
     "cd /proc/sys/kernel && cat softlockup_panic panic_on_rcu_stall hung_task_panic hung_task_timeout_secs "
     "watchdog_thresh /sys/module/rcupdate/parameters/rcu_cpu_stall_timeout"
 )
-
-
-def install_stall_module(host: Host, work: Path) -> None:
-    """gpuhost_stall.ko, built here against the headers of the host's running kernel (debug info
-    stripped), put in the host's module tree, so that modules-load= finds it; nothing loads it
-    without that option."""
-    release = host.sh("uname -r").strip()
-    headers = Path("/usr/src") / f"linux-headers-{release}"
-    if not headers.is_dir():
-        pytest.fail(f"{headers} is missing: apt-get install linux-headers-{release}, then run this test again")
-    for name in ("gpuhost_stall.c", "Kbuild"):
-        shutil.copy(STALL_MODULE_SOURCE / name, work / name)
-    subprocess.run(["make", "-s", "-C", str(headers), f"M={work}", "modules"], check=True, capture_output=True)
-    subprocess.run(["strip", "--strip-debug", str(work / "gpuhost_stall.ko")], check=True)
-    module = base64.b64encode((work / "gpuhost_stall.ko").read_bytes()).decode()
-    host.sh(
-        f"mkdir -p /lib/modules/{release}/extra && base64 -d > /lib/modules/{release}/extra/gpuhost_stall.ko <<'EOF'\n"
-        f"{module}\nEOF\ndepmod {release}"
-    )
 
 
 def console_since(serial_log: Path, offset: int) -> str:

@@ -1,23 +1,21 @@
-"""Issue 31, by hand (not in CI: about eight minutes of lab time its budget does not have): apply's
-own arming of the BMC's watchdog, on a host whose kernel talks to an emulated BMC, is what brings
-back a trial that nothing inside the host can rescue.
+"""Apply's own arming of the BMC's watchdog (the extended lab set, tests/lab/rotation.py), on a host
+whose kernel talks to an emulated BMC, is what brings back a trial that nothing inside the host can
+rescue.
 
 The host is a gpu-pair-bmc lab host (QEMU's ipmi-bmc-sim behind isa-ipmi-kcs: /dev/ipmi0 once
 ipmi_si and ipmi_devintf are loaded), with ipmitool installed from Debian's .debs for this run only
-(downloaded here with apt-get download, so the lab image is not changed). Its trial entry loads
-kernel_stall/gpuhost_stall.ko with irqs_off=1 (testing-only options): the one vCPU spins with
-interrupts disabled, so no timer, RCU or soft-lockup report runs, TCG has no NMI watchdog, and the
+(downloaded here with apt-get download, so the lab image is not changed). Its trial entry loads the
+image's gpuhost_stall.ko (gpuhost/data/lab_stall_module.c) with irqs_off=1 (testing-only options): the
+one vCPU spins with interrupts disabled, so no timer, RCU or soft-lockup report runs, TCG has no NMI watchdog, and the
 deadline timer is userspace: none of the trial's other rescues can act. The audit sees the BMC and
 ipmitool, the plan arms the BMC's OS Load timer just before the trial reboot, the timer survives the
 reboot, expires, and the BMC resets the host; GRUB's one-shot entry is spent, so the old default
 boots, and apply reports the trial reverted, reset by the BMC's watchdog (the OS Load expiration flag
 that arming cleared), with the timer stopped.
 
-Collected only with GPUHOST_LAB_BY_HAND=1 (tests/lab/conftest.py); it needs the lab kernel's headers
-on this machine (apt-get install linux-headers-<the lab's kernel release>) and Debian's package
-mirror (apt-get download):
+It needs Debian's package mirror (apt-get download, on this machine). Run alone:
 
-    GPUHOST_LAB_BY_HAND=1 pytest -m lab tests/lab/test_bmc_watchdog_lab.py -n 0 -s
+    GPUHOST_LAB_EXTENDED=test_bmc_watchdog_lab.py pytest -m lab tests/lab/test_bmc_watchdog_lab.py -n 0 -s
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from gpuhost.lab.image import Image
 from gpuhost.plan.model import TRIAL_MARKER
 
 from .rollout_lab import (
+    STALL_MODULE_CHECK,
     STALL_MODULE_OPTION,
     Host,
     HostLayout,
@@ -41,12 +40,12 @@ from .rollout_lab import (
     apply,
     booted_lab,
     console_since,
-    install_stall_module,
     timing,
     trial_console,
 )
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
+# In the lab-rest group, the lighter of the two per-landing groups (tests/lab/rotation.py).
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-rest")]
 
 A = "a-1"
 IRQS_OFF_STALL = (STALL_MODULE_OPTION, "gpuhost_stall.irqs_off=1")
@@ -85,7 +84,7 @@ def test_a_trial_that_nothing_in_the_host_can_rescue_is_reset_by_the_bmc_watchdo
     lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     host_a = lab.hosts[A]
-    install_stall_module(host_a, tmp_path)
+    assert host_a.sh(STALL_MODULE_CHECK).strip() == "gpuhost_stall", "the lab image has no gpuhost_stall.ko"
     install_ipmitool(host_a, tmp_path)
     idle = host_a.sh("ipmitool mc watchdog get")
     assert "Stopped" in idle, idle

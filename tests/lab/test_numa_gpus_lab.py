@@ -68,8 +68,9 @@ from gpuhost.targets import ConnectionDefaults, inventory_targets
 
 from .conftest import BOOT_TIMEOUT, LabHost, _timing
 
-# Two nested guests under two levels of TCG, beside the other lab worker.
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-rest")]
+# Two nested guests under two levels of TCG, beside the other lab worker. On lab-faults: lab-rest
+# carries the extended lab set's one module a run (tests/lab/rotation.py).
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-faults")]
 
 TOPOLOGY = TOPOLOGIES["numa-gpus"]
 PAIR_GPU, PAIR_AUDIO, WIDE_GPU, WIDE_BAR = TOPOLOGY.gpu_functions[:4]  # then the switch's GPUs and NIC

@@ -2,17 +2,15 @@
 
 One host, in order: systemd-boot (not the firmware's menu) started the kernel from kernel-install's
 loader entry on the ESP, and the audit names the loader and its file (and the BMC display, not the
-stand-in GPU, as the boot VGA); the one-shot trial entry hangs for real (issue 31: its root device
-never comes, the testing-only root= option): systemd-boot has cleared LoaderEntryOneShot as it booted
-it, the initramfs gives up on the root device and panic=10 reboots it (without panic= its shell would
-hold the host for good) into the default entry, the report says "trial reverted", the trial entry is
-gone from the ESP and /etc/kernel/cmdline is unchanged; gpuhost apply boots the one-shot trial entry, verifies it and
+stand-in GPU, as the boot VGA); gpuhost apply boots the one-shot trial entry, verifies it and
 commits (the default entry carries the options, the trial entry and the one-shot variable are gone,
-the audit says READY); gpuhost rollback brings the old command line back, and (issue 47) every file
-of the host's as it was before the first apply, the operator's own modprobe.d, fstab and GRUB
-drop-in written before it included. What the BIOS fault
-suite proves of apply (faults, reverts, idempotence) is not repeated: this is the systemd-boot
-path of the same engine. Building the image (once) needs root.
+the audit says READY); gpuhost rollback brings the old command line back, and every file of the
+host's as it was before the first apply, the operator's own modprobe.d, fstab and GRUB drop-in
+written before it included. What the BIOS fault suite proves of apply (faults, reverts, idempotence)
+is not repeated: this is the systemd-boot path of the same engine. The trial's rescues on
+systemd-boot (the root-device hang, the userspace and the kernel stall) are in the extended lab set
+(test_systemd_boot_hangs_lab.py, test_systemd_boot_kernel_stall_lab.py). Building the image (once)
+needs root.
 """
 
 from __future__ import annotations
@@ -25,29 +23,20 @@ from pathlib import Path
 import pytest
 
 from gpuhost.cli.main import main
-from gpuhost.inventory.plan_settings import TRIAL_TESTING_OPTIONS_ENV
-from gpuhost.lab import fleet
-from gpuhost.lab.boot import boot_mode
 from gpuhost.lab.paths import LabPaths
 from gpuhost.plan.model import TRIAL_MARKER
 from tests.lab.conftest import _timing, audit_report, on_lab_host, uefi_lab_host
 from tests.lab.rollout_lab import (
     MANIFEST_SCRIPT,
-    ROOT_HANG_TRIAL_OPTION,
     Manifest,
-    console_since,
-    gave_up_on_root_and_rebooted,
     manifest_differences,
     parse_manifest,
 )
+from tests.lab.systemd_boot_host import ENTRIES, ONESHOT_VARIABLE, SYSTEMD_BOOT
 
-# An uncached image build and an OVMF boot under TCG pass the suite-wide 900 s.
-# On lab-rest since the fault suite grew (issue 31's hangs, issue 27's second apply): CI's run with
-# the images cached took 2437 s, the fault suite and this module (about 1850 + 470 s) one worker's
-# path, the other group's modules about 1300 s.
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-rest")]
-
-SYSTEMD_BOOT = boot_mode("uefi", "systemd-boot")
+# An uncached image build and an OVMF boot under TCG pass the suite-wide 900 s. On lab-faults: the
+# fault suite's hang faults went to the extended set, and lab-rest carries its one module a run.
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.xdist_group("lab-faults")]
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +62,8 @@ def test_systemd_boot_started_the_kernel_from_kernel_installs_entry(
     assert boot_vga == {"1234:1111": False, "1013:00b8": True}, boot_vga
 
 
-ONESHOT_VARIABLE = "/sys/firmware/efi/efivars/LoaderEntryOneShot-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
-ENTRIES = "/boot/efi/loader/entries"
 OPTIONS = ("vfio-pci.ids=1234:1111,8086:293e", "modprobe.blacklist=nouveau,nvidia,nvidiafb", "iommu=pt")
-# Issue 47: an operator's own files before gpuhost's first apply: an `options vfio-pci ids=` continued
+# An operator's own files before gpuhost's first apply: an `options vfio-pci ids=` continued
 # over two lines, fstab entries (the last without a newline at its end) and a GRUB drop-in.
 OPERATOR_FILES = (
     "printf '# the site list\\noptions vfio-pci \\\\\\n    ids=10de:2330\\n' > /etc/modprobe.d/vfio-site.conf; "
@@ -98,41 +85,8 @@ def before_first_apply(systemd_boot_lab: LabPaths) -> Manifest:
     return _manifest(systemd_boot_lab)
 
 
-def test_trial_entry_whose_root_never_comes_is_rebooted_onto_the_default_entry_by_itself(
-    systemd_boot_lab: LabPaths, monkeypatch: pytest.MonkeyPatch, before_first_apply: Manifest
-) -> None:
-    """Issue 31's root-device hang on systemd-boot: the trial entry's initramfs waits for a root device
-    no disk has and gives up; panic=10 (the trial entry's rescue) reboots it, and systemd-boot, which
-    cleared the one-shot when it booted the trial, starts the unchanged default entry."""
-    kernel_cmdline = on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline")
-    old_running = on_lab_host(systemd_boot_lab, "cat", "/proc/cmdline").split()
-    kernel = on_lab_host(systemd_boot_lab, "uname", "-r").strip()
-    default_entry = on_lab_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf")
-    serial_log = Path(fleet.find_host(systemd_boot_lab, "lab-1").serial_log)
-    offset = serial_log.stat().st_size
-    monkeypatch.setenv(TRIAL_TESTING_OPTIONS_ENV, ROOT_HANG_TRIAL_OPTION)
-    report_path = systemd_boot_lab.root / "root-hang-report.json"
-    started = time.monotonic()
-    code = main(["apply", "-i", str(systemd_boot_lab.inventory), "--yes", "--report", str(report_path)])
-    _timing(f"systemd-boot root-device hang, reverted (apply, two boots) in {time.monotonic() - started:.0f} s")
-    entry = json.loads(report_path.read_text())["hosts"]["lab-1"]
-    assert code != 0 and entry["status"] == "trial reverted", entry
-    assert "came back without the trial entry" in entry["message"], entry
-    # No rescue that leaves a trace acted (no deadline's journal line, no BMC): the report says so.
-    assert "Reset by: no rescue that leaves a trace" in entry["message"], entry
-    trial = gave_up_on_root_and_rebooted(console_since(serial_log, offset), TRIAL_MARKER)
-    assert ROOT_HANG_TRIAL_OPTION in trial.splitlines()[0], trial[:3000]
-    assert on_lab_host(systemd_boot_lab, "cat", "/proc/cmdline").split() == old_running
-    # systemd-boot removed the one-shot variable when it booted the trial entry.
-    assert on_lab_host(systemd_boot_lab, "sh", "-c", f"test -e {ONESHOT_VARIABLE} || echo gone").strip() == "gone"
-    assert on_lab_host(systemd_boot_lab, "ls", ENTRIES).split() == [f"debian-{kernel}.conf"]  # no trial entry
-    assert on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline") == kernel_cmdline
-    # The default entry is as it was (whatever update-initramfs's hooks wrote, from the same cmdline).
-    assert on_lab_host(systemd_boot_lab, "cat", f"{ENTRIES}/debian-{kernel}.conf") == default_entry
-
-
 def test_apply_boots_the_one_shot_trial_entry_verifies_and_commits(
-    systemd_boot_lab: LabPaths, capsys: pytest.CaptureFixture[str]
+    systemd_boot_lab: LabPaths, capsys: pytest.CaptureFixture[str], before_first_apply: Manifest
 ) -> None:
     old_cmdline = on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split()
     report_path = systemd_boot_lab.root / "apply-report.json"
@@ -159,7 +113,7 @@ def test_apply_boots_the_one_shot_trial_entry_verifies_and_commits(
 def test_rollback_restores_the_old_kernel_command_line(
     systemd_boot_lab: LabPaths, before_first_apply: Manifest
 ) -> None:
-    """And issue 47: after the reverted trial and the committed apply, every file of the host's (/etc,
+    """And after the committed apply, every file of the host's (/etc,
     the loader entries) and /proc/cmdline are as before the first apply; the loader entries are written
     again by kernel-install (the facts say systemd-boot), not by update-grub."""
     expected = [t for t in on_lab_host(systemd_boot_lab, "cat", "/etc/kernel/cmdline").split() if t not in OPTIONS]
