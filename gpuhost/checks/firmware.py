@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext
+from gpuhost.cmdline import IGNORED_FILE_KEYS, with_keys
 from gpuhost.facts.model import ActiveLoader, BootloaderKind, Firmware, KernelCommandLine
 from gpuhost.problems import Problem, Severity, Stage, register
 
@@ -29,9 +30,6 @@ CMDLINE_FILE_IGNORED = register(
     Severity.WARNING,
     "passthrough options in a file the active boot loader never reads",
 )
-
-# Options that decide passthrough: set in a file the loader ignores, they silently do nothing.
-_PASSTHROUGH_KEYS = ("vfio-pci.ids", "intel_iommu", "amd_iommu", "iommu", "modprobe.blacklist", "video")
 
 
 def check_firmware(ctx: CheckContext) -> Iterator[Problem]:
@@ -121,7 +119,7 @@ def _ignored_cmdline_files(ctx: CheckContext) -> Iterator[Problem]:
 
 
 def _ignored(ctx: CheckContext, path: str, line: KernelCommandLine, why: str, remedy: str) -> Iterator[Problem]:
-    options = [token for token in line.tokens if token.split("=", 1)[0] in _PASSTHROUGH_KEYS]
+    options = with_keys(line.tokens, IGNORED_FILE_KEYS)
     if not options:
         return
     yield ctx.finding(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpuhost.checks.base import CheckContext
+from gpuhost.cmdline import AMD_IOMMU, INTEL_IOMMU, IOMMU, PCIE_ACS_OVERRIDE, PENDING_REBOOT_KEYS, with_keys
 from gpuhost.facts.model import BootloaderKind
 from gpuhost.host_support import unsupported_host
 from gpuhost.problems import Problem, Severity, Stage, register
@@ -143,7 +144,7 @@ def check_iommu(ctx: CheckContext) -> Iterator[Problem]:
         # on by default and amd_iommu= documents no 'on' value; Intel's VT-d needs intel_iommu=on.
         offs = [
             f"{key}={value}"
-            for key in ("iommu", "amd_iommu" if amd else "intel_iommu")
+            for key in (IOMMU.key, AMD_IOMMU.key if amd else INTEL_IOMMU.key)
             for value in (cmdline.values(key) if cmdline is not None else [])
             if value == "off"
         ]
@@ -154,7 +155,7 @@ def check_iommu(ctx: CheckContext) -> Iterator[Problem]:
                 "AMD-Vi is on by default wherever the firmware has it: enable IOMMU (AMD-Vi) and SVM in the "
                 "BIOS/UEFI setup, and check the kernel log for AMD-Vi errors."
             )
-        elif iommu.firmware_present and cmdline is not None and not cmdline.has("intel_iommu"):
+        elif iommu.firmware_present and cmdline is not None and not cmdline.has(INTEL_IOMMU.key):
             remedy = (
                 "The firmware has an IOMMU but the kernel did not enable it: add intel_iommu=on to the kernel "
                 "command line."
@@ -195,12 +196,12 @@ def check_command_line(ctx: CheckContext) -> Iterator[Problem]:
     if cmdline is None:
         yield ctx.unreadable(CMDLINE_UNKNOWN, "kernel command line", "/proc/cmdline", "the kernel options are unknown")
         return
-    if cmdline.has("pcie_acs_override"):
+    if cmdline.has(PCIE_ACS_OVERRIDE.key):
         yield ctx.finding(
             CMDLINE_ACS_OVERRIDE,
             WARNING,
             "kernel command line",
-            f"pcie_acs_override={cmdline.value('pcie_acs_override')} is set: it makes the kernel pretend devices are "
+            f"pcie_acs_override={cmdline.value(PCIE_ACS_OVERRIDE.key)} is set: it makes the kernel pretend devices are "
             "isolated when the hardware does not isolate them, so a guest may reach other devices' memory",
             "Not for production: move the GPU to a slot with its own IOMMU group instead, and remove the option.",
         )
@@ -208,8 +209,8 @@ def check_command_line(ctx: CheckContext) -> Iterator[Problem]:
     # Only a GRUB host's next boot takes GRUB's line; elsewhere /etc/default/grub is a leftover
     # (bootloader.cmdline_ignored says so), not a pending change.
     if grub_line is not None and ctx.facts.bootloader.kind is BootloaderKind.GRUB:
-        wanted = _passthrough_options(grub_line.tokens)
-        running = _passthrough_options(cmdline.tokens)
+        wanted = frozenset(with_keys(grub_line.tokens, PENDING_REBOOT_KEYS))
+        running = frozenset(with_keys(cmdline.tokens, PENDING_REBOOT_KEYS))
         if wanted != running:
             missing = sorted(wanted - running)
             extra = sorted(running - wanted)
@@ -225,28 +226,6 @@ def check_command_line(ctx: CheckContext) -> Iterator[Problem]:
                 "the GRUB configuration and the running kernel disagree: " + "; ".join(detail),
                 "Run update-grub (if not done) and reboot to take the GRUB command line into use.",
             )
-
-
-# Options whose difference between GRUB and /proc/cmdline means a reboot is pending.
-_PASSTHROUGH_KEYS = (
-    "vfio-pci.ids",
-    "modprobe.blacklist",
-    "iommu",
-    "intel_iommu",
-    "amd_iommu",
-    "hugepages",
-    "hugepagesz",
-    "default_hugepagesz",
-    "pci",
-    "pcie_aspm",
-    "nomodeset",
-    "pcie_acs_override",
-    "video",
-)
-
-
-def _passthrough_options(tokens: tuple[str, ...]) -> frozenset[str]:
-    return frozenset(token for token in tokens if token.split("=", 1)[0] in _PASSTHROUGH_KEYS)
 
 
 def check_bootloader(ctx: CheckContext) -> Iterator[Problem]:

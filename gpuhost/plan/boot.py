@@ -1,9 +1,14 @@
-"""The kernel command line and the boot loaders: GRUB's drop-in and grubenv, systemd-boot's trial entry."""
+"""The boot loaders: GRUB's drop-in and grubenv, systemd-boot's trial entry, the IOMMU flag an earlier apply set.
+
+Which options go on the kernel command line, and what gpuhost claims of the host's own, is
+gpuhost.cmdline's table; the planner puts the line together from it.
+"""
 
 from __future__ import annotations
 
 import re
 
+from gpuhost.cmdline import INTEL_IOMMU
 from gpuhost.facts.model import BootloaderKind, HostFacts, KernelCommandLine, LoaderEntry, LoaderEntryFile
 from gpuhost.inventory.plan_settings import PlanSettings
 from gpuhost.plan.model import (
@@ -51,7 +56,7 @@ _GRUBENV_DEVICES = (
 # The options that turn a vendor's IOMMU on, where the kernel does not by itself (Intel's VT-d is off
 # by default in many distribution kernels; AMD-Vi is on wherever the firmware has an IVRS table:
 # amd_iommu= documents no "on", only off and tuning values, so nothing is added for AMD).
-IOMMU_ON_OPTIONS = ("intel_iommu=on",)
+IOMMU_ON_OPTIONS = (INTEL_IOMMU.token(),)
 
 
 def previous_gpuhost_options(facts: HostFacts) -> tuple[str, ...]:
@@ -72,7 +77,7 @@ def iommu_vendor_flag(facts: HostFacts, previous: tuple[str, ...]) -> str | None
     if kept is not None:
         return kept
     if not facts.iommu.active and facts.iommu.dmar_table:
-        return "intel_iommu=on"
+        return INTEL_IOMMU.token()
     return None
 
 
@@ -180,14 +185,3 @@ def _printable(entry: LoaderEntry) -> bool:
 
 def _entry_directories(entries: tuple[LoaderEntryFile, ...]) -> list[str]:
     return sorted({f.path.rsplit("/", 1)[0] for f in entries}) or ["the ESP's loader/entries"]
-
-
-def options_without_owned(line: KernelCommandLine | None, keys: list[str], tokens: list[str]) -> tuple[str, ...]:
-    if line is None:
-        return ()
-    return tuple(t for t in line.tokens if t.split("=", 1)[0] not in keys and t not in tokens)
-
-
-def owned_patterns(keys: list[str], tokens: list[str]) -> list[str]:
-    """Shell case patterns matching what options_without_owned removes (values are validated: no quoting needed)."""
-    return [f"{key}=*" for key in keys] + tokens

@@ -8,6 +8,18 @@ from __future__ import annotations
 
 import shlex
 
+from gpuhost.cmdline import (
+    DEFAULT_HUGEPAGE_SIZE,
+    HUGEPAGE_SIZE,
+    IOMMU,
+    MODPROBE_BLACKLIST,
+    NOMODESET,
+    PCI,
+    PCIE_ASPM,
+    VFIO_PCI_IDS,
+    Claim,
+    claim,
+)
 from gpuhost.facts.model import HOST_DRIVER_MODULES, BootloaderKind, HostFacts, KernelCommandLine, VfioPci
 from gpuhost.inventory.plan_settings import PlanSettings
 from gpuhost.plan.binding import passthrough_functions, passthrough_nvswitches, plan_binding
@@ -15,8 +27,6 @@ from gpuhost.plan.boot import (
     grubenv_location,
     iommu_vendor_flag,
     line_without_gpuhost_dropin,
-    options_without_owned,
-    owned_patterns,
     plan_systemd_boot,
     previous_gpuhost_options,
 )
@@ -43,9 +53,6 @@ from gpuhost.plan.rescue import REFUSE_RESCUE_NONE, TrialRescue, deadline_units,
 from gpuhost.problems import Problem, Severity, Stage, register
 from gpuhost.selection import gpus_declared_twice, select_gpus
 from gpuhost.templates import render_template
-
-# Option names gpuhost sets and therefore removes from the earlier GRUB lines, whatever their value.
-OWNED_KEYS = ("vfio-pci.ids", "iommu", "hugepages", "hugepagesz", "default_hugepagesz")
 
 REFUSE_SELECTION_EMPTY = register("plan.selection.empty", Stage.PLAN, Severity.ERROR, "no GPU matches gpuhost_gpus")
 
@@ -95,46 +102,41 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         )
     pages = plan_hugepages(facts, settings, selection, refuse)
 
+    # The options, in order; what they claim of the host's own lines is the table's (gpuhost.cmdline).
     options: list[str] = []
-    owned_keys = list(OWNED_KEYS)
-    owned_tokens: list[str] = []
     if vfio_ids:
-        options.append("vfio-pci.ids=" + ",".join(vfio_ids))
+        options.append(VFIO_PCI_IDS.token(",".join(vfio_ids)))
     blacklist = ",".join(
         blacklisted_modules(settings.remove_nvidia_driver)
         + (("snd_hda_intel",) if settings.blacklist_snd_hda_intel else ())
     )
-    options.append(f"modprobe.blacklist={blacklist}")
-    owned_tokens.append(f"modprobe.blacklist={blacklist}")
-    options.append("iommu=pt")
+    options.append(MODPROBE_BLACKLIST.token(blacklist))
+    options.append(IOMMU.token())
     vendor_flag = iommu_vendor_flag(facts, previous_gpuhost_options(facts))
     if vendor_flag:
         options.append(vendor_flag)
-        owned_keys.append(vendor_flag.split("=")[0])
     if pages.pages:
-        options.extend(("default_hugepagesz=1G", "hugepagesz=1G", pages.kernel_option))
-    for enabled, token in (
-        (settings.pci_realloc, "pci=realloc"),
-        (settings.pcie_aspm_off, "pcie_aspm=off"),
-        (settings.nomodeset, "nomodeset"),
+        options.extend((DEFAULT_HUGEPAGE_SIZE.token(), HUGEPAGE_SIZE.token(), pages.kernel_option))
+    for enabled, option in (
+        (settings.pci_realloc, PCI),
+        (settings.pcie_aspm_off, PCIE_ASPM),
+        (settings.nomodeset, NOMODESET),
     ):
         if enabled:
-            options.append(token)
-            owned_tokens.append(token)
+            options.append(option.token())
+    claimed = claim(options)
 
     current_grub = facts.grub.effective or KernelCommandLine(())
     # The line the files will give once this plan's drop-in replaces the last one: the host's own
     # options (the effective line without what gpuhost's drop-in appended), then this plan's.
-    linux = options_without_owned(facts.grub.cmdline_linux, owned_keys, owned_tokens)
-    default = options_without_owned(line_without_gpuhost_dropin(facts), owned_keys, owned_tokens)
+    linux = claimed.remove_from(facts.grub.cmdline_linux)
+    default = claimed.remove_from(line_without_gpuhost_dropin(facts))
     desired = KernelCommandLine(linux + default + tuple(options))
     writer = KernelCmdlineWriter.UPDATE_GRUB
     kernel_cmdline_file = facts.firmware.kernel_cmdline_file
     if facts.bootloader.kind is BootloaderKind.SYSTEMD_BOOT:
         writer = choose_kernel_cmdline_writer(facts) or KernelCmdlineWriter.KERNEL_INSTALL  # refused above if None
-        desired = KernelCommandLine(
-            options_without_owned(kernel_cmdline_file, owned_keys, owned_tokens) + tuple(options)
-        )
+        desired = KernelCommandLine(claimed.remove_from(kernel_cmdline_file) + tuple(options))
     described = [
         f"{'NVSwitch' if f.gpu in switches else f'GPU {f.gpu}'}: {f.address} [{f.vendor_device}]" for f in functions
     ] or ["no GPU selected"]
@@ -143,7 +145,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         if pages.node_form:
             described.append(f"huge pages by NUMA node: {pages.placement}")
     dropin = render_template(
-        "grub/gpuhost.cfg.j2", description=described, patterns=owned_patterns(owned_keys, owned_tokens), options=options
+        "grub/gpuhost.cfg.j2", description=described, patterns=claimed.shell_patterns(), options=options
     )
     modules = vfio_initramfs_modules(facts)
     # vfio-pci loaded before udev, whenever it is a module (or the functions are bound by address).
@@ -154,7 +156,7 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
     )
     removal = plan_driver_removal(facts, settings, selection)
     conflicts = find_modprobe_conflicts(facts) if vfio_ids else ()
-    reasons = _reboot_reasons(facts, desired, tuple(options), owned_keys, owned_tokens, functions, removal)
+    reasons = _reboot_reasons(facts, desired, tuple(options), claimed, functions, removal)
     if conflicts:
         reasons += (
             "modprobe.d sets its own vfio-pci ids ("
@@ -232,8 +234,8 @@ def plan_host(host: str, facts: HostFacts, settings: PlanSettings) -> HostPlan:
         vfio_ids=vfio_ids,
         override_addresses=override,
         kernel_options=tuple(options),
-        owned_keys=tuple(owned_keys),
-        owned_tokens=tuple(owned_tokens),
+        owned_keys=claimed.keys,
+        owned_tokens=claimed.tokens,
         current_cmdline=str(facts.cmdline) if facts.cmdline else "",
         current_grub_line=str(current_grub),
         desired_grub_line=str(desired),
@@ -283,15 +285,14 @@ def _reboot_reasons(
     facts: HostFacts,
     desired: KernelCommandLine,
     options: tuple[str, ...],
-    keys: list[str],
-    tokens: list[str],
+    claimed: Claim,
     functions: tuple[BoundFunction, ...],
     removal: DriverRemoval,
 ) -> tuple[str, ...]:
     running = facts.cmdline.tokens if facts.cmdline else ()
     reasons = []
     missing = [t for t in options if t not in running]
-    stale = [t for t in running if (t.split("=", 1)[0] in keys or t in tokens) and t not in desired.tokens]
+    stale = [t for t in running if claimed.covers(t) and t not in desired.tokens]
     if missing:
         reasons.append(f"/proc/cmdline lacks {' '.join(missing)}")
     if stale:

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuhost.audit import AuditStatus
 from gpuhost.checks import run_checks
+from gpuhost.cmdline import BOOT_LOADER_KEYS, key_of
 from gpuhost.facts.model import GIB_KIB, BootloaderKind, HostFacts
 from gpuhost.inventory.plan_settings import PlanSettings
 from gpuhost.inventory.policy import AuditPolicy, Role
@@ -278,7 +279,7 @@ def check_rollback(host: str, facts: HostFacts) -> RollbackVerification:
     elif tuple(running[len(running) - len(expected) :]) != expected:
         problem(ROLLBACK_CMDLINE_DIFFERS, f"/proc/cmdline does not end with the GRUB line {' '.join(expected)!r}")
     else:
-        leftovers = [t for t in running[: len(running) - len(expected)] if t.split("=", 1)[0] not in _BOOT_KEYS]
+        leftovers = [t for t in running[: len(running) - len(expected)] if key_of(t) not in BOOT_LOADER_KEYS]
         if leftovers:
             problem(ROLLBACK_EXTRA_OPTIONS, f"/proc/cmdline has options beyond the GRUB line: {' '.join(leftovers)}")
     return RollbackVerification(host, tuple(problems), " ".join(running), " ".join(expected or ()))
@@ -287,8 +288,3 @@ def check_rollback(host: str, facts: HostFacts) -> RollbackVerification:
 def verify_rollback(host: str, facts: HostFacts) -> dict[str, Any]:
     """`check_rollback` as plain data ({ok, summary, cmdline, expected, problems}), what `gpuhost rollback` reads."""
     return check_rollback(host, facts).to_json()
-
-
-# What update-grub's entry puts before GRUB_CMDLINE_LINUX: the kernel image, root= and ro; and
-# what systemd-boot puts before an entry's options: its initrd (initrd=\\debian\\<kver>\\initrd.img-<kver>).
-_BOOT_KEYS = ("BOOT_IMAGE", "root", "ro", "rootflags", "initrd")
