@@ -60,6 +60,15 @@ def test_packaged_table_covers_the_reference_models_with_sources() -> None:
     assert pro is not None and pro.bf16_tflops is None and pro.peak("bf16") is None
 
 
+def test_every_source_of_the_packaged_table_is_a_public_document_not_a_path() -> None:
+    """The sources are shown to users (the smoke-test's JSON report): a path in some checkout
+    (shared/notes/...) names nothing in a clone or an installed wheel."""
+    sources = table_document()["sources"]
+    paths = [text for text in sources.values() if any("/" in word and "." in word for word in text.split())]
+    assert paths == []
+    assert all(model.sources for model in load_model_table().models)
+
+
 def test_pcie_ceilings() -> None:
     assert pcie_ceiling_gbps(4, 16) == pytest.approx(31.5, abs=0.05)
     assert pcie_ceiling_gbps(5, 16) == pytest.approx(63.0, abs=0.05)
