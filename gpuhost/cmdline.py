@@ -114,7 +114,7 @@ PCIE_ASPM = KernelOption(
 )
 NOMODESET = KernelOption(
     "nomodeset",
-    "gpuhost_nomodeset: no kernel mode setting, so no console driver holds a GPU",
+    "gpuhost_nomodeset: no kernel mode setting, so no DRM driver takes a GPU for the console",
     Owner.GPUHOST_VALUE,
     _PENDING,
     "",

@@ -4,10 +4,21 @@ host's own options, and that the trial entry's options stay out of both (the lab
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 
-from gpuhost.cmdline import KERNEL_OPTIONS, PENDING_REBOOT_KEYS, Owner, claim, key_of, option_for
+from gpuhost.cmdline import (
+    KERNEL_OPTIONS,
+    PENDING_REBOOT_KEYS,
+    AuditUse,
+    KernelOption,
+    Owner,
+    claim,
+    key_of,
+    option_for,
+)
 from gpuhost.facts.model import Iommu
 from gpuhost.facts.parsers import parse_cmdline
 from gpuhost.plan.model import TRIAL_MARKER
@@ -97,3 +108,60 @@ def test_the_trial_entrys_own_options_are_none_of_the_tables():
 def test_the_plan_cannot_claim_an_option_that_is_not_gpuhosts(option: str):
     with pytest.raises(ValueError, match=r"never writes it|not in gpuhost\.cmdline\.KERNEL_OPTIONS"):
         claim(["iommu=pt", option])
+
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "kernel-options.md"
+REGENERATE = os.environ.get("GPUHOST_REGEN_GOLDEN") == "1"
+
+INTRO = """# Kernel command-line options
+
+Every option of the kernel command line that gpuhost reads or writes: who owns it, what `gpuhost
+apply` writes, and what the audit makes of it. An option gpuhost owns for every value is taken out
+of the host's own lines (`GRUB_CMDLINE_LINUX`, `GRUB_CMDLINE_LINUX_DEFAULT`, `/etc/kernel/cmdline`)
+before gpuhost's options are appended, even where the plan writes none of it; one it owns for its own
+value only leaves the host's other values in place. The audit reports a pending reboot
+(`cmdline.pending_reboot`) when GRUB's line and the running kernel's differ in a marked option, and
+an ignored file (`bootloader.cmdline_ignored`) when a marked option is set in a file the active boot
+loader never reads. The trial boot's own options (`panic=N`, `gpuhost.trial=1`, the stall
+panics) go on the one-shot trial entry only and are not listed here. This page is generated from
+`gpuhost.cmdline` (a test fails when they differ).
+"""
+
+OWNERS = {
+    Owner.GPUHOST: "gpuhost, every value",
+    Owner.GPUHOST_WHEN_WRITTEN: "gpuhost, every value where it writes it; else the host",
+    Owner.GPUHOST_VALUE: "gpuhost, its own value only",
+    Owner.HOST: "the host (read, never written)",
+    Owner.BOOT_LOADER: "the boot loader (before the configured line)",
+}
+
+
+def _written(option: KernelOption) -> str:
+    if option.owner not in (Owner.GPUHOST, Owner.GPUHOST_WHEN_WRITTEN, Owner.GPUHOST_VALUE):
+        return "-"
+    return f"`{option.token()}`" if option.value is not None else f"`{option.key}=...` (per host)"
+
+
+def expected_page() -> str:
+    rows = [
+        "| option | owner | gpuhost writes | pending reboot | in an ignored file | what it is for |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for option in KERNEL_OPTIONS:
+        cells = [
+            f"`{option.key}`",
+            OWNERS[option.owner],
+            _written(option),
+            "yes" if AuditUse.PENDING_REBOOT in option.audit else "-",
+            "yes" if AuditUse.IGNORED_FILE in option.audit else "-",
+            option.purpose,
+        ]
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join([INTRO, *rows, ""])
+
+
+def test_the_kernel_options_page_is_the_table() -> None:
+    expected = expected_page()
+    if REGENERATE:
+        PAGE.write_text(expected)
+    assert PAGE.read_text() == expected, "docs/reference/kernel-options.md differs from gpuhost.cmdline: regenerate it"
