@@ -29,6 +29,7 @@ EXTENDED: tuple[str, ...] = (
     "test_systemd_boot_hangs_lab.py",  # systemd-boot: the root-device hang; the userspace stall
     "test_systemd_boot_kernel_stall_lab.py",  # systemd-boot: the kernel stall
     "test_bmc_watchdog_lab.py",  # BIOS GRUB: apply's arming of the BMC's watchdog, a stall with interrupts off
+    "test_secure_boot_panic_lab.py",  # shim + signed GRUB under Secure Boot: a trial kernel that panics
 )
 
 
