@@ -96,27 +96,27 @@ AMD_IOMMU = KernelOption(
     "amd_iommu", "AMD-Vi's tuning (on by default: no 'on' value); off turns it off", Owner.HOST, _BOTH
 )
 HUGEPAGES = KernelOption(
-    "hugepages", "the 1 GiB pages reserved at boot (hugepages=N, or per NUMA node)", Owner.GPUHOST, _PENDING
+    "hugepages", "the 1 GiB pages reserved at boot (hugepages=N, or per NUMA node)", Owner.GPUHOST, _BOTH
 )
-HUGEPAGE_SIZE = KernelOption("hugepagesz", "the size hugepages= reserves", Owner.GPUHOST, _PENDING, "1G")
+HUGEPAGE_SIZE = KernelOption("hugepagesz", "the size hugepages= reserves", Owner.GPUHOST, _BOTH, "1G")
 DEFAULT_HUGEPAGE_SIZE = KernelOption(
-    "default_hugepagesz", "the size of the default hugetlbfs pool", Owner.GPUHOST, _PENDING, "1G"
+    "default_hugepagesz", "the size of the default hugetlbfs pool", Owner.GPUHOST, _BOTH, "1G"
 )
 PCI = KernelOption(
     "pci",
     "realloc (gpuhost_pci_realloc): the kernel reassigns the BARs the firmware left too small",
     Owner.GPUHOST_VALUE,
-    _PENDING,
+    _BOTH,
     "realloc",
 )
 PCIE_ASPM = KernelOption(
-    "pcie_aspm", "off (gpuhost_pcie_aspm_off): no PCIe link power saving", Owner.GPUHOST_VALUE, _PENDING, "off"
+    "pcie_aspm", "off (gpuhost_pcie_aspm_off): no PCIe link power saving", Owner.GPUHOST_VALUE, _BOTH, "off"
 )
 NOMODESET = KernelOption(
     "nomodeset",
     "gpuhost_nomodeset: no kernel mode setting, so no DRM driver takes a GPU for the console",
     Owner.GPUHOST_VALUE,
-    _PENDING,
+    _BOTH,
     "",
 )
 PCIE_ACS_OVERRIDE = KernelOption(
